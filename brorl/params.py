@@ -1,0 +1,178 @@
+"""Experiment parameters: the one pydantic schema of brorl, and the YAML loader.
+
+Every experiment is one `ExperimentParams`, read from a YAML file under `params/`. A file may
+start with `extends: other.yaml` (a path relative to it): the other file is loaded first and this
+file's keys are deep-merged over it, so the CI-sized files and the ProRL/BroRL arms are small
+overlays. `key.sub=value` overrides (the CLI's `-S`) apply last. Unknown keys fail, naming the
+file and the key; so do values out of range.
+
+Sections are named after the pipeline stages. Each field's docstring gives its unit and, where the
+value comes from the paper, the section of `shared/spec/paper.md` (spec) it comes from.
+This module is the only one that knows the schema: brorl functions take plain arguments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+
+class ParamsError(ValueError):
+    """A params file or override is invalid; the message names the file, the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SimulateParams(_Section):
+    """The token-level simulator of BroRL §4.1 (spec §3.1); open choices documented (spec §3.2)."""
+
+    vocab_size: PositiveInt = 128_000
+    """d, the vocabulary size (tokens). Spec §3.1: 128,000."""
+    num_correct: PositiveInt = 10_000
+    """|P|, tokens with reward R_c. Spec §3.1: 10,000."""
+    correct_tokens: Literal["first", "random"] = "first"
+    """Which tokens form P (spec §3.2, unstated in the paper): `first` = ids 1..|P| right after the
+    anchor (the spec's re-run), `random` = a random subset per seed (the anchor excluded)."""
+    correct_logit: float = 3.0
+    """Initial logit of correct tokens ("seeding"; 0 turns seeding off). Spec §3.1: 3."""
+    anchor_logit: float | None = 5.0
+    """Logit of anchor token 0 (None: no anchor, z_0 starts at its class logit). Spec §3.1: 5."""
+    anchor_is_correct: bool = False
+    """Whether the anchor belongs to P (unstated; spec §3.2). False keeps Q_pos(0) = 0.6296."""
+    freeze_anchor: bool = True
+    """Hold z_0 at `anchor_logit` after every step ("fixing one anchor token"; spec §3.2)."""
+    temperature: float = Field(1.0, gt=0)
+    """tau in p = softmax(z / tau). Spec §3.1: 1."""
+    reward_correct: float = 1.0
+    """R_c, reward of a correct token. Spec §3.1: +1."""
+    reward_wrong: float = -1.0
+    """R_w, reward of an incorrect token. Spec §3.1: -1."""
+    lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate eta. Spec §3.1: 1e-3."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1 (unstated; PyTorch default). Spec §3.2."""
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2 (unstated; PyTorch default). Spec §3.2."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon (unstated; PyTorch default). Spec §3.2."""
+    weight_decay: float = Field(0.01, ge=0)
+    """AdamW decoupled weight decay (unstated; PyTorch default). Spec §3.2."""
+    steps: PositiveInt = 1000
+    """T, optimizer steps per run. Spec §3.1: 1000."""
+    rollouts_per_prompt: list[PositiveInt] = [4, 8, 16, 512, 51_200]
+    """N values swept, one curve each. Spec §3.1: {4, 8, 16, 512, 51200}."""
+    num_seeds: PositiveInt = 8
+    """Independent runs per N, reported as mean and spread (the paper gives none)."""
+    seed: int = 0
+    """Base seed; run (N, k) uses seed + k, so each N sees the same seeds."""
+    log_every: PositiveInt = 10
+    """Record metrics every this many steps (and at steps 0 and T)."""
+    report_steps: list[PositiveInt] = [100, 500, 1000]
+    """Steps shown in the results table (spec §3.3 uses 100, 500, 1000)."""
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> SimulateParams:
+        anchor = 1 if self.anchor_logit is not None else 0
+        if self.num_correct + anchor >= self.vocab_size:
+            raise ValueError(
+                f"num_correct ({self.num_correct}) plus the anchor must be below vocab_size "
+                f"({self.vocab_size}): the simulator needs at least one incorrect token. "
+                "Lower num_correct or raise vocab_size."
+            )
+        late = [s for s in self.report_steps if s > self.steps]
+        if late:
+            raise ValueError(
+                f"report_steps {late} exceed steps ({self.steps}); list only steps the run reaches."
+            )
+        return self
+
+
+class TrackingParams(_Section):
+    """Where runs are recorded (MLflow) and where outputs go."""
+
+    experiment: str = "brorl"
+    """MLflow experiment name."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI; None means $MLFLOW_TRACKING_URI, else the project's SQLite store."""
+    output_dir: str = "outputs"
+    """Folder (relative to the repository root) for run outputs: checkpoints, rollouts, plots."""
+
+
+class ExperimentParams(_Section):
+    """One experiment: every section of the pipeline. Unset sections keep their defaults."""
+
+    name: str = "experiment"
+    """Short experiment name, used in run names and output folders."""
+    simulate: SimulateParams = SimulateParams()
+    tracking: TrackingParams = TrackingParams()
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The merged mapping of `path` and the files it `extends`, before validation."""
+    path = Path(path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ParamsError(f"{path}: `extends` forms a cycle ({chain}); remove one link.")
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found; pass a file under params/.")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}.")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    return _deep_merge(read_yaml_tree(path.parent / parent, (*_seen, path)), raw)
+
+
+def apply_override(tree: dict[str, Any], override: str) -> dict[str, Any]:
+    """Return `tree` with one `dotted.key=value` override applied (value parsed as YAML)."""
+    if "=" not in override:
+        raise ParamsError(f"override {override!r}: expected KEY=VALUE, e.g. simulate.steps=200.")
+    key, _, text = override.partition("=")
+    parts = key.strip().split(".")
+    value = yaml.safe_load(text)
+    nested: Any = value
+    for part in reversed(parts):
+        nested = {part: nested}
+    return _deep_merge(tree, nested)
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid params:"]
+    for e in err.errors():
+        where = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key; check its spelling against brorl/params.py.")
+        else:
+            lines.append(f"  {where}: {e['msg']} (got {e.get('input')!r}).")
+    return "\n".join(lines)
+
+
+def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentParams:
+    """Load, merge, override and validate a params file."""
+    tree = read_yaml_tree(path)
+    for override in overrides:
+        tree = apply_override(tree, override)
+    source = str(path) + (f" with overrides {list(overrides)}" if overrides else "")
+    try:
+        return ExperimentParams.model_validate(tree)
+    except ValidationError as err:
+        raise ParamsError(_describe(err, source)) from None
