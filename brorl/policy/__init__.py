@@ -1,0 +1,13 @@
+"""The policy: a character tokenizer, a tiny Qwen2 from config, and HF-folder save/load."""
+
+from brorl.policy.model import build_policy, load_policy, save_policy
+from brorl.policy.tokenizer import CHAT_TEMPLATE, DEFAULT_ALPHABET, build_tokenizer
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "DEFAULT_ALPHABET",
+    "build_policy",
+    "build_tokenizer",
+    "load_policy",
+    "save_policy",
+]

@@ -1,0 +1,66 @@
+"""An offline character-level tokenizer for the tiny policy, built with `tokenizers`.
+
+Each character of a fixed alphabet is one token (a BPE model with no merges, so no pre-tokenizer
+and no word boundaries: spaces and newlines are ordinary tokens). Three special tokens (`<pad>`,
+`<bos>`, `<eos>`) and `<unk>` for characters outside the alphabet. A plain chat template lets
+real-model code paths (`apply_chat_template`) run unchanged on the tiny model.
+
+Deliberately ignored: subword merges (a tiny model learns characters faster than it would learn
+a large vocabulary), normalisation (prompts are ASCII by construction). Paper: none; this is the
+CPU stand-in for the Qwen tokenizer of the paper's 1.5B policy (spec §7.1).
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+"""Special tokens, in id order: `<pad>` = 0, `<bos>` = 1, `<eos>` = 2, `<unk>` = 3."""
+
+DEFAULT_ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
+"""Newline plus printable ASCII (space to `~`): 96 characters, so V = 100 with the specials."""
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+"""`role: content` lines, then `assistant: ` when a generation prompt is asked for."""
+
+
+def _check_alphabet(alphabet: str) -> str:
+    chars = list(dict.fromkeys(alphabet))  # de-duplicate, keep order
+    if not chars:
+        raise ValueError("alphabet is empty; pass the characters the tokenizer must know.")
+    bad = [c for c in chars if c in string.whitespace and c not in " \n\t"]
+    if bad:
+        raise ValueError(f"alphabet holds control whitespace {bad!r}; keep only ' ', '\\n', '\\t'.")
+    return "".join(chars)
+
+
+def build_tokenizer(alphabet: str | None = None) -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer: ids 0-3 special, then one id per alphabet character.
+
+    Deterministic: the same alphabet always gives the same ids. V = 4 + len(set(alphabet)).
+    """
+    chars = _check_alphabet(DEFAULT_ALPHABET if alphabet is None else alphabet)
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in chars:
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=1_000_000,
+    )
