@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 Family = Literal["math", "code", "reasoning"]
 """The paper's three scored families (spec §5): Math, Code, Reasoning Gym."""
@@ -25,3 +28,63 @@ class Problem:
     answer: str = ""
     tests: tuple[str, ...] = ()
     metadata: dict = field(default_factory=dict)
+
+
+FinishReason = Literal["stop", "length"]
+"""Why a rollout ended: `stop` = it emitted EOS (included in its tokens), `length` = it hit
+`max_response_tokens`."""
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """B prompts x N rollouts from a rollout engine, flattened prompt-major: row i is rollout
+    i % N of prompt i // N. T is the longest response; shorter rows are right-padded.
+
+    `prompt_ids[b]` are prompt b's token ids (B entries, shared by its N rollouts).
+    `response_ids` `[B*N, T]` long, padded with `pad_id`; `response_lengths` `[B*N]` long.
+    `logprobs` `[B*N, T]` float32: log-probability of each sampled token under the sampling
+    distribution (after temperature and top-p), 0 at padding. `texts` are the decoded responses
+    without special tokens; `finish_reasons` one per row.
+    """
+
+    prompt_index: torch.Tensor
+    prompt_ids: tuple[tuple[int, ...], ...]
+    response_ids: torch.Tensor
+    response_lengths: torch.Tensor
+    logprobs: torch.Tensor
+    texts: tuple[str, ...]
+    finish_reasons: tuple[FinishReason, ...]
+    rollouts_per_prompt: int
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        rows = len(self.prompt_ids) * self.rollouts_per_prompt
+        sizes = {
+            "prompt_index": self.prompt_index.shape[0],
+            "response_ids": self.response_ids.shape[0],
+            "response_lengths": self.response_lengths.shape[0],
+            "logprobs": self.logprobs.shape[0],
+            "texts": len(self.texts),
+            "finish_reasons": len(self.finish_reasons),
+        }
+        bad = {k: v for k, v in sizes.items() if v != rows}
+        if bad:
+            raise ValueError(
+                f"RolloutBatch fields {bad} must all have B*N = {len(self.prompt_ids)}*"
+                f"{self.rollouts_per_prompt} = {rows} rows; build it prompt-major from the engine."
+            )
+        if tuple(self.logprobs.shape) != tuple(self.response_ids.shape):
+            raise ValueError(
+                f"logprobs shape {tuple(self.logprobs.shape)} differs from response_ids shape "
+                f"{tuple(self.response_ids.shape)}; both are [B*N, T]."
+            )
+
+    @property
+    def num_prompts(self) -> int:
+        """B, the number of distinct prompts."""
+        return len(self.prompt_ids)
+
+    @property
+    def num_rollouts(self) -> int:
+        """B*N, the number of rows."""
+        return len(self.texts)
