@@ -1,0 +1,117 @@
+"""Verifiers: one per problem family behind the `Verifier` Protocol, and `verify_batch`.
+
+`verify_batch` is the single entry point for reward (training) and evaluation alike: it groups a
+batch by `problem.family`, runs each family's verifier, and scatters the verdicts back in order.
+A verifier failure of any kind becomes reward 0 with a recorded reason; it never raises.
+
+- math (`brorl.verifiers.math`): `math_verify.parse` + `verify`, binary, per-call time limit;
+- code (`brorl.verifiers.code`): fraction of test snippets passed in a sandbox (`sandbox.py`);
+- reasoning (`brorl.verifiers.reasoning`): the reasoning-gym dataset's own `score_answer`.
+
+Deliberately ignored: STEM and instruction following (not among the scored families here),
+DeepScaleR's own math grader (math-verify alone). Paper: spec paper.md §7.1 data table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from brorl.types import Family, Problem
+
+REASONS = (
+    "correct", "wrong", "partial", "no_answer", "syntax_error", "timeout", "runtime_error",
+)
+"""Every verdict reason, besides `error:<message>` for a verifier's own failure."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verifier's judgement of one response.
+
+    `reward` in [0, 1] (binary for math; fraction of tests for code; the dataset's score for
+    reasoning). `reason` is one of `REASONS` or `error:<message>`.
+    """
+
+    reward: float
+    reason: str
+
+
+class Verifier(Protocol):
+    """Judges responses to problems of one family; `verify` returns one verdict per pair."""
+
+    family: Family
+
+    def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]: ...
+
+
+def verdict_for_score(score: float) -> Verdict:
+    """A verdict from a score in [0, 1]: `correct` at 1, `wrong` at 0, else `partial`."""
+    score = min(max(float(score), 0.0), 1.0)
+    reason = "correct" if score == 1.0 else "wrong" if score == 0.0 else "partial"
+    return Verdict(score, reason)
+
+
+def error_verdict(exc: BaseException) -> Verdict:
+    """Reward 0 for a verifier's own failure, with the exception in the reason."""
+    return Verdict(0.0, f"error:{type(exc).__name__}: {exc}"[:200])
+
+
+def make_verifier(family: Family, *, workers: int | None, timeout_s: float) -> Verifier:
+    """The verifier for `family`, with `workers` parallel processes and a per-item time limit."""
+    match family:
+        case "math":
+            from brorl.verifiers.math import MathVerifier
+
+            return MathVerifier(workers=workers, timeout_s=timeout_s)
+        case "code":
+            from brorl.verifiers.code import CodeVerifier
+
+            return CodeVerifier(workers=workers, timeout_s=timeout_s)
+        case "reasoning":
+            from brorl.verifiers.reasoning import ReasoningVerifier
+
+            return ReasoningVerifier(workers=workers, timeout_s=timeout_s)
+    raise ValueError(f"unknown family {family!r}: expected one of 'math', 'code', 'reasoning'")
+
+
+def verify_batch(
+    problems: Sequence[Problem],
+    responses: Sequence[str],
+    *,
+    workers: int | None = None,
+    timeout_s: float = 5.0,
+) -> list[Verdict]:
+    """One verdict per (problem, response) pair, in input order; never raises.
+
+    `workers`: parallel processes per family (None: the available cores). `timeout_s`: the
+    time limit per item (math and reasoning: one check; code: all tests of one response;
+    ProRL's 5 s, spec §7.1). A length mismatch is the caller's bug and does raise.
+    """
+    if len(problems) != len(responses):
+        raise ValueError(
+            f"verify_batch got {len(problems)} problems but {len(responses)} responses: "
+            "pass one response per problem (repeat a problem for each of its rollouts)"
+        )
+    verdicts: list[Verdict | None] = [None] * len(problems)
+    by_family: dict[str, list[int]] = {}
+    for i, problem in enumerate(problems):
+        by_family.setdefault(problem.family, []).append(i)
+    for family, indices in by_family.items():
+        for i, verdict in zip(indices, _verify_family(family, indices, problems, responses,
+                                                     workers, timeout_s)):
+            verdicts[i] = verdict
+    return [v if v is not None else Verdict(0.0, "error:missing verdict") for v in verdicts]
+
+
+def _verify_family(family, indices, problems, responses, workers, timeout_s) -> list[Verdict]:
+    """Verdicts for the items at `indices`, all of `family`; a failure rewards each with 0."""
+    try:
+        verifier = make_verifier(family, workers=workers, timeout_s=timeout_s)
+        out = verifier.verify([problems[i] for i in indices], [responses[i] for i in indices])
+        if len(out) != len(indices):
+            raise RuntimeError(f"{family} verifier returned {len(out)} verdicts for {len(indices)}")
+        return out
+    except Exception as exc:  # noqa: BLE001 - a verifier must never stop the run
+        return [error_verdict(exc)] * len(indices)
