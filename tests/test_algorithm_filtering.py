@@ -1,0 +1,115 @@
+"""Dynamic sampling: the exact informative-group test and the budgeted refill loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from brorl.algorithm.filtering import collect_informative, informative_groups
+
+
+@dataclass(frozen=True)
+class FakeBatch:
+    """A rollout batch stand-in: rewards [b, N] and one prompt id per group."""
+
+    rewards: torch.Tensor
+    ids: tuple[int, ...]
+
+    def select(self, index):
+        return FakeBatch(self.rewards[index], tuple(self.ids[i] for i in index.tolist()))
+
+
+class Source:
+    """Serves scripted rounds of groups; records what was asked."""
+
+    def __init__(self, rounds, n=4):
+        self.rounds, self.n, self.asked, self.next_id = list(rounds), n, [], 0
+
+    def __call__(self, k):
+        self.asked.append(k)
+        rows = self.rounds.pop(0) if self.rounds else []
+        ids = tuple(range(self.next_id, self.next_id + len(rows)))
+        self.next_id += len(rows)
+        return FakeBatch(torch.tensor(rows, dtype=torch.float32).reshape(len(rows), self.n), ids)
+
+
+def test_all_correct_and_all_wrong_groups_are_dropped_mixed_kept():
+    rewards = torch.tensor([[1.0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 1], [1, 0, 0, 0]])
+    # [1,0,0,0] stays whole: a leave-one-out std would zero row 3's last three (NeMo-RL#3469)
+    assert informative_groups(rewards).tolist() == [False, False, True, True]
+
+
+def test_continuous_rewards_filtered_on_exact_equality():
+    rewards = torch.tensor([[0.3, 0.3, 0.3], [0.5, 0.5, 0.5000001], [0.2, 0.9, 0.4]])
+    # row 0: mean 0.3 is neither 0 nor 1, yet zero variance: dropped (OpenRLHF#1270)
+    # row 1: differs in the 7th decimal: max != min, kept
+    assert informative_groups(rewards).tolist() == [False, True, True]
+
+
+def test_refill_with_enough_budget_keeps_target_and_counts_discards():
+    source = Source([
+        [[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]],  # asked 3: keep id 0
+        [[0.2, 0.7, 0.7, 0.7], [0.5, 0.5, 0.5, 0.5]],  # asked 2: keep id 3
+        [[0, 1, 1, 1]],  # asked 1: keep id 5
+    ])
+    out = collect_informative(source, target_groups=3, max_draws=10)
+    s = out.stats
+    assert source.asked == [3, 2, 1]
+    assert [i for p in out.pieces for i in p.ids] == [0, 3, 5]
+    assert out.rewards().shape == (3, 4)
+    assert (s.rounds, s.groups_generated, s.rollouts_generated) == (3, 6, 24)
+    assert (s.groups_kept, s.rollouts_kept, s.groups_surplus) == (3, 12, 0)
+    assert (s.groups_all_correct, s.groups_all_wrong, s.groups_uniform_other) == (1, 1, 1)
+    assert s.pass_rate == 0.5  # 12 kept / 24 generated rollouts
+    assert not s.budget_exhausted and not s.source_exhausted
+
+
+def test_exhausted_budget_returns_what_was_kept_and_flags_it():
+    calls = []
+
+    def all_wrong(k):
+        calls.append(k)
+        return FakeBatch(torch.zeros(k, 8), tuple(range(k)))
+
+    out = collect_informative(all_wrong, target_groups=4, max_draws=3)
+    assert calls == [4, 4, 4]  # exactly the budget, then it returns
+    s = out.stats
+    assert s.budget_exhausted and s.groups_kept == 0 and out.pieces == []
+    assert s.groups_all_wrong == 12 and s.rollouts_generated == 96 and s.pass_rate == 0.0
+    assert out.stats.as_metrics()["filter/budget_exhausted"] == 1.0
+
+
+def test_partial_keep_when_budget_runs_out():
+    source = Source([[[1, 0, 0, 0], [1, 1, 1, 1]], [[0, 0, 0, 0]]])
+    out = collect_informative(source, target_groups=2, max_draws=2)
+    assert out.num_groups == 1 and out.stats.budget_exhausted
+    assert out.stats.pass_rate == 4 / 12  # one group of 4 kept out of 3 groups of 4
+
+
+def test_oversampled_surplus_is_trimmed_and_counted():
+    source = Source([[[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]])
+    out = collect_informative(source, target_groups=2, max_draws=5, oversample=2.0)
+    assert source.asked == [4]  # ceil(2 * 2.0)
+    assert [i for p in out.pieces for i in p.ids] == [0, 1]
+    assert out.stats.groups_surplus == 2 and out.stats.groups_informative == 4
+    assert out.stats.pass_rate == 8 / 16
+
+
+def test_empty_source_stops_the_loop_without_spending_the_budget():
+    source = Source([[[1, 0, 0, 0]]])
+    out = collect_informative(source, target_groups=3, max_draws=100)
+    assert source.asked == [3, 2]  # the second draw returns no groups: stop
+    assert out.stats.source_exhausted and not out.stats.budget_exhausted
+    assert out.num_groups == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"target_groups": 0}, "target_groups"), ({"max_draws": 0}, "max_draws"), ({"oversample": 0.5}, "oversample")],
+)
+def test_bad_arguments_name_the_fix(kwargs, match):
+    args = {"target_groups": 2, "max_draws": 2, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        collect_informative(Source([]), **args)
