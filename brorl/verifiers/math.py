@@ -1,0 +1,66 @@
+"""Math verifier: math-verify's `parse` + `verify` on the extracted answer; binary reward.
+
+The response's answer is taken by `brorl.prompts.extract_answer` (`<answer>` or `\\boxed{}`),
+wrapped in `\\boxed{}` like the reference answer, and both are parsed by math-verify, so `0.75`,
+`3/4` and `\\frac{3}{4}` are equal. math-verify's own timeouts rely on SIGALRM and fail outside
+the main thread (spec platform.md), so they are switched off and each check instead runs in a
+forked worker with a wall-clock limit (`workers.map_with_deadline`).
+
+Deliberately ignored: the DeepScaleR grader that ProRL ORs with math-verify (spec paper.md §7.1
+data table); only math-verify decides here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from brorl.prompts import extract_answer
+from brorl.types import Family, Problem
+from brorl.verifiers import Verdict, error_verdict
+from brorl.verifiers.workers import map_with_deadline
+
+
+class MathVerifier:
+    """Binary reward: 1 when math-verify finds the extracted answer equal to the reference."""
+
+    family: Family = "math"
+
+    def __init__(self, *, workers: int | None = None, timeout_s: float = 5.0):
+        self.workers = workers
+        self.timeout_s = timeout_s
+
+    def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
+        """One verdict per pair; `timeout_s` bounds each check's wall time."""
+        import math_verify  # noqa: F401 - imported before forking so workers start warm
+
+        items = list(zip(problems, responses))
+        outcomes = map_with_deadline(_check, items, workers=self.workers, timeout_s=self.timeout_s)
+        return [_to_verdict(outcome) for outcome in outcomes]
+
+
+def math_equal(reference: str, answer: str) -> bool:
+    """Whether math-verify finds `answer` equal to `reference` (no time limit: call in a worker)."""
+    import math_verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    gold = math_verify.parse(f"\\boxed{{{reference}}}", parsing_timeout=None)
+    pred = math_verify.parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
+    return bool(gold and pred and math_verify.verify(gold, pred, timeout_seconds=None))
+
+
+def _check(item: tuple[Problem, str]) -> Verdict:
+    problem, response = item
+    answer = extract_answer(response, "math")
+    if answer is None:
+        return Verdict(0.0, "no_answer")
+    return Verdict(1.0, "correct") if math_equal(problem.answer, answer) else Verdict(0.0, "wrong")
+
+
+def _to_verdict(outcome: tuple[str, object]) -> Verdict:
+    status, value = outcome
+    if status == "ok":
+        return value  # type: ignore[return-value]
+    if status == "timeout":
+        return Verdict(0.0, "timeout")
+    return error_verdict(RuntimeError(str(value)))

@@ -1,0 +1,116 @@
+"""Run a check over many items in forked worker processes with a time limit per item.
+
+Used by the math and reasoning verifiers, whose library calls (sympy inside math-verify, some
+reasoning-gym scorers) can hang and cannot be interrupted from a thread. Each worker is a forked
+child that handles its share of the items one at a time and sends each result back at once; the
+parent kills a worker whose current item runs past `timeout_s`, records that item as timed out,
+and forks a fresh worker for the rest of its share. A worker that dies records its current item
+as an error. Fork (not spawn) so that workers start in milliseconds with the parent's imports and
+the callable need not be picklable.
+
+Deliberately ignored: platforms without `fork` (brorl verifies on Linux), and the usual caveat of
+forking a multi-threaded parent (a worker that deadlocks on an inherited lock only costs its
+item's time limit, then is killed).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+Outcome = tuple[str, Any]
+"""`("ok", value)`, `("timeout", None)` or `("error", message)`."""
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def map_with_deadline(
+    check: Callable[[Any], Any], items: Sequence[Any], *, workers: int | None, timeout_s: float
+) -> list[Outcome]:
+    """`check(item)` for every item, in order, each bounded by `timeout_s` seconds of wall time.
+
+    `workers` forked processes share the items (None: the available cores).
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s} must be positive: it bounds each check's time")
+    outcomes: list[Outcome | None] = [None] * len(items)
+    n_workers = max(1, min(workers or default_workers(), len(items)))
+    shares = [list(range(w, len(items), n_workers)) for w in range(n_workers)]
+    running = [_Worker(check, items, share, timeout_s) for share in shares if share]
+    while running:
+        soonest = min(w.deadline for w in running)
+        wait([w.conn for w in running], timeout=max(0.0, soonest - time.monotonic()))
+        for worker in running:
+            worker.poll(outcomes)
+            if worker.share and time.monotonic() > worker.deadline:
+                worker.fail(outcomes, ("timeout", None))
+        for worker in running:
+            if not worker.share:
+                worker.stop()
+        running = [w for w in running if w.share]
+    return [o if o is not None else ("error", "no outcome") for o in outcomes]
+
+
+class _Worker:
+    """One forked child working through `share` (item indices, in order) and its pipe."""
+
+    def __init__(self, check: Callable, items: Sequence[Any], share: list[int], timeout_s: float):
+        self.check, self.items, self.share, self.timeout_s = check, items, share, timeout_s
+        self._fork()
+
+    def _fork(self) -> None:
+        parent_conn, child_conn = mp.Pipe(duplex=False)
+        args = (self.check, self.items, list(self.share), child_conn)
+        self.process = mp.get_context("fork").Process(target=_work, args=args)
+        self.process.start()
+        child_conn.close()
+        self.conn = parent_conn
+        self.last_progress = time.monotonic()
+
+    @property
+    def deadline(self) -> float:
+        """When the item in progress runs out of time (monotonic clock)."""
+        return self.last_progress + self.timeout_s
+
+    def poll(self, outcomes: list) -> None:
+        """Record every result the child has sent; a child that died fails its current item."""
+        try:
+            while self.share and self.conn.poll():
+                index, outcome = self.conn.recv()
+                outcomes[index] = outcome
+                self.share.remove(index)
+                self.last_progress = time.monotonic()
+        except (EOFError, OSError):
+            self.fail(outcomes, ("error", "worker process died"))
+
+    def fail(self, outcomes: list, outcome: Outcome) -> None:
+        """Kill the child, record `outcome` for its current item, fork anew for the rest."""
+        self.stop()
+        outcomes[self.share.pop(0)] = outcome
+        if self.share:
+            self._fork()
+
+    def stop(self) -> None:
+        """Kill the child (if still running) and reap it."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+def _work(check: Callable, items: Sequence[Any], share: list[int], conn: Connection) -> None:
+    """Child body: check each item of the share and send `(index, outcome)` at once."""
+    for index in share:
+        try:
+            outcome: Outcome = ("ok", check(items[index]))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as the item's outcome
+            outcome = ("error", f"{type(exc).__name__}: {exc}"[:200])
+        conn.send((index, outcome))
+    conn.close()
