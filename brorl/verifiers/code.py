@@ -1,0 +1,70 @@
+"""Code verifier: the fraction of a problem's test snippets that the extracted code passes.
+
+The candidate is the last fenced ```` ```python ```` block of the response
+(`brorl.prompts.extract_answer`). A syntax error is caught in the parent without starting a
+process; otherwise the candidate and all of the problem's tests run in one sandboxed process
+(`sandbox.run_tests`). Reward = passed / total (ProRL's continuous code reward), 0 when the run
+times out (`timeout_s` bounds all tests together, ProRL's 5 s total), when the candidate's top
+level raises, or when the process dies before finishing. Sandboxes run concurrently from a thread
+pool, one per available core (the threads only wait on child processes).
+
+Deliberately ignored: stdin/stdout-style tests (APPS "input/output" pairs must be turned into
+assert snippets by the data module) and per-test time limits. Paper: spec paper.md §7.1 data
+table (Code: continuous, all test cases, syntax error or >5 s total timeout gives 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from brorl.prompts import extract_answer
+from brorl.types import Family, Problem
+from brorl.verifiers import Verdict, error_verdict
+from brorl.verifiers.sandbox import SandboxLimits, SandboxResult, run_tests
+from brorl.verifiers.workers import default_workers
+
+
+class CodeVerifier:
+    """Continuous reward: the fraction of test snippets passed in the sandbox."""
+
+    family: Family = "code"
+
+    def __init__(
+        self, *, workers: int | None = None, timeout_s: float = 5.0,
+        limits: SandboxLimits = SandboxLimits(),
+    ):
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.limits = limits
+
+    def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
+        """One verdict per pair, sandboxes run `workers` at a time."""
+        with ThreadPoolExecutor(max_workers=self.workers or default_workers()) as pool:
+            return list(pool.map(self.verify_one, problems, responses))
+
+    def verify_one(self, problem: Problem, response: str) -> Verdict:
+        """The verdict for one response; never raises."""
+        try:
+            if not problem.tests:
+                raise ValueError(f"code problem {problem.id!r} has no tests")
+            code = extract_answer(response, "code")
+            if code is None:
+                return Verdict(0.0, "no_answer")
+            try:
+                compile(code, "<candidate>", "exec")
+            except (SyntaxError, ValueError):
+                return Verdict(0.0, "syntax_error")
+            result = run_tests(code, problem.tests, timeout_s=self.timeout_s, limits=self.limits)
+            return verdict_of(result)
+        except Exception as exc:  # noqa: BLE001 - a verifier must never stop the run
+            return error_verdict(exc)
+
+
+def verdict_of(result: SandboxResult) -> Verdict:
+    """Reward passed/total for a finished run; 0 with the run's status otherwise."""
+    if result.status != "ok":
+        return Verdict(0.0, result.status)
+    if result.passed == result.total:
+        return Verdict(1.0, "correct")
+    return Verdict(result.passed / result.total, "partial" if result.passed else "wrong")

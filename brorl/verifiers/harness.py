@@ -1,0 +1,95 @@
+"""The trusted program that `sandbox.run_tests` starts as `python -I -S -c HARNESS`.
+
+It reads a JSON payload on stdin (`nonce`, `fd`, `code`, `tests`, `limits`, `uid`), locks itself
+down (see `brorl.verifiers.sandbox` for what and why), then runs the candidate code once and each
+test snippet in a copy of the candidate's globals, reporting on fd 3 one line per event, each
+starting with the nonce: `ISO netns=<0|1>,uid=<uid>`, `SYNTAX`, `CANDIDATE_RAISED <type>`,
+`T<i> <0|1>`, `DONE`. It imports nothing outside the standard library and runs without `site`.
+
+Deliberately ignored: per-test time limits (the whole run has one wall-clock limit, as ProRL's
+5 s total) and the candidate's exit code (only the tagged lines count).
+"""
+
+HARNESS = r'''
+import json, os, resource, sys
+
+PREIMPORT = ("math cmath collections collections.abc itertools functools heapq bisect re string "
+             "typing fractions decimal statistics json copy operator random datetime enum "
+             "dataclasses array unicodedata textwrap io time socket threading subprocess "
+             "pathlib signal ctypes").split()
+CLONE_NEWNET = 0x40000000
+
+
+def lock_down(payload):
+    for name in PREIMPORT:
+        try:
+            __import__(name)
+        except Exception:
+            pass
+    netns = 0
+    try:
+        import ctypes
+        netns = int(ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) == 0)
+    except Exception:
+        pass
+    limits = payload["limits"]
+    R = resource
+    R.setrlimit(R.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+    for res, value in ((R.RLIMIT_AS, limits["memory_bytes"]), (R.RLIMIT_NOFILE, limits["open_files"]),
+                       (R.RLIMIT_FSIZE, limits["file_bytes"])):
+        R.setrlimit(res, (value, value))
+    if payload["uid"] is not None:
+        os.setgroups([])
+        os.setgid(payload["uid"])
+        os.setuid(payload["uid"])
+    R.setrlimit(R.RLIMIT_NPROC, (0, 0))
+    return netns
+
+
+def main():
+    payload = json.loads(sys.stdin.buffer.read().decode())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(payload["fd"], 3)
+    if payload["fd"] != 3:
+        os.close(payload["fd"])
+    nonce = payload["nonce"]
+
+    def emit(tag, value=""):
+        try:
+            os.write(3, (nonce + " " + tag + " " + str(value) + "\n").encode())
+        except OSError:
+            pass
+
+    netns = lock_down(payload)
+    emit("ISO", "netns=%d,uid=%d" % (netns, os.getuid()))
+    try:
+        code = compile(payload["code"], "<candidate>", "exec")
+    except (SyntaxError, ValueError):
+        emit("SYNTAX")
+        return
+    scope = {"__name__": "candidate", "__builtins__": __builtins__}
+    try:
+        exec(code, scope)
+    except BaseException as exc:
+        emit("CANDIDATE_RAISED", type(exc).__name__)
+        return
+    for i, test in enumerate(payload["tests"]):
+        try:
+            exec(compile(test, "<test %d>" % i, "exec"), dict(scope))
+            ok = 1
+        except BaseException:
+            ok = 0
+        emit("T%d" % i, ok)
+    emit("DONE")
+
+
+main()
+for stream in (sys.stdout, sys.stderr):
+    try:
+        stream.flush()
+    except BaseException:
+        pass
+os._exit(0)
+'''
