@@ -1,0 +1,158 @@
+"""The ProRLv2 policy loss: clipped PPO with clip-higher, truncated importance sampling between the
+rollout engine and the trainer, a clamped KL penalty to a reference, token-level aggregation.
+
+Per token t of rollout m (shapes `[M, T]`, M = rollouts in this micro-batch):
+    r = pi_theta / pi_old,   loss_pg = w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
+    w = min(pi_old / pi_engine, cap)  (TIS, detached; spec §4.2) or IcePop's masked ratio
+    loss = sum_t mask (loss_pg + kl_coef * kl - entropy_coef * H) / normaliser
+Spec §4.2 (clip-higher, TIS), §7.2 (eps 0.20 / 0.28, k2 KL with clamping), §7.3 (NeMo-RL: input
+clamp 20, output clamp 10, TIS cap 5, IcePop band [0.5, 5], token-level loss).
+
+`normaliser` is the number of valid tokens in the whole mini-batch: passing it to every micro-batch
+makes the sum of micro-batch gradients equal the full-batch gradient, and makes every metric
+additive over micro-batches. Deliberately ignored: dual-clip PPO, sequence-level aggregation,
+KL in the reward (NeMo-RL `use_kl_in_reward: false`), an entropy bonus by default (logged only).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+KLEstimator = Literal["k1", "k2", "k3"]
+"""k1 = log(pi/ref); k2 = 0.5 log(pi/ref)^2 (ProRLv2, spec §7.2); k3 = ref/pi - 1 - log(ref/pi)."""
+TISMode = Literal["none", "truncate", "icepop"]
+"""none; truncate: w = min(ratio, cap); icepop: w = ratio inside [tis_min, cap], else 0."""
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the softmax over the last axis: logits `[..., V]` -> `[...]` (nats)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def kl_penalty(
+    logp: Tensor,
+    ref_logp: Tensor,
+    estimator: KLEstimator,
+    input_clamp: float | None = 20.0,
+    output_clamp: float | None = 10.0,
+) -> Tensor:
+    """Per-token KL(pi || ref) estimate `[M, T]` from log-probs `[M, T]` of the sampled tokens.
+
+    The log ratio log(pi/ref) is clamped to +-input_clamp before the estimator, the estimate to
+    +-output_clamp after it (None: no clamp); both keep exp() finite on rare tokens.
+    """
+    log_ratio = logp - ref_logp
+    if input_clamp is not None:
+        log_ratio = log_ratio.clamp(-input_clamp, input_clamp)
+    match estimator:
+        case "k1":
+            kl = log_ratio
+        case "k2":
+            kl = 0.5 * log_ratio**2
+        case "k3":
+            kl = torch.exp(-log_ratio) - 1 + log_ratio
+        case _:
+            raise ValueError(f"unknown KL estimator {estimator!r}; use 'k1', 'k2' or 'k3'.")
+    if output_clamp is not None:
+        kl = kl.clamp(-output_clamp, output_clamp)
+    return kl
+
+
+def importance_weights(
+    old_logp: Tensor, engine_logp: Tensor, mode: TISMode, cap: float = 5.0, tis_min: float = 0.5
+) -> tuple[Tensor, Tensor]:
+    """Engine->trainer correction: (weights `[M, T]`, detached; bool `[M, T]` where it acted).
+
+    ratio = pi_old / pi_engine, both for the sampled token (trainer recomputation over engine).
+    """
+    ratio = torch.exp(old_logp - engine_logp).detach()
+    match mode:
+        case "none":
+            return torch.ones_like(ratio), torch.zeros_like(ratio, dtype=torch.bool)
+        case "truncate":
+            return ratio.clamp(max=cap), ratio > cap
+        case "icepop":
+            outside = (ratio < tis_min) | (ratio > cap)
+            return torch.where(outside, torch.zeros_like(ratio), ratio), outside
+        case _:
+            raise ValueError(f"unknown TIS mode {mode!r}; use 'none', 'truncate' or 'icepop'.")
+
+
+def clipped_policy_objective(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token PPO loss `[M, T]` and bool `[M, T]` masks of active clipping (low, high).
+
+    Clipping is active (zero gradient) where A < 0 and r < 1 - eps_low, or A > 0 and r > 1 + eps_high.
+    """
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    clip_low = (advantages < 0) & (ratio < 1.0 - clip_eps_low)
+    clip_high = (advantages > 0) & (ratio > 1.0 + clip_eps_high)
+    return loss, clip_low, clip_high
+
+
+def _token_sum(values: Tensor, mask: Tensor, normaliser: float) -> Tensor:
+    return (values * mask).sum() / normaliser
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.28,
+    normaliser: float | None = None,
+    engine_logp: Tensor | None = None,
+    tis_mode: TISMode = "truncate",
+    tis_cap: float = 5.0,
+    tis_min: float = 0.5,
+    ref_logp: Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k2",
+    kl_input_clamp: float | None = 20.0,
+    kl_output_clamp: float | None = 10.0,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Scalar loss and `update/*` metrics for one micro-batch; all tensors `[M, T]`.
+
+    `advantages` are per token (see `advantages.token_advantages`); `normaliser` defaults to this
+    micro-batch's valid-token count; pass the mini-batch's for gradient accumulation.
+    `engine_logp` None skips TIS; `ref_logp` None skips the KL; `entropy` (from `token_entropy`)
+    is logged and, with `entropy_coef` > 0, rewarded.
+    """
+    mask = response_mask.to(logp.dtype)
+    norm = float(mask.sum().clamp(min=1)) if normaliser is None else float(normaliser)
+    if norm <= 0:
+        raise ValueError(f"normaliser must be a positive token count, got {normaliser}.")
+    pg, clip_low, clip_high = clipped_policy_objective(logp, old_logp, advantages, clip_eps_low, clip_eps_high)
+    metrics: dict[str, float] = {
+        "update/clip_frac_low": float(_token_sum(clip_low.to(mask.dtype), mask, norm)),
+        "update/clip_frac_high": float(_token_sum(clip_high.to(mask.dtype), mask, norm)),
+    }
+    if engine_logp is not None:
+        weights, acted = importance_weights(old_logp, engine_logp, tis_mode, tis_cap, tis_min)
+        pg = pg * weights
+        metrics["update/tis_weight_mean"] = float(_token_sum(weights, mask, norm))
+        metrics["update/tis_clip_frac"] = float(_token_sum(acted.to(mask.dtype), mask, norm))
+    loss = _token_sum(pg, mask, norm)
+    metrics["update/pg_loss"] = float(loss.detach())
+    if ref_logp is not None:
+        kl = _token_sum(kl_penalty(logp, ref_logp, kl_estimator, kl_input_clamp, kl_output_clamp), mask, norm)
+        loss = loss + kl_coef * kl
+        metrics["update/kl"] = float(kl.detach())
+    if entropy is not None:
+        mean_entropy = _token_sum(entropy, mask, norm)
+        loss = loss - entropy_coef * mean_entropy
+        metrics["update/entropy"] = float(mean_entropy.detach())
+    metrics["update/loss"] = float(loss.detach())
+    return loss, metrics
