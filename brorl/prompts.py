@@ -21,13 +21,13 @@ from typing import Any
 from brorl.types import Family, Problem
 
 ANSWER_FORMAT: dict[Family, str] = {
-    "math": "Put the final answer in <answer></answer>.",
-    "reasoning": "Put the final answer in <answer></answer>.",
-    "code": "Write the solution in one ```python``` block.",
+    "math": "Answer in <answer></answer>.",
+    "reasoning": "Answer in <answer></answer>.",
+    "code": "Answer in a ```python block.",
 }
-"""Instruction appended to the prompt under a chat template. The plain template (tiny
-character-level policies) leaves it out: every prompt character costs, and the supervised
-warm-up on `render_target` teaches the format."""
+"""Instruction appended to the prompt under a chat template, kept short. The plain template
+(tiny character-level policies: pass `tokenizer=None`) leaves it out: every prompt character
+costs, and the supervised warm-up on `render_target` teaches the format."""
 
 PLAIN_TEMPLATE = "Q: {prompt}\nA: "
 """The plain template for tokenizers without a chat template (or none at all)."""

@@ -78,3 +78,11 @@ def test_extract_answer_truth_table(text, family, expected):
 def test_last_boxed_keeps_inner_braces():
     assert last_boxed("\\boxed{\\sqrt{2}+{1}}") == "\\sqrt{2}+{1}"
     assert last_boxed("no box") is None
+
+
+def test_chat_prompt_with_the_tiny_policy_tokenizer():
+    from brorl.policy.tokenizer import build_tokenizer
+
+    text = render_prompt(REASONING, build_tokenizer())
+    # the tiny tokenizer's template writes "role: content\n" then "assistant: "
+    assert text == f"user: 2 + 3 =\n{ANSWER_FORMAT['reasoning']}\nassistant: "
