@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 
 class ParamsError(ValueError):
@@ -92,6 +100,105 @@ class SimulateParams(_Section):
         return self
 
 
+class DataParams(_Section):
+    """Problem data for the three families (spec §5, §7.1): sources, sizes and splits."""
+
+    seed: int = 0
+    """Seed of the generators, of reasoning-gym and of the split shuffle."""
+    math_per_task: NonNegativeInt = 600
+    """Generated math draws per task (arithmetic, fractions, linear_equation); 0 leaves them out.
+    Draws may repeat; splitting dedupes by prompt."""
+    code_per_task: NonNegativeInt = 600
+    """Generated code draws per template (7 one-line function templates); 0 leaves them out."""
+    reasoning_per_task: NonNegativeInt = 600
+    """Reasoning-gym items per task; 0 leaves reasoning-gym out."""
+    reasoning_tasks: dict[str, dict[str, Any]] | None = None
+    """Reasoning-gym task name -> config. None: the CPU default set of
+    `brorl.data.reasoning.DEFAULT_REASONING_TASKS` (chain_sum, basic_arithmetic, spell_backward,
+    leg_counting, count_bits at tiny sizes; platform notes)."""
+    math_jsonl: list[str] = []
+    """Local JSONL files of math problems (`problem` + `answer`, the DeepScaleR / MATH shape)."""
+    code_jsonl: list[str] = []
+    """Local JSONL files of code problems (statement, signature, tests or APPS `input_output`)."""
+    validation_fraction: float = Field(0.1, ge=0, lt=1)
+    """Share of each task's deduplicated problems in the validation split."""
+    test_fraction: float = Field(0.2, ge=0, lt=1)
+    """Share of each task's deduplicated problems in the held-out test split (evaluation)."""
+    path: str = "outputs/data/problems"
+    """Folder of the saved `datasets.DatasetDict` (train / validation / test), repo-relative."""
+
+    @model_validator(mode="after")
+    def _check_fractions(self) -> DataParams:
+        if self.validation_fraction + self.test_fraction >= 1:
+            raise ValueError(
+                f"validation_fraction + test_fraction = "
+                f"{self.validation_fraction + self.test_fraction} leaves nothing to train on; "
+                "keep their sum below 1 (e.g. 0.1 and 0.2)."
+            )
+        return self
+
+
+class ModelParams(_Section):
+    """The tiny Qwen2 policy built from config (CPU stand-in for the paper's 1.5B, spec §7.1)."""
+
+    hidden_size: PositiveInt = 96
+    """Model width (channels); must be a multiple of num_heads."""
+    num_layers: PositiveInt = 2
+    """Transformer blocks."""
+    num_heads: PositiveInt = 4
+    """Attention (query) heads."""
+    num_kv_heads: PositiveInt = 2
+    """Key/value heads (grouped-query attention, as Qwen2); must divide num_heads."""
+    intermediate_size: PositiveInt = 288
+    """MLP hidden width (channels)."""
+    max_position_embeddings: PositiveInt = 512
+    """Longest sequence, prompt plus response (tokens = characters)."""
+    tie_word_embeddings: bool = True
+    """Share input embedding and output layer weights (as Qwen2.5-1.5B)."""
+    seed: int = 0
+    """Seed of the weight initialisation."""
+
+
+class BaseParams(_Section):
+    """Supervised warm-up to a middling base checkpoint (stand-in for ProRLv2's, spec §5.1, §7.2)."""
+
+    max_steps: PositiveInt = 2000
+    """Upper bound on optimizer steps (batches)."""
+    eval_every: PositiveInt = 100
+    """Steps between validation checks of the stopping rule."""
+    batch_size: PositiveInt = 32
+    """Problems per step, drawn family-balanced with replacement."""
+    lr: float = Field(3e-3, gt=0)
+    """AdamW learning rate after a 20-step linear warm-up (tiny models take large rates)."""
+    seed: int = 0
+    """Seed of the batch draws and of evaluation sampling."""
+    target_pass_low: float = Field(0.2, ge=0, le=1)
+    """Stop once every family's validation pass@1 (greedy) reaches this (the band's low end)."""
+    target_pass_high: float = Field(0.6, ge=0, le=1)
+    """The band's high end: reported (`base/in_band`), not enforced; above it RL has little to add."""
+    eval_per_family: PositiveInt = 40
+    """Validation problems per family scored at each check."""
+    test_samples: PositiveInt = 4
+    """Samples per held-out test problem for the final pass@1 (the paper uses 16, spec §5.2)."""
+    eval_temperature: float = Field(0.6, ge=0)
+    """Sampling temperature of the final test evaluation (spec §5.2: 0.6)."""
+    eval_top_p: float = Field(0.95, gt=0, le=1)
+    """Nucleus top-p of the final test evaluation (spec §5.2: 0.95)."""
+    max_response_tokens: PositiveInt = 64
+    """Longest generated response in evaluation (tokens = characters)."""
+    path: str = "outputs/base/checkpoint"
+    """Folder of the saved base checkpoint (a Hugging Face folder), repo-relative."""
+
+    @model_validator(mode="after")
+    def _check_band(self) -> BaseParams:
+        if self.target_pass_low > self.target_pass_high:
+            raise ValueError(
+                f"target_pass_low ({self.target_pass_low}) exceeds target_pass_high "
+                f"({self.target_pass_high}); the band must be low <= high (e.g. 0.2 and 0.6)."
+            )
+        return self
+
+
 class TrackingParams(_Section):
     """Where runs are recorded (MLflow) and where outputs go."""
 
@@ -109,6 +216,9 @@ class ExperimentParams(_Section):
     name: str = "experiment"
     """Short experiment name, used in run names and output folders."""
     simulate: SimulateParams = SimulateParams()
+    data: DataParams = DataParams()
+    model: ModelParams = ModelParams()
+    base: BaseParams = BaseParams()
     tracking: TrackingParams = TrackingParams()
 
 
