@@ -1,0 +1,161 @@
+"""Verifier truth tables per family, batch order, and failure handling (issue 3, item 3).
+
+Every check goes through `verify_batch`, the entry point reward and evaluation share.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+import reasoning_gym
+
+from brorl.types import Problem
+from brorl.verifiers import Verdict, verify_batch
+from brorl.verifiers.workers import map_with_deadline
+
+
+def math_problem(answer: str) -> Problem:
+    return Problem(f"m-{answer}", "math", "generated", "?", answer=answer)
+
+
+@pytest.mark.parametrize(
+    ("reference", "response", "expected"),
+    [
+        ("0.75", "<answer>0.75</answer>", (1.0, "correct")),
+        ("0.75", "<answer>\\frac{3}{4}</answer>", (1.0, "correct")),  # equivalent form
+        ("\\frac{3}{4}", "so \\boxed{0.75}", (1.0, "correct")),
+        ("3/4", "<answer>\\frac34</answer>", (1.0, "correct")),
+        ("-4", "<answer>-4.0</answer>", (1.0, "correct")),
+        ("42", "<answer>41</answer>", (0.0, "wrong")),
+        ("42", "<answer>forty-two</answer>", (0.0, "wrong")),
+        ("42", "<answer>}{</answer>", (0.0, "wrong")),  # malformed: nothing parses
+        ("42", "the answer is 42", (0.0, "no_answer")),  # no tag, no box
+        ("42", "", (0.0, "no_answer")),
+        ("42", "\\boxed{42", (0.0, "no_answer")),  # unclosed box
+    ],
+)
+def test_math_truth_table(reference, response, expected):
+    [verdict] = verify_batch([math_problem(reference)], [response], workers=1)
+    assert (verdict.reward, verdict.reason) == expected
+
+
+def gym_problems(name: str, size: int) -> list[Problem]:
+    data = reasoning_gym.create_dataset(name, size=size, seed=7)
+    return [
+        Problem(f"{name}-{i}", "reasoning", name, e["question"], answer=e["answer"],
+                metadata=e["metadata"])
+        for i, e in enumerate(data)
+    ]
+
+
+@pytest.mark.parametrize("name", ["chain_sum", "spell_backward", "leg_counting"])
+def test_reasoning_right_answers_score_one_and_missing_tags_zero(name):
+    problems = gym_problems(name, 4)
+    right = [f"<answer>{p.answer}</answer>" for p in problems]
+    bare = [p.answer for p in problems]  # the answer without its tag
+    verdicts = verify_batch(problems * 2, right + bare, workers=2)
+    assert [v.reward for v in verdicts] == [1.0] * 4 + [0.0] * 4
+    assert {v.reason for v in verdicts[4:]} == {"no_answer"}
+
+
+def test_reasoning_scores_the_extracted_answer_not_the_whole_response():
+    [problem] = gym_problems("chain_sum", 1)
+    wrong = str(int(problem.answer) + 1)
+    # the reference appears in the text, but the tagged answer is wrong
+    response = f"maybe {problem.answer}? no: <answer>{wrong}</answer>"
+    [verdict] = verify_batch([problem], [response], workers=1)
+    assert verdict.reward < 1.0
+
+
+def test_reasoning_keeps_the_scorers_continuous_partial_credit():
+    [problem] = gym_problems("chain_sum", 1)
+    # chain_sum's scorer gives len(answer)/len(response) when the answer is a substring
+    response = f"<answer>x{problem.answer}</answer>"
+    [verdict] = verify_batch([problem], [response], workers=1)
+    expected = len(problem.answer) / (len(problem.answer) + 1)
+    assert verdict == Verdict(pytest.approx(expected), "partial")
+
+
+def test_unknown_reasoning_task_gives_zero_with_an_error_reason():
+    problem = Problem("x", "reasoning", "no_such_task", "?", answer="1")
+    [verdict] = verify_batch([problem], ["<answer>1</answer>"], workers=1)
+    assert verdict.reward == 0.0 and verdict.reason.startswith("error:")
+
+
+def code_problem() -> Problem:
+    tests = tuple(f"assert f({x}) == {x * x}" for x in (0, 1, 2, 3))
+    return Problem("sq", "code", "square", "Write f(x) = x * x.", tests=tests)
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("```python\ndef f(x):\n    return x * x\n```", (1.0, "correct")),
+        ("```python\ndef f(x):\n    return x + x\n```", (0.5, "partial")),  # 0 and 2 pass: 2/4
+        ("```python\ndef f(x):\n    return 2 ** x\n```", (0.25, "partial")),  # only f(2)=4: 1/4
+        ("```python\ndef f(x):\n    return -1\n```", (0.0, "wrong")),
+        ("```python\ndef f(x) return x\n```", (0.0, "syntax_error")),
+        ("```python\nraise ValueError('top level')\n```", (0.0, "runtime_error")),
+        ("```python\nimport os\nos._exit(0)\n```", (0.0, "runtime_error")),  # early exit earns 0
+        ("```python\nprint('ok ok ok')\n```", (0.0, "wrong")),  # printing earns nothing
+        ("def f(x):\n    return x * x", (0.0, "no_answer")),  # no fence
+        ("", (0.0, "no_answer")),
+    ],
+)
+def test_code_truth_table(response, expected):
+    [verdict] = verify_batch([code_problem()], [response], workers=1)
+    assert (verdict.reward, verdict.reason) == expected
+
+
+def test_mixed_batch_keeps_order_under_parallelism():
+    gym = gym_problems("chain_sum", 6)
+    items = [(p, f"<answer>{p.answer}</answer>", 1.0) for p in gym[:3]]
+    items += [(p, "<answer>nope</answer>", 0.0) for p in gym[3:]]
+    items += [(math_problem(str(n)), f"\\boxed{{{n + k}}}", float(k == 0))
+              for n in range(6) for k in (0, 1)]
+    square = "```python\ndef f(x):\n    return x * x\n```"
+    items += [(code_problem(), square, 1.0), (code_problem(), "no code", 0.0)] * 2
+    random.Random(0).shuffle(items)
+    problems, responses, expected = zip(*items)
+    verdicts = verify_batch(list(problems), list(responses), workers=2)
+    assert [v.reward for v in verdicts] == list(expected)
+
+
+def test_length_mismatch_is_a_caller_bug():
+    with pytest.raises(ValueError, match="one response per problem"):
+        verify_batch([math_problem("1")], [], workers=1)
+
+
+def test_empty_batch():
+    assert verify_batch([], []) == []
+
+
+def _slow_or_dying(x: float) -> float:
+    if x < 0:
+        os._exit(3)  # the worker dies mid-share
+    time.sleep(x)
+    return x
+
+
+def test_deadline_workers_time_out_hung_items_and_survive_dead_workers():
+    items = [0.0, 30.0, 0.0, -1.0, 0.0, 0.0]
+    start = time.monotonic()
+    outcomes = map_with_deadline(_slow_or_dying, items, workers=2, timeout_s=1.0)
+    elapsed = time.monotonic() - start
+    assert outcomes[1] == ("timeout", None)
+    assert outcomes[3] == ("error", "worker process died")
+    assert [outcomes[i] for i in (0, 2, 4, 5)] == [("ok", 0.0)] * 4
+    assert elapsed < 5.0  # one 1 s time-out, not the 30 s sleep
+
+
+def test_math_check_that_hangs_gives_timeout(monkeypatch):
+    import brorl.verifiers.math as math_verifier
+
+    monkeypatch.setattr(math_verifier, "math_equal", lambda ref, ans: time.sleep(30))
+    start = time.monotonic()
+    [verdict] = verify_batch([math_problem("1")], ["<answer>1</answer>"], timeout_s=0.5)
+    assert verdict == Verdict(0.0, "timeout")
+    assert time.monotonic() - start < 5.0
