@@ -1,0 +1,51 @@
+"""The `update` and `filter` params sections: the LR rule from an overlay, validation, Literals."""
+
+from __future__ import annotations
+
+import math
+from typing import get_args
+
+import pytest
+
+from brorl.algorithm.advantages import AdvantageEstimator
+from brorl.algorithm.losses import KLEstimator, TISMode
+from brorl.params import ExperimentParams, FilterParams, ParamsError, UpdateParams, load_params
+
+
+def test_brorl_overlay_scales_lr_by_sqrt8_and_keeps_mini_batch_count(tmp_path):
+    (tmp_path / "prorl.yaml").write_text("update:\n  base_lr: 2.0e-6\n")
+    (tmp_path / "brorl.yaml").write_text(
+        "extends: prorl.yaml\nupdate:\n  prompts_per_step: 128\n  rollouts_per_prompt: 512\n"
+    )
+    prorl = load_params(tmp_path / "prorl.yaml").update
+    brorl = load_params(tmp_path / "brorl.yaml").update
+    assert (prorl.samples_per_step, brorl.samples_per_step) == (8192, 65536)  # 512x16, 128x512
+    assert prorl.lr == 2e-6
+    assert brorl.lr == pytest.approx(2e-6 * math.sqrt(8))  # 5.657e-6
+    assert brorl.mini_batches_per_step == prorl.mini_batches_per_step == 4
+
+
+def test_defaults_are_the_prorlv2_values():
+    u = ExperimentParams().update
+    assert (u.clip_eps_low, u.clip_eps_high, u.kl_estimator) == (0.2, 0.28, "k2")
+    assert u.advantage_estimator == "reinforce_pp_baseline" and not u.reset_optimizer_on_reference_reset
+    assert ExperimentParams().filter.max_draws == 10
+
+
+def test_params_literals_match_the_algorithm_families():
+    fields = UpdateParams.model_fields
+    assert get_args(fields["advantage_estimator"].annotation) == get_args(AdvantageEstimator)
+    assert get_args(fields["kl_estimator"].annotation) == get_args(KLEstimator)
+    assert get_args(fields["tis_mode"].annotation) == get_args(TISMode)
+
+
+def test_misspelt_key_and_bad_values_fail(tmp_path):
+    (tmp_path / "typo.yaml").write_text("update:\n  clip_eps_hi: 0.3\n")
+    with pytest.raises(ParamsError, match="clip_eps_hi: unknown key"):
+        load_params(tmp_path / "typo.yaml")
+    with pytest.raises(ValueError, match="pick a divisor of B"):
+        UpdateParams(prompts_per_step=3, rollouts_per_prompt=3, mini_batches_per_step=4)
+    with pytest.raises(ValueError, match="tis_min"):
+        UpdateParams(tis_min=6.0)
+    with pytest.raises(ValueError, match="wrong_reward"):
+        FilterParams(wrong_reward=1.0)
