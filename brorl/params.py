@@ -307,6 +307,32 @@ class FilterParams(_Section):
         return self
 
 
+class GenerateParams(_Section):
+    """Rollout generation (spec §4.2, §6, §7.1): the engine and its sampling; B and N live in `update`."""
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """`hf`: in-process transformers loop (`brorl.engines.hf`); `vllm`: vLLM's offline LLM kept
+    alive across steps (`brorl.engines.vllm`). Spec §6: the paper generates with vLLM."""
+    temperature: float = Field(1.2, ge=0)
+    """Sampling temperature; 0 is greedy. ProRL v1: 1.2 (spec §7.1)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus top-p of rollouts; 1 turns it off. ProRL v1 samples without it (spec §7.1)."""
+    max_response_tokens: PositiveInt = 64
+    """Longest response (tokens); longer rollouts end with finish reason `length`. ProRL v1: 8k
+    (spec §7.1); CPU-sized here."""
+    max_concurrent_rollouts: PositiveInt = 256
+    """Most rollouts decoded at once (hf: chunk size; vllm: `max_num_seqs`), so memory does not
+    grow with N. vLLM's own default is 256 (anchors §8)."""
+    seed: int = 0
+    """Base sampling seed; step k samples with seed + k, so runs are reproducible."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """vLLM weight/activation dtype; float32 on CPU (trainer log-probs then match within 1e-4)."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """vLLM on GPU: share of GPU memory for weights + KV cache (the trainer needs the rest)."""
+    cpu_kv_cache_gib: PositiveInt = 1
+    """vLLM on CPU: KV-cache size (GiB), `VLLM_CPU_KVCACHE_SPACE` (platform notes)."""
+
+
 class TrackingParams(_Section):
     """Where runs are recorded (MLflow) and where outputs go."""
 
@@ -329,6 +355,7 @@ class ExperimentParams(_Section):
     base: BaseParams = BaseParams()
     update: UpdateParams = UpdateParams()
     filter: FilterParams = FilterParams()
+    generate: GenerateParams = GenerateParams()
     tracking: TrackingParams = TrackingParams()
 
 

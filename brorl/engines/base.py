@@ -1,0 +1,112 @@
+"""The rollout-engine seam: the `RolloutEngine` Protocol, sampling settings and shared sampling math.
+
+An engine turns B prompts into B x N rollouts (a `RolloutBatch`, prompt-major) and accepts the
+trainer's weights after each update. The math here is shared by the in-process engine, the tests
+and the trainer: the sampling distribution (temperature, then top-p renormalisation) and its
+log-probabilities, and a counter-based uniform generator that gives each (seed, rollout, step) its
+own random number, so a rollout's tokens do not depend on how rollouts are chunked.
+
+Deliberately ignored: top-k, repetition penalties, stop strings (only EOS stops a rollout).
+Paper: BroRL §3 / spec §4.2 (N rollouts per prompt sampled from the current policy), ProRL v1
+temperature 1.2 (spec §7.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from brorl.types import RolloutBatch
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How rollouts are sampled. `temperature` 0 means greedy (argmax, log-probs of the raw model)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_response_tokens: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature {self.temperature} is negative; use 0 (greedy) or > 0.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p {self.top_p} must be in (0, 1]; 1 turns nucleus filtering off.")
+        if self.max_response_tokens < 1:
+            raise ValueError(f"max_response_tokens {self.max_response_tokens} must be >= 1.")
+
+
+class RolloutEngine(Protocol):
+    """Generates rollouts from the current policy and takes the trainer's weights in place."""
+
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
+        """B = len(prompts) prompts x `n` rollouts each, prompt-major."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load `model`'s current parameters into the engine (no restart)."""
+        ...
+
+
+def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probabilities of the sampling distribution, `[..., V]` -> `[..., V]` float32.
+
+    softmax(logits / temperature), then tokens outside the top-p nucleus get -inf and the rest are
+    renormalised (the nucleus is the smallest prefix of tokens, by descending probability, whose
+    mass reaches `top_p`; the token that crosses it is kept). Temperature 0 gives the raw model
+    log-probabilities (greedy decoding scores its tokens under the unscaled model).
+    """
+    scaled = logits.float() / temperature if temperature > 0 else logits.float()
+    logp = torch.log_softmax(scaled, dim=-1)
+    if top_p >= 1.0 or temperature == 0:
+        return logp
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    mass_before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+def _signed(value: int) -> int:
+    """A 64-bit constant as the int64 two's-complement torch stores."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's `>>` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def counter_uniform(seed: int, rollout_ids: torch.Tensor, step: int) -> torch.Tensor:
+    """One uniform in [0, 1) per rollout for decode `step`: `[R]` int64 ids -> `[R]` float64.
+
+    A SplitMix64 finaliser over (seed, rollout id, step): stateless, so the number a rollout gets
+    depends only on those three integers, never on the batch it is computed in.
+    """
+    x = (
+        rollout_ids.to(torch.int64) * _signed(0x9E3779B97F4A7C15)
+        + _signed(seed * 0xD1B54A32D192ED03 + step * 0xABC98388FB8FAC03 + 0x8CB92BA72F3D8DD7)
+    )
+    x = (x ^ _shift_right(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shift_right(x, 27)) * _signed(0x94D049BB133111EB)
+    x = x ^ _shift_right(x, 31)
+    return _shift_right(x, 11).to(torch.float64) * (2.0**-53)
+
+
+def sample_tokens(logp: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: `[R, V]` log-probs and `[R]` uniforms -> `[R]` token ids.
+
+    Token k is chosen when cdf(k-1) <= u < cdf(k), with the CDF in vocabulary order (float64, so
+    the pick is exact up to the probabilities' own rounding); zero-probability tokens are never
+    chosen.
+    """
+    cdf = logp.double().exp().cumsum(dim=-1)
+    target = (uniforms * cdf[:, -1]).unsqueeze(-1)
+    picks = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return picks.clamp_max(logp.shape[-1] - 1)

@@ -1,0 +1,200 @@
+"""In-process rollout engine on torch/transformers: prefill each prompt once, decode in bounded chunks.
+
+Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of at most
+`max_concurrent_rollouts` consecutive rows, so peak memory depends on that knob, not on N or B: a
+chunk may hold several small groups (N below the knob) or a slice of one large group (N above it).
+Each prompt is prefilled exactly once; its key/value cache `[1, H, P, D]` per layer is kept only
+while a chunk still needs it, and is copied along the batch into the chunk's cache (prompts of
+different lengths are left-padded and masked). Finished rows (EOS) are dropped from the running
+cache. Token choice is inverse-CDF sampling with one counter-based uniform per (seed, row, step),
+so every rollout is the same whether it is decoded alone, in a chunk, or with all others.
+
+Deliberately ignored: continuous batching across chunks (a chunk runs until its rows finish),
+paged attention, speculative decoding; the vLLM engine covers the fast path.
+Paper: BroRL §4.2.4 / spec §6 (one shared prefix per prompt, many concurrent rollouts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from brorl.engines.base import SamplingConfig, counter_uniform, sample_tokens, sampling_logprobs
+from brorl.types import FinishReason, RolloutBatch
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class _Prefix:
+    """One prompt's prefill: per-layer (K, V) `[1, H, P, D]` and the last position's logits `[V]`."""
+
+    kv: KV
+    logits: torch.Tensor
+    length: int
+
+
+@dataclass
+class _Outputs:
+    """Per-row buffers filled chunk by chunk: tokens and log-probs `[R, T_max]`, lengths `[R]`."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    lengths: torch.Tensor
+    stopped: torch.Tensor
+    peak_rows: int = 0
+    prefills: list[int] = field(default_factory=list)
+
+
+class HfEngine:
+    """A `RolloutEngine` running the policy model itself (shared with the trainer, or a copy)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_concurrent_rollouts: int,
+    ) -> None:
+        if max_concurrent_rollouts < 1:
+            raise ValueError(
+                f"max_concurrent_rollouts {max_concurrent_rollouts} must be >= 1; it bounds how "
+                "many rollouts decode at once (and so the KV-cache memory)."
+            )
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no eos_token_id; rollouts could never stop.")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_concurrent_rollouts = max_concurrent_rollouts
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.last_peak_rows = 0
+        """Most rows decoded at once in the last `generate` call (for the memory-bound test)."""
+        self.last_prefills: list[int] = []
+        """Prompt indices prefilled by the last `generate` call, in order (each once)."""
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Copy `model`'s parameters and buffers into the engine's model (no-op if it is the same)."""
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
+        """B prompts x `n` rollouts -> `RolloutBatch` with rows prompt-major."""
+        if n < 1 or not prompts:
+            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}.")
+        prompt_ids = [tuple(self.tokenizer(p)["input_ids"]) for p in prompts]
+        device = next(self.model.parameters()).device
+        rows = len(prompts) * n
+        t_max = sampling.max_response_tokens
+        out = _Outputs(
+            tokens=torch.full((rows, t_max), self.pad_id, dtype=torch.long, device=device),
+            logprobs=torch.zeros((rows, t_max), dtype=torch.float32, device=device),
+            lengths=torch.zeros(rows, dtype=torch.long, device=device),
+            stopped=torch.zeros(rows, dtype=torch.bool, device=device),
+        )
+        prefixes: dict[int, _Prefix] = {}
+        for start in range(0, rows, self.max_concurrent_rollouts):
+            stop = min(start + self.max_concurrent_rollouts, rows)
+            for b in range(start // n, (stop - 1) // n + 1):
+                if b not in prefixes:
+                    prefixes[b] = self._prefill(prompt_ids[b], device)
+                    out.prefills.append(b)
+            self._decode_chunk(torch.arange(start, stop, device=device), n, prefixes, sampling, out)
+            for b in [b for b in prefixes if (b + 1) * n <= stop]:
+                del prefixes[b]  # its last row is done: free its prompt cache
+        self.last_peak_rows, self.last_prefills = out.peak_rows, out.prefills
+        return self._batch(prompt_ids, n, out)
+
+    def _prefill(self, ids: tuple[int, ...], device: torch.device) -> _Prefix:
+        """Run one prompt `[1, P]` through the model once; keep its cache and last logits."""
+        result = self.model(input_ids=torch.tensor([ids], device=device), use_cache=True)
+        kv = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
+        return _Prefix(kv=kv, logits=result.logits[0, -1].float(), length=len(ids))
+
+    def _chunk_cache(
+        self, groups: torch.Tensor, prefixes: dict[int, _Prefix]
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Cache `[C, H, P_max, D]`, attention mask `[C, P_max]`, next positions `[C]` and first
+        logits `[C, V]` for rows whose prompt indices are `groups` `[C]`."""
+        unique = sorted(set(groups.tolist()))
+        local = torch.tensor([unique.index(b) for b in groups.tolist()], device=groups.device)
+        p_max = max(prefixes[b].length for b in unique)
+        layers = []
+        for layer in range(len(prefixes[unique[0]].kv)):
+            keys, values = zip(*[self._left_pad(prefixes[b].kv[layer], p_max) for b in unique])
+            layers.append((torch.cat(keys)[local], torch.cat(values)[local]))
+        lengths = torch.tensor([prefixes[b].length for b in unique], device=groups.device)[local]
+        mask = torch.arange(p_max, device=groups.device)[None, :] >= (p_max - lengths)[:, None]
+        logits = torch.stack([prefixes[b].logits for b in unique])[local]
+        return DynamicCache(ddp_cache_data=layers), mask.long(), lengths, logits
+
+    @staticmethod
+    def _left_pad(kv: tuple[torch.Tensor, torch.Tensor], p_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pad = p_max - kv[0].shape[-2]
+        if pad == 0:
+            return kv
+        return tuple(torch.nn.functional.pad(t, (0, 0, pad, 0)) for t in kv)  # type: ignore[return-value]
+
+    def _decode_chunk(
+        self,
+        rows: torch.Tensor,
+        n: int,
+        prefixes: dict[int, _Prefix],
+        sampling: SamplingConfig,
+        out: _Outputs,
+    ) -> None:
+        """Decode rows `[C]` (global row ids) until each stops or reaches `max_response_tokens`."""
+        cache, mask, positions, logits = self._chunk_cache(rows // n, prefixes)
+        active = rows
+        for step in range(sampling.max_response_tokens):
+            out.peak_rows = max(out.peak_rows, int(active.numel()))
+            logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
+            if sampling.temperature == 0:
+                tokens = logp.argmax(dim=-1)
+            else:
+                tokens = sample_tokens(logp, counter_uniform(sampling.seed, active, step))
+            out.tokens[active, step] = tokens
+            out.logprobs[active, step] = logp.gather(-1, tokens[:, None]).squeeze(-1)
+            out.lengths[active] = step + 1
+            done = tokens == self.eos_id
+            out.stopped[active[done]] = True
+            keep = (~done).nonzero().squeeze(-1)
+            if keep.numel() == 0 or step + 1 == sampling.max_response_tokens:
+                return
+            if keep.numel() < active.numel():
+                cache.batch_select_indices(keep)
+                active, tokens, mask, positions = active[keep], tokens[keep], mask[keep], positions[keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            result = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=(positions + step)[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = result.logits[:, -1].float()
+
+    def _batch(self, prompt_ids: list[tuple[int, ...]], n: int, out: _Outputs) -> RolloutBatch:
+        t = max(int(out.lengths.max()), 1)
+        tokens, lengths = out.tokens[:, :t].cpu(), out.lengths.cpu()
+        texts = self.tokenizer.batch_decode(
+            [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())], skip_special_tokens=True
+        )
+        reasons: tuple[FinishReason, ...] = tuple(
+            "stop" if s else "length" for s in out.stopped.tolist()
+        )
+        return RolloutBatch(
+            prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
+            prompt_ids=tuple(prompt_ids),
+            response_ids=tokens,
+            response_lengths=lengths,
+            logprobs=out.logprobs[:, :t].cpu(),
+            texts=tuple(texts),
+            finish_reasons=reasons,
+            rollouts_per_prompt=n,
+            pad_id=self.pad_id,
+        )

