@@ -72,6 +72,18 @@ def test_invalid_rollouts_are_excluded_and_get_zero():
     torch.testing.assert_close(adv, torch.tensor([[1 / R2, -1 / R2, 0.0]]), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("estimator", ["reinforce_pp_baseline", "grpo"])
+def test_nan_in_invalid_slots_is_ignored_and_in_valid_slots_rejected(estimator):
+    rewards = torch.tensor([[1.0, 0.0, float("nan")], [0.0, 1.0, float("inf")]])
+    valid = torch.tensor([[True, True, False], [True, True, False]])
+    adv = compute_advantages(rewards, estimator, valid, chunk_size=2)
+    assert torch.isfinite(adv).all() and adv[:, 2].tolist() == [0.0, 0.0]
+    expected = compute_advantages(rewards[:, :2], estimator)
+    torch.testing.assert_close(adv[:, :2], expected)
+    with pytest.raises(ValueError, match=r"reward nan at \(prompt, rollout\) \(0, 2\)"):
+        compute_advantages(rewards, estimator)
+
+
 def test_streaming_group_stats_over_uneven_chunks_equal_one_pass():
     gen = torch.Generator().manual_seed(0)
     rewards = torch.rand(4, 37, generator=gen, dtype=torch.float64)

@@ -48,6 +48,11 @@ def test_continuous_rewards_filtered_on_exact_equality():
     assert informative_groups(rewards).tolist() == [False, True, True]
 
 
+def test_non_finite_rewards_are_rejected():
+    with pytest.raises(ValueError, match="finite reward"):
+        informative_groups(torch.tensor([[1.0, float("nan")]]))
+
+
 def test_refill_with_enough_budget_keeps_target_and_counts_discards():
     source = Source([
         [[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]],  # asked 3: keep id 0

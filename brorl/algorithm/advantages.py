@@ -45,8 +45,8 @@ class GroupStats:
 
     def update(self, rewards: Tensor, valid: Tensor | None = None) -> GroupStats:
         """Merge a chunk: rewards `[B, n]`, valid `[B, n]` bool (None: all valid)."""
-        x = rewards.to(torch.float64)
-        w = torch.ones_like(x) if valid is None else valid.to(torch.float64)
+        w = torch.ones_like(rewards, dtype=torch.float64) if valid is None else valid.to(torch.float64)
+        x = torch.where(w > 0, rewards.to(torch.float64), 0.0)  # invalid slots may hold NaN
         n_b = w.sum(dim=1)
         mean_b = (x * w).sum(dim=1) / n_b.clamp(min=1)
         m2_b = (((x - mean_b[:, None]) ** 2) * w).sum(dim=1)
@@ -79,15 +79,22 @@ def group_stats(rewards: Tensor, valid: Tensor | None = None, chunk_size: int | 
     return stats
 
 
-def _valid_mask(rewards: Tensor, valid: Tensor | None) -> Tensor:
-    if valid is None:
-        return torch.ones_like(rewards, dtype=torch.bool)
-    if valid.shape != rewards.shape:
+def _checked(rewards: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(float64 rewards with invalid slots set to 0, bool mask), both `[B, N]`."""
+    mask = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
+    if mask.shape != rewards.shape:
         raise ValueError(
-            f"valid has shape {tuple(valid.shape)} but rewards has {tuple(rewards.shape)}; "
+            f"valid has shape {tuple(mask.shape)} but rewards has {tuple(rewards.shape)}; "
             "pass one bool per rollout, [B, N]."
         )
-    return valid.bool()
+    bad = mask & ~torch.isfinite(rewards)
+    if bad.any():
+        where = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(
+            f"reward {rewards[where].item()} at (prompt, rollout) {where} is not finite; "
+            "the verifier must return finite rewards, or mark the rollout invalid."
+        )
+    return torch.where(mask, rewards.to(torch.float64), 0.0), mask
 
 
 def reinforce_pp_baseline_advantages(
@@ -100,9 +107,9 @@ def reinforce_pp_baseline_advantages(
     mean_batch(A) is zero identically (each group's centred rewards sum to zero), so it is not
     subtracted: this keeps the advantage of a uniform group exactly 0 rather than about 1e-17.
     """
-    mask = _valid_mask(rewards, valid)
-    stats = group_stats(rewards, mask, chunk_size)
-    centred = (rewards.to(torch.float64) - stats.mean[:, None]) * mask
+    r, mask = _checked(rewards, valid)
+    stats = group_stats(r, mask, chunk_size)
+    centred = torch.where(mask, r - stats.mean[:, None], 0.0)
     batch_var = (centred**2).sum() / mask.sum().clamp(min=1)
     out = centred * torch.rsqrt(batch_var + eps)
     return out.to(rewards.dtype)
@@ -115,10 +122,10 @@ def grpo_advantages(
 
     std_group is the unbiased (N - 1) std, as in verl and TRL (spec §7.1 leaves it unstated).
     """
-    mask = _valid_mask(rewards, valid)
-    stats = group_stats(rewards, mask, chunk_size)
-    centred = rewards.to(torch.float64) - stats.mean[:, None]
-    out = centred / (stats.std(unbiased=True)[:, None] + eps) * mask
+    r, mask = _checked(rewards, valid)
+    stats = group_stats(r, mask, chunk_size)
+    centred = torch.where(mask, r - stats.mean[:, None], 0.0)
+    out = centred / (stats.std(unbiased=True)[:, None] + eps)
     return out.to(rewards.dtype)
 
 

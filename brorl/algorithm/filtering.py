@@ -42,6 +42,11 @@ def informative_groups(rewards: Tensor) -> Tensor:
     """bool `[B]` from rewards `[B, N]`: True where a group's rewards are not all equal (exactly)."""
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, N], got shape {tuple(rewards.shape)}.")
+    if not torch.isfinite(rewards).all():
+        raise ValueError(
+            f"rewards hold non-finite values ({rewards[~torch.isfinite(rewards)][:3].tolist()}); "
+            "NaN would make a uniform group look informative: give failed rollouts a finite reward."
+        )
     return rewards.amax(dim=1) != rewards.amin(dim=1)
 
 
