@@ -1,0 +1,89 @@
+"""Problem identity and on-disk storage: ids, prompt normalisation, `datasets` round-trip.
+
+Every family's problems become the same Arrow table (one row per `Problem`): `tests` is a list of
+strings and `metadata` a JSON string, because metadata differs from task to task and Arrow wants
+one schema per column. Splits are saved together with `DatasetDict.save_to_disk`.
+
+Deliberately ignored: streaming and sharding (the datasets here fit in memory), hub uploads.
+Paper: §5 / spec §7.1 (the three families Math, Code, Reasoning Gym).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict, load_from_disk
+
+from brorl.types import Family, Problem
+
+FAMILIES: tuple[Family, ...] = ("math", "code", "reasoning")
+"""The paper's three scored families, in the order its tables list them (spec §5.1)."""
+
+
+def normalise_prompt(prompt: str) -> str:
+    """The dedupe key: lower case, runs of whitespace collapsed to one space, ends stripped."""
+    return re.sub(r"\s+", " ", prompt).strip().lower()
+
+
+def problem_id(family: str, task: str, prompt: str) -> str:
+    """A stable id `family/task/<12 hex of sha1(normalised prompt)>`: same prompt, same id."""
+    digest = hashlib.sha1(normalise_prompt(prompt).encode()).hexdigest()[:12]
+    return f"{family}/{task}/{digest}"
+
+
+def make_problem(family: Family, task: str, prompt: str, *, answer: str = "",
+                 tests: Iterable[str] = (), metadata: dict | None = None) -> Problem:
+    """A `Problem` with its id derived from the prompt and metadata checked to be JSON-safe."""
+    if family not in FAMILIES:
+        raise ValueError(f"family {family!r} is not one of {FAMILIES}; pick one of those.")
+    if not prompt.strip():
+        raise ValueError(f"{family}/{task}: empty prompt; every problem needs a prompt.")
+    try:
+        meta = json.loads(json.dumps(metadata or {}))
+    except TypeError as err:
+        raise ValueError(f"{family}/{task}: metadata is not JSON-serialisable ({err}); "
+                         "convert sets and objects to lists, strings or numbers.") from None
+    return Problem(id=problem_id(family, task, prompt), family=family, task=task, prompt=prompt,
+                   answer=str(answer), tests=tuple(tests), metadata=meta)
+
+
+def problems_to_dataset(problems: list[Problem]) -> Dataset:
+    """One Arrow table, columns id, family, task, prompt, answer, tests (list), metadata (JSON)."""
+    return Dataset.from_dict({
+        "id": [p.id for p in problems],
+        "family": [p.family for p in problems],
+        "task": [p.task for p in problems],
+        "prompt": [p.prompt for p in problems],
+        "answer": [p.answer for p in problems],
+        "tests": [list(p.tests) for p in problems],
+        "metadata": [json.dumps(p.metadata, sort_keys=True) for p in problems],
+    })
+
+
+def dataset_to_problems(table: Dataset) -> list[Problem]:
+    """The inverse of `problems_to_dataset`."""
+    return [
+        Problem(id=row["id"], family=row["family"], task=row["task"], prompt=row["prompt"],
+                answer=row["answer"], tests=tuple(row["tests"]),
+                metadata=json.loads(row["metadata"]))
+        for row in table
+    ]
+
+
+def save_splits(splits: dict[str, list[Problem]], path: str | Path) -> Path:
+    """Save named splits (e.g. train/validation/test) as one `DatasetDict` folder at `path`."""
+    path = Path(path)
+    DatasetDict({name: problems_to_dataset(ps) for name, ps in splits.items()}).save_to_disk(path)
+    return path
+
+
+def load_split(path: str | Path, split: str) -> list[Problem]:
+    """Load one split saved by `save_splits`; the error lists the splits that exist."""
+    tables = load_from_disk(str(path))
+    if split not in tables:
+        raise KeyError(f"{path}: no split {split!r}; it has {sorted(tables)}.")
+    return dataset_to_problems(tables[split])

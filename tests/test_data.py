@@ -1,0 +1,166 @@
+"""Problem data: sources, JSONL loading, deterministic disjoint splits, datasets round-trip."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from brorl.data import (
+    build_problems,
+    dedupe,
+    generate_code,
+    generate_math,
+    load_code_jsonl,
+    load_math_jsonl,
+    load_split,
+    make_problem,
+    normalise_prompt,
+    reasoning_problems,
+    save_splits,
+    split_problems,
+)
+from brorl.params import ParamsError, load_params
+
+
+def _write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_math_jsonl_reads_answer_or_last_boxed_of_solution(tmp_path):
+    path = _write_jsonl(tmp_path / "deepscaler.jsonl", [
+        {"problem": "What is 1/2 + 1/4?", "answer": "\\frac{3}{4}"},
+        {"problem": "Find x if 2x = 6.", "solution": "So \\boxed{2} no, \\boxed{3}.",
+         "type": "Algebra", "level": "Level 1"},
+    ])
+    first, second = load_math_jsonl(path)
+    assert (first.family, first.task, first.answer) == ("math", "deepscaler", "\\frac{3}{4}")
+    assert (second.task, second.answer) == ("Algebra", "3")  # the last box wins
+    assert second.metadata == {"type": "Algebra", "level": "Level 1"}
+
+
+def test_math_jsonl_without_answer_names_the_line(tmp_path):
+    path = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "1+1?", "solution": "two"}])
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: no `answer`"):
+        load_math_jsonl(path)
+
+
+def test_code_jsonl_reads_tests_and_apps_input_output(tmp_path):
+    path = _write_jsonl(tmp_path / "apps.jsonl", [
+        {"statement": "Return the sum of a and b.", "signature": "def add(a, b):",
+         "tests": ["assert add(1, 2) == 3"], "solution": "def add(a, b):\n    return a + b"},
+        {"question": "Double x.", "solutions": json.dumps(["def dbl(x):\n    return 2 * x"]),
+         "input_output": json.dumps({"fn_name": "dbl", "inputs": [[1], [5]], "outputs": [2, 10]})},
+    ])
+    first, second = load_code_jsonl(path)
+    assert first.prompt == "Return the sum of a and b.\nSignature: def add(a, b):"
+    assert first.tests == ("assert add(1, 2) == 3",)
+    assert second.tests == ("assert dbl(*[1]) == 2", "assert dbl(*[5]) == 10")
+    for p in (first, second):  # the reference passes its own tests
+        exec(p.metadata["solution"] + "\n" + "\n".join(p.tests), {})
+
+
+def test_code_jsonl_refuses_stdin_programs(tmp_path):
+    path = _write_jsonl(tmp_path / "io.jsonl", [
+        {"question": "Read n, print n.", "input_output": {"inputs": ["1\n"], "outputs": ["1\n"]}}])
+    with pytest.raises(ValueError, match="stdin/stdout"):
+        load_code_jsonl(path)
+
+
+def test_generated_code_references_pass_their_tests():
+    problems = generate_code(3, seed=1)
+    assert len(problems) == 3 * 7
+    for p in problems:
+        assert len(p.tests) == 3
+        exec(p.metadata["solution"] + "\n" + "\n".join(p.tests), {})
+
+
+def test_generated_math_answers_are_right():
+    for p in generate_math(20, seed=2):
+        words = p.prompt.rstrip(".").split()
+        if p.task == "arithmetic":  # "Compute a op b."
+            assert str(eval(" ".join(words[1:]))) == p.answer
+        elif p.task == "fractions":  # "Reduce 6/8 to lowest terms." -> 3/4, coprime
+            num, den = map(int, words[1].split("/"))
+            a, b = map(int, p.answer.split("/"))
+            assert num * b == den * a and all(a % d or b % d for d in range(2, b + 1))
+        else:  # "Solve for x: 3x + 2 = 11." -> 3
+            a, b, c = int(words[3][:-1]), int(words[5]), int(words[7])
+            sign = 1 if words[4] == "+" else -1
+            assert a * int(p.answer) + sign * b == c
+
+
+def test_reasoning_gym_items_keep_the_scorer_metadata():
+    problems = reasoning_problems("chain_sum", size=5, seed=0,
+                                  config={"min_terms": 2, "max_terms": 2, "max_digits": 1})
+    assert len(problems) == 5 and problems[0].metadata["source_dataset"] == "chain_sum"
+    assert all(p.family == "reasoning" and p.answer for p in problems)
+    with pytest.raises(ValueError, match="not_a_task"):
+        reasoning_problems("not_a_task", size=1, seed=0)
+
+
+def _mixed():
+    return build_problems(seed=0, math_per_task=40, code_per_task=10, reasoning_per_task=40)
+
+
+def test_splits_are_deterministic_disjoint_and_cover_every_task():
+    problems = _mixed()
+    a = split_problems(problems, seed=3)
+    b = split_problems(list(reversed(problems)), seed=3)  # input order does not matter
+    assert {k: [p.id for p in v] for k, v in a.items()} == {k: [p.id for p in v] for k, v in b.items()}
+    keys = {name: {normalise_prompt(p.prompt) for p in ps} for name, ps in a.items()}
+    assert not keys["train"] & keys["validation"] and not keys["train"] & keys["test"]
+    assert not keys["validation"] & keys["test"]
+    assert sum(len(v) for v in a.values()) == len(dedupe(problems))
+    tasks = {(p.family, p.task) for p in problems}
+    for name in ("train", "validation", "test"):
+        assert {(p.family, p.task) for p in a[name]} == tasks
+    c = split_problems(problems, seed=4)
+    assert [p.id for p in c["test"]] != [p.id for p in a["test"]]
+
+
+def test_split_dedupes_case_and_whitespace_variants():
+    p1 = make_problem("math", "t", "Compute 1 + 1.", answer="2")
+    p2 = make_problem("math", "t", "  compute 1  +\n1. ", answer="2")
+    assert p1.id == p2.id and len(dedupe([p1, p2])) == 1
+
+
+def test_split_sizes_follow_fractions():
+    problems = [make_problem("math", "t", f"Compute {i} + 0.", answer=str(i)) for i in range(100)]
+    s = split_problems(problems, seed=0, validation_fraction=0.1, test_fraction=0.2)
+    assert [len(s[k]) for k in ("train", "validation", "test")] == [70, 10, 20]
+    with pytest.raises(ValueError, match="sum below 1"):
+        split_problems(problems, seed=0, validation_fraction=0.5, test_fraction=0.5)
+
+
+def test_splits_round_trip_through_datasets_folder(tmp_path):
+    splits = split_problems(_mixed(), seed=0)
+    save_splits(splits, tmp_path / "problems")
+    for name, problems in splits.items():
+        assert load_split(tmp_path / "problems", name) == problems  # dataclass equality
+    with pytest.raises(KeyError, match="no split 'dev'"):
+        load_split(tmp_path / "problems", "dev")
+
+
+def test_every_params_file_validates_and_a_typo_in_my_sections_fails(tmp_path):
+    from pathlib import Path
+
+    for path in sorted(Path("params").glob("*.yaml")):
+        load_params(path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  math_per_taks: 3\n")
+    with pytest.raises(ParamsError, match="math_per_taks"):
+        load_params(bad)
+    bad.write_text("data:\n  validation_fraction: 0.5\n  test_fraction: 0.6\n")
+    with pytest.raises(ParamsError, match="nothing to train on"):
+        load_params(bad)
+
+
+def test_brorl_data_and_policy_import_no_orchestration_packages():
+    code = ("import sys, brorl.data, brorl.policy, brorl.base, brorl.evaluate; "
+            "print(sorted(m for m in ('prefect', 'mlflow', 'dvc') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
