@@ -16,7 +16,7 @@ import json, os, resource, sys
 PREIMPORT = ("math cmath collections collections.abc itertools functools heapq bisect re string "
              "typing fractions decimal statistics json copy operator random datetime enum "
              "dataclasses array unicodedata textwrap io time socket threading subprocess "
-             "pathlib signal ctypes").split()
+             "pathlib signal ctypes encodings.idna encodings.latin_1 encodings.ascii").split()
 CLONE_NEWNET = 0x40000000
 
 

@@ -1,0 +1,154 @@
+"""The code sandbox against a hostile-code corpus (issue 3, item 3).
+
+Each hostile candidate must get reward 0 within its time limit and leave the test process (the
+verifier's parent) unharmed. Isolation that needs root (the uid drop) or a network namespace is
+asserted where `capabilities()` says it holds, and skipped, with the reason, where it does not.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from brorl.types import Problem
+from brorl.verifiers import verify_batch
+from brorl.verifiers.sandbox import SandboxLimits, capabilities, run_tests
+
+CAPS = capabilities()
+IS_ROOT = os.geteuid() == 0
+TIMEOUT_S = 2.0
+LIMIT_MARGIN_S = 2.0  # process start-up, clean-up and a loaded 2-core machine
+
+
+def reward_of(code: str, tests=("assert True",)) -> tuple[float, str, float]:
+    """(reward, reason, seconds) for `code` as a fenced response, through verify_batch."""
+    problem = Problem("hostile", "code", "hostile", "?", tests=tuple(tests))
+    start = time.monotonic()
+    [verdict] = verify_batch([problem], [f"```python\n{code}\n```"], workers=1,
+                             timeout_s=TIMEOUT_S)
+    return verdict.reward, verdict.reason, time.monotonic() - start
+
+
+HOSTILE = {
+    "infinite_loop": ("while True:\n    pass", "timeout"),
+    "sleep_forever": ("import time\ntime.sleep(1000)", "timeout"),  # wall clock, not CPU
+    "fork_bomb": ("import os\nwhile True:\n    os.fork()", "runtime_error"),
+    "thread_bomb": ("import threading\nwhile True:\n    threading.Thread(target=input).start()",
+                    "runtime_error"),
+    "memory_bomb": ("chunks = []\nwhile True:\n    chunks.append(bytearray(2**26))", "runtime_error"),
+    "huge_output": ("while True:\n    print('x' * 100000)", "runtime_error"),
+    "huge_file": ("with open('big', 'w') as f:\n    while True:\n        f.write('x' * 100000)",
+                  "runtime_error"),
+    "exit_early_with_success": ("import sys\nsys.exit(0)", "runtime_error"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_candidate_gets_zero_within_its_limit(name):
+    code, reason = HOSTILE[name]
+    reward, got, seconds = reward_of(code)
+    assert (reward, got) == (0.0, reason)
+    assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
+
+
+def test_fork_and_threads_fail_inside_the_sandbox():
+    code = (
+        "import os, threading\n"
+        "try:\n    os.fork()\n    forked = True\nexcept OSError:\n    forked = False\n"
+        "try:\n    threading.Thread(target=print).start()\n    threaded = True\n"
+        "except RuntimeError:\n    threaded = False\n"
+    )
+    result = run_tests(code, ("assert not forked", "assert not threaded"), timeout_s=TIMEOUT_S)
+    assert (result.status, result.passed) == ("ok", 2)
+
+
+def test_huge_output_is_truncated_to_the_output_limit():
+    limits = SandboxLimits(output_bytes=1000)
+    result = run_tests("print('y' * 10**7)", (), timeout_s=TIMEOUT_S, limits=limits)
+    assert result.status == "runtime_error"  # the write past RLIMIT_FSIZE fails
+    assert len(result.stdout) <= 1000
+
+
+def test_secrets_in_the_environment_do_not_leak(monkeypatch):
+    monkeypatch.setenv("BRORL_TEST_SECRET", "s3cr3t-value")
+    code = (
+        "import os\nprint(sorted(os.environ))\n"
+        "try:\n    print(open(f'/proc/{os.getppid()}/environ').read())\n"
+        "except OSError as e:\n    print('blocked', type(e).__name__)\n"
+    )
+    result = run_tests(code, (), timeout_s=TIMEOUT_S)
+    assert result.status == "ok"
+    assert "s3cr3t" not in result.stdout + result.stderr
+    # empty but for LC_CTYPE, which Python itself sets under the C locale (PEP 538)
+    assert result.stdout.splitlines()[0] in ("[]", "['LC_CTYPE']")
+    if CAPS["uid_dropped"]:
+        assert "blocked PermissionError" in result.stdout
+
+
+@pytest.mark.skipif(not CAPS["uid_dropped"], reason="needs root to drop the candidate to nobody")
+def test_candidate_cannot_write_outside_its_directory(tmp_path):
+    targets = [tmp_path / "pwned", Path.cwd() / "pwned_by_sandbox", Path("/etc/pwned_by_sandbox")]
+    code = "\n".join(
+        f"try:\n    open({str(t)!r}, 'w').write('x')\nexcept OSError:\n    pass" for t in targets
+    ) + "\nopen('own_file', 'w').write('fine')\nimport os\nassert os.path.exists('own_file')"
+    reward, reason, _ = reward_of(code)
+    assert (reward, reason) == (1.0, "correct")  # ran to the end; its own directory is writable
+    assert not any(t.exists() for t in targets)
+
+
+@pytest.mark.skipif(not CAPS["uid_dropped"], reason="without the uid drop a candidate can kill us")
+@pytest.mark.parametrize(
+    "code", ["import os\nos.kill(os.getppid(), 9)", "import os\nos.killpg(os.getpgid(os.getppid()), 9)"]
+)
+def test_candidate_cannot_kill_its_parent(code):
+    reward, reason, _ = reward_of(code)
+    assert (reward, reason) == (0.0, "runtime_error")  # PermissionError at the top level
+    assert os.environ.get("PYTEST_CURRENT_TEST")  # we are alive and still the same process
+
+
+@pytest.mark.skipif(not CAPS["uid_dropped"], reason="without the uid drop a candidate can kill us")
+def test_signalling_every_process_reaches_only_nobodys():
+    # kill(-1) signals every process the caller may signal except itself: as nobody, none of
+    # ours; the candidate survives, so its trivial test passes
+    reward, reason, _ = reward_of("import os\nos.kill(-1, 9)")
+    assert (reward, reason) == (1.0, "correct")
+    assert reward_of("x = 1", ["assert x == 1"])[:2] == (1.0, "correct")
+
+
+@pytest.mark.skipif(not CAPS["network_isolated"], reason="no network namespace on this machine")
+def test_candidate_cannot_reach_the_network():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        server.settimeout(0.2)
+        code = (
+            "import socket\n"
+            f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            "    connected = True\nexcept OSError:\n    connected = False\n"
+        )
+        result = run_tests(code, ("assert connected",), timeout_s=TIMEOUT_S)
+        with pytest.raises(TimeoutError):
+            server.accept()  # nothing connected to the test process's listener
+    assert (result.status, result.passed) == ("ok", 0)
+
+
+def test_uid_drop_holds_when_running_as_root():
+    assert CAPS["uid_dropped"] == IS_ROOT
+
+
+def test_partial_solution_gets_the_fraction_of_tests_passed():
+    code = "def f(x):\n    return abs(x)"
+    tests = ["assert f(3) == 3", "assert f(-3) == -3", "assert f(0) == 0"]  # 2 of 3 pass
+    reward, reason, _ = reward_of(code, tests)
+    assert (reward, reason) == (pytest.approx(2 / 3), "partial")
+
+
+def test_the_verifier_process_is_unharmed_after_the_corpus():
+    cwd = os.getcwd()
+    for code, _ in HOSTILE.values():
+        reward_of(code)
+    assert os.getcwd() == cwd
+    assert reward_of("def f():\n    return 1", ["assert f() == 1"])[:2] == (1.0, "correct")
