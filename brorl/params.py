@@ -265,6 +265,11 @@ class UpdateParams(_Section):
         """base_lr * sqrt(samples_per_step / base_samples_per_step) (spec §4.1, §8 rule 3)."""
         return scaled_lr(self.base_lr, self.samples_per_step, self.base_samples_per_step)
 
+    @property
+    def mini_batch_rollouts(self) -> int:
+        """Rollouts per PPO mini-batch: samples_per_step / mini_batches_per_step (spec §8 rule 2)."""
+        return self.samples_per_step // self.mini_batches_per_step
+
     @model_validator(mode="after")
     def _check_update(self) -> UpdateParams:
         if self.samples_per_step % self.mini_batches_per_step:

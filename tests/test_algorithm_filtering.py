@@ -82,6 +82,7 @@ def test_exhausted_budget_returns_what_was_kept_and_flags_it():
     assert calls == [4, 4, 4]  # exactly the budget, then it returns
     s = out.stats
     assert s.budget_exhausted and s.groups_kept == 0 and out.pieces == []
+    assert out.rewards().shape == (0, 0)
     assert s.groups_all_wrong == 12 and s.rollouts_generated == 96 and s.pass_rate == 0.0
     assert out.stats.as_metrics()["filter/budget_exhausted"] == 1.0
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from typing import get_args
 
 import pytest
@@ -23,6 +25,7 @@ def test_brorl_overlay_scales_lr_by_sqrt8_and_keeps_mini_batch_count(tmp_path):
     assert prorl.lr == 2e-6
     assert brorl.lr == pytest.approx(2e-6 * math.sqrt(8))  # 5.657e-6
     assert brorl.mini_batches_per_step == prorl.mini_batches_per_step == 4
+    assert (prorl.mini_batch_rollouts, brorl.mini_batch_rollouts) == (2048, 16384)  # 8192/4, 65536/4
 
 
 def test_defaults_are_the_prorlv2_values():
@@ -49,3 +52,13 @@ def test_misspelt_key_and_bad_values_fail(tmp_path):
         UpdateParams(tis_min=6.0)
     with pytest.raises(ValueError, match="wrong_reward"):
         FilterParams(wrong_reward=1.0)
+
+
+def test_params_and_algorithm_import_no_orchestration_and_params_no_torch():
+    code = (
+        "import sys, brorl.params; assert 'torch' not in sys.modules, 'params pulled torch';"
+        "import brorl.algorithm.advantages, brorl.algorithm.filtering, brorl.algorithm.losses,"
+        " brorl.algorithm.schedule;"
+        "bad = [m for m in ('prefect', 'mlflow', 'dvc') if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -97,7 +97,9 @@ class Collected(Generic[G]):
         return self.stats.groups_kept
 
     def rewards(self) -> Tensor:
-        """Rewards `[K, N]` of the kept groups (K = groups_kept)."""
+        """Rewards `[K, N]` of the kept groups (K = groups_kept); `[0, 0]` when none was kept."""
+        if not self.pieces:
+            return torch.zeros(0, 0)
         return torch.cat([p.rewards for p in self.pieces], dim=0)
 
 
