@@ -1,0 +1,149 @@
+"""Evaluation primitives: unbiased pass@k, per-task and per-family scores, paired comparison.
+
+- `pass_at_k(n, c, k)`: the unbiased estimator of Chen et al. (2021, Codex) from n samples with c
+  correct, 1 - C(n-c, k) / C(n, k), computed as a stable product (no huge binomials).
+- `score_rewards`: from rewards `[B, n]` (n rollouts per problem), each problem's mean reward and
+  pass@k (a rollout counts as correct when its reward is >= `success_threshold`, 1.0: binary as
+  the paper's pass@1), then means per task, per family and overall. A family's score averages
+  its tasks (the paper's "Avg" columns average benchmarks, spec §5.2); the headline score is
+  pass@1 for math and code and the mean continuous reward for reasoning (spec §7.1 protocol).
+- `paired_comparison`: a paired t-test over the same instances, one-tailed that B beats A, as the
+  paper's §4.2.2 (spec §5.3: Delta = 0.0033, t = 4.84 over > 10,000 instances).
+- `evaluate_policy`: render with `brorl.prompts`, sample with plain transformers generation,
+  score with `brorl.verifiers.verify_batch` (the same code as the RL reward).
+
+Deliberately ignored: per-benchmark context limits, RG's unknown "Avg" weighting (spec §5.2).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+
+from brorl.prompts import render_prompt
+from brorl.types import Problem
+from brorl.verifiers import verify_batch
+
+HEADLINE = {"math": "pass_at_1", "code": "pass_at_1", "reasoning": "reward_mean"}
+"""Which quantity is each family's score (spec §7.1: binary pass@1 for math and code, the mean
+continuous verifier reward for Reasoning Gym)."""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples, c of them correct: 1 - prod_{i=n-c+1..n} (1 - k/i)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}; "
+                         "draw at least k samples per problem.")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def problem_scores(rewards: np.ndarray, k_values: Sequence[int],
+                   success_threshold: float = 1.0) -> dict[str, np.ndarray]:
+    """Per-problem scores from rewards `[B, n]`: `reward_mean` and `pass_at_{k}`, each `[B]`."""
+    rewards = np.asarray(rewards, dtype=float)
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [B, n], got shape {rewards.shape}.")
+    n = rewards.shape[1]
+    correct = (rewards >= success_threshold).sum(axis=1)
+    out = {"reward_mean": rewards.mean(axis=1)}
+    for k in k_values:
+        out[f"pass_at_{k}"] = np.array([pass_at_k(n, int(c), k) for c in correct])
+    return out
+
+
+def _mean_of_groups(values: dict[str, np.ndarray], keys: list[str]) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, key in enumerate(keys):
+        groups[key].append(i)
+    return {key: {name: float(v[idx].mean()) for name, v in values.items()}
+            for key, idx in sorted(groups.items())}
+
+
+def score_rewards(problems: Sequence[Problem], rewards: np.ndarray,
+                  k_values: Sequence[int] = (1,), success_threshold: float = 1.0) -> dict:
+    """Scores per task ("family/task"), per family (mean of its tasks) and overall.
+
+    Returns {"task": {...}, "family": {fam: {..., "score": headline}}, "overall": {...}}, where
+    each leaf maps `reward_mean` / `pass_at_{k}` to a float and `overall` averages the families.
+    """
+    if len(problems) != len(rewards):
+        raise ValueError(f"{len(problems)} problems but {len(rewards)} reward rows; one row each.")
+    per_problem = problem_scores(rewards, k_values, success_threshold)
+    tasks = _mean_of_groups(per_problem, [f"{p.family}/{p.task}" for p in problems])
+    families: dict[str, dict[str, float]] = {}
+    for fam in sorted({p.family for p in problems}):
+        rows = [v for key, v in tasks.items() if key.split("/")[0] == fam]
+        families[fam] = {name: float(np.mean([r[name] for r in rows])) for name in per_problem}
+        families[fam]["score"] = families[fam][HEADLINE[fam]]
+    overall = {name: float(np.mean([f[name] for f in families.values()]))
+               for name in (*per_problem, "score")}
+    return {"task": tasks, "family": families, "overall": overall}
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """Paired comparison of B against A: `delta` = mean(B - A), Student t, one-tailed p (B > A)."""
+
+    delta: float
+    t: float
+    p_one_tailed: float
+    n: int
+
+
+def paired_comparison(scores_a: Sequence[float], scores_b: Sequence[float]) -> PairedResult:
+    """Paired t-test over the same instances (`scipy.stats.ttest_rel`), H1: B's mean is higher.
+
+    t and p are NaN when every difference is equal (zero variance): the test is undefined there.
+    """
+    a, b = np.asarray(scores_a, dtype=float), np.asarray(scores_b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
+        raise ValueError(f"need two 1-D score arrays of equal length >= 2 over the same instances, "
+                         f"got shapes {a.shape} and {b.shape}.")
+    res = stats.ttest_rel(b, a, alternative="greater")
+    return PairedResult(float((b - a).mean()), float(res.statistic), float(res.pvalue), len(a))
+
+
+@torch.no_grad()
+def sample_responses(model, tokenizer, prompts: Sequence[str], *, n: int, max_new_tokens: int,
+                     temperature: float, top_p: float = 1.0, seed: int = 0,
+                     batch_size: int = 64) -> list[list[str]]:
+    """n responses per prompt `[B][n]` by transformers `generate`; temperature 0 is greedy.
+
+    Deterministic for a seed (the global RNG is forked, not disturbed). Special tokens dropped.
+    """
+    flat = [p for p in prompts for _ in range(n)]
+    texts: list[str] = []
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(flat), batch_size):
+            enc = tokenizer(flat[start:start + batch_size], return_tensors="pt", padding=True,
+                            padding_side="left").to(device)
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                                 temperature=temperature if temperature > 0 else None,
+                                 top_p=top_p if temperature > 0 else None, top_k=None,
+                                 pad_token_id=tokenizer.pad_token_id)
+            new = out[:, enc["input_ids"].shape[1]:]
+            texts += tokenizer.batch_decode(new, skip_special_tokens=True)
+    return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def evaluate_policy(model, tokenizer, problems: Sequence[Problem], *, n: int = 1,
+                    k_values: Sequence[int] = (1,), max_new_tokens: int = 64,
+                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                    workers: int | None = None) -> tuple[dict, np.ndarray]:
+    """Sample n responses per problem, verify them, score them: (scores, rewards `[B, n]`)."""
+    prompts = [render_prompt(p, tokenizer) for p in problems]
+    responses = sample_responses(model, tokenizer, prompts, n=n, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_p=top_p, seed=seed)
+    flat_problems = [p for p in problems for _ in range(n)]
+    verdicts = verify_batch(flat_problems, [r for rs in responses for r in rs], workers=workers)
+    rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(problems), n)
+    return score_rewards(problems, rewards, k_values), rewards

@@ -1,0 +1,87 @@
+"""Evaluation primitives: pass@k against brute force, scores by hand, the paired t-test."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from brorl.data import make_problem
+from brorl.evaluate import paired_comparison, pass_at_k, problem_scores, score_rewards
+
+
+def _brute_pass_at_k(outcomes: list[bool], k: int) -> float:
+    """Share of all k-subsets of the n samples that hold at least one correct sample."""
+    subsets = list(itertools.combinations(outcomes, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_pass_at_k_equals_brute_force_over_all_k_subsets(n):
+    for c in range(n + 1):
+        outcomes = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(_brute_pass_at_k(outcomes, k), abs=1e-12)
+
+
+def test_pass_at_k_hand_values_and_stability():
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # c / n
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(10, 0, 5) == 0.0 and pass_at_k(10, 6, 5) == 1.0  # n - c < k
+    # n = 1000 would overflow a float binomial; the product form stays exact.
+    expected = 1 - math.comb(990, 100) / math.comb(1000, 100)
+    assert pass_at_k(1000, 10, 100) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="at least k samples"):
+        pass_at_k(3, 1, 4)
+
+
+def test_problem_scores_count_only_full_rewards_as_correct():
+    rewards = np.array([[1.0, 0.5, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    out = problem_scores(rewards, k_values=(1, 2))
+    assert out["reward_mean"].tolist() == [0.625, 0.0]  # (1 + .5 + 0 + 1) / 4
+    assert out["pass_at_1"].tolist() == [0.5, 0.0]  # 2 of 4 reach 1.0
+    assert out["pass_at_2"][0] == pytest.approx(1 - 1 / 6)  # 1 - C(2,2)/C(4,2)
+
+
+def test_family_score_is_mean_of_its_tasks_and_headline_follows_the_paper():
+    problems = [
+        make_problem("math", "a", "Compute 1 + 1.", answer="2"),
+        make_problem("math", "a", "Compute 1 + 2.", answer="3"),
+        make_problem("math", "b", "Compute 1 + 3.", answer="4"),
+        make_problem("reasoning", "r", "Spell cat backward.", answer="tac"),
+    ]
+    rewards = np.array([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.5, 1.0]])
+    scores = score_rewards(problems, rewards)
+    assert scores["task"]["math/a"]["pass_at_1"] == 0.5  # (1 + 0) / 2 problems
+    assert scores["task"]["math/b"]["pass_at_1"] == 0.5  # 1 of 2 samples
+    # math: mean of tasks a (0.5) and b (0.5), not of problems; its headline is pass@1
+    assert scores["family"]["math"]["score"] == 0.5
+    # reasoning's headline is the mean continuous reward (0.5 + 1) / 2, its pass@1 is 0.5
+    assert scores["family"]["reasoning"]["score"] == 0.75
+    assert scores["family"]["reasoning"]["pass_at_1"] == 0.5
+    assert scores["overall"]["score"] == pytest.approx((0.5 + 0.75) / 2)
+
+
+def test_paired_comparison_matches_hand_computed_t():
+    a = [0.0, 0.0, 1.0, 0.5, 0.25]
+    b = [0.5, 0.0, 1.0, 1.0, 0.5]
+    # d = [.5, 0, 0, .5, .25], mean .25; d - .25 = [.25, -.25, -.25, .25, 0], squares sum .25;
+    # sample sd = sqrt(.25 / 4) = .25, so t = .25 / (.25 / sqrt(5)) = sqrt(5)
+    t = math.sqrt(5)
+    res = paired_comparison(a, b)
+    assert res.delta == pytest.approx(0.25) and res.t == pytest.approx(t) and res.n == 5
+    assert res.p_one_tailed == pytest.approx(stats.t.sf(t, df=4))
+    assert paired_comparison(b, a).p_one_tailed == pytest.approx(1 - res.p_one_tailed)
+
+
+def test_paired_comparison_detects_a_small_shift_over_many_instances():
+    rng = np.random.default_rng(0)
+    a = rng.random(4000)
+    b = np.clip(a + 0.01 + rng.normal(0, 0.05, 4000), 0, 1)  # B better by about 0.01
+    res = paired_comparison(a, b)
+    assert res.delta > 0 and res.p_one_tailed < 1e-6
+    with pytest.raises(ValueError, match="equal length"):
+        paired_comparison([1.0, 0.0], [1.0])
