@@ -119,3 +119,35 @@ def test_bad_arguments_name_the_fix(kwargs, match):
     args = {"target_groups": 2, "max_draws": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
         collect_informative(Source([]), **args)
+
+
+def _bernoulli_source(n, seed):
+    """Groups of N binary rewards; each prompt's success rate p drawn from a fixed list."""
+    gen = torch.Generator().manual_seed(seed)
+    rates = torch.tensor([0.0, 0.05, 0.5, 0.95, 1.0])
+
+    def draw(k):
+        p = rates[torch.randint(0, 5, (k,), generator=gen)]
+        rewards = (torch.rand(k, n, generator=gen) < p[:, None]).float()
+        return FakeBatch(rewards, tuple(range(k)))
+
+    return draw
+
+
+@pytest.mark.parametrize(
+    "n, expected",
+    [
+        # P(informative) = 1 - p^N - (1-p)^N, averaged over the five rates:
+        # N=16: p=0.05 and 0.95 give 1 - 0.95^16 - 0.05^16 = 0.5599, p=0.5 gives 0.99997, 0 and 1
+        # give 0: (2 * 0.5599 + 0.99997) / 5 = 0.4240 (the paper's ProRL pass rate is 41%)
+        (16, (2 * (1 - 0.95**16 - 0.05**16) + 1 - 2 * 0.5**16) / 5),
+        # N=512: 0.95^512 ~ 4e-12, so three of five rates are informative: 0.6 (BroRL: 62%)
+        (512, 0.6),
+    ],
+)
+def test_pass_rate_matches_closed_form_and_rises_with_n(n, expected):
+    out = collect_informative(_bernoulli_source(n, seed=n), target_groups=300, max_draws=200)
+    assert out.num_groups == 300 and not out.stats.budget_exhausted
+    assert out.stats.groups_surplus == 0  # oversample 1 never asks for more than is missing
+    # about 300 / 0.42 = 710 groups drawn: binomial sd of the rate ~ 0.019; allow 3 sd
+    assert out.stats.pass_rate == pytest.approx(expected, abs=0.06)
