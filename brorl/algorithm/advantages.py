@@ -5,8 +5,9 @@ std over the whole global batch of valid rollouts; there is no per-group std. GR
 A = (R - mean_group(R)) / (std_group(R) + eps). Rewards may be continuous.
 
 Group statistics are streamed over the N axis (`GroupStats.update`, Chan et al.'s parallel merge
-of Welford's running mean and sum of squared deviations), so a group of N = 512 or more rollouts
-can be reduced chunk by chunk without holding a `[B, N, ...]` intermediate in one piece.
+of Welford's running mean and sum of squared deviations): a group of N = 512 or more rollouts
+whose rewards arrive chunk by chunk (engines generate in memory-bounded chunks) is reduced as
+the chunks come, with the same result as one pass.
 
 Deliberately ignored: leave-one-out baselines (NeMo-RL's `use_leave_one_out_baseline: false`),
 token-weighted whitening (verl's `masked_whiten` over tokens; the spec normalises over rollouts),
