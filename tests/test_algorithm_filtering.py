@@ -113,7 +113,11 @@ def test_empty_source_stops_the_loop_without_spending_the_budget():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"target_groups": 0}, "target_groups"), ({"max_draws": 0}, "max_draws"), ({"oversample": 0.5}, "oversample")],
+    [
+        ({"target_groups": 0}, "target_groups"),
+        ({"max_draws": 0}, "max_draws"),
+        ({"oversample": 0.5}, "oversample"),
+    ],
 )
 def test_bad_arguments_name_the_fix(kwargs, match):
     args = {"target_groups": 2, "max_draws": 2, **kwargs}

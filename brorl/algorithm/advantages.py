@@ -46,7 +46,9 @@ class GroupStats:
 
     def update(self, rewards: Tensor, valid: Tensor | None = None) -> GroupStats:
         """Merge a chunk: rewards `[B, n]`, valid `[B, n]` bool (None: all valid)."""
-        w = torch.ones_like(rewards, dtype=torch.float64) if valid is None else valid.to(torch.float64)
+        w = torch.ones_like(rewards, dtype=torch.float64)
+        if valid is not None:
+            w = valid.to(torch.float64)
         x = torch.where(w > 0, rewards.to(torch.float64), 0.0)  # invalid slots may hold NaN
         n_b = w.sum(dim=1)
         mean_b = (x * w).sum(dim=1) / n_b.clamp(min=1)
@@ -67,7 +69,9 @@ class GroupStats:
         return var.sqrt()
 
 
-def group_stats(rewards: Tensor, valid: Tensor | None = None, chunk_size: int | None = None) -> GroupStats:
+def group_stats(
+    rewards: Tensor, valid: Tensor | None = None, chunk_size: int | None = None
+) -> GroupStats:
     """Per-group stats of rewards `[B, N]`, reduced over N in chunks of `chunk_size` rollouts."""
     num_groups, n = rewards.shape
     step = n if chunk_size is None else chunk_size

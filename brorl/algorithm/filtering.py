@@ -103,7 +103,9 @@ class Collected(Generic[G]):
         return torch.cat([p.rewards for p in self.pieces], dim=0)
 
 
-def _count_discarded(stats: FilterStats, rewards: Tensor, keep: Tensor, correct: float, wrong: float) -> None:
+def _count_discarded(
+    stats: FilterStats, rewards: Tensor, keep: Tensor, correct: float, wrong: float
+) -> None:
     uniform = rewards[~keep, 0]
     stats.groups_all_correct += int((uniform >= correct).sum())
     stats.groups_all_wrong += int((uniform <= wrong).sum())
@@ -132,7 +134,9 @@ def collect_informative(
     if max_draws < 1:
         raise ValueError(f"max_draws must be >= 1, got {max_draws}; it bounds the refill rounds.")
     if not oversample >= 1.0:
-        raise ValueError(f"oversample must be >= 1, got {oversample}; 1 asks for exactly the missing groups.")
+        raise ValueError(
+            f"oversample must be >= 1, got {oversample}; 1 asks for exactly the missing groups."
+        )
     out: Collected[G] = Collected()
     stats = out.stats
     while stats.groups_kept < target_groups and stats.rounds < max_draws:

@@ -134,7 +134,9 @@ def policy_loss(
     norm = float(mask.sum().clamp(min=1)) if normaliser is None else float(normaliser)
     if norm <= 0:
         raise ValueError(f"normaliser must be a positive token count, got {normaliser}.")
-    pg, clip_low, clip_high = clipped_policy_objective(logp, old_logp, advantages, clip_eps_low, clip_eps_high)
+    pg, clip_low, clip_high = clipped_policy_objective(
+        logp, old_logp, advantages, clip_eps_low, clip_eps_high
+    )
     metrics: dict[str, float] = {
         "update/clip_frac_low": float(_token_sum(clip_low.to(mask.dtype), mask, norm)),
         "update/clip_frac_high": float(_token_sum(clip_high.to(mask.dtype), mask, norm)),
@@ -147,7 +149,8 @@ def policy_loss(
     loss = _token_sum(pg, mask, norm)
     metrics["update/pg_loss"] = float(loss.detach())
     if ref_logp is not None:
-        kl = _token_sum(kl_penalty(logp, ref_logp, kl_estimator, kl_input_clamp, kl_output_clamp), mask, norm)
+        per_token = kl_penalty(logp, ref_logp, kl_estimator, kl_input_clamp, kl_output_clamp)
+        kl = _token_sum(per_token, mask, norm)
         loss = loss + kl_coef * kl
         metrics["update/kl"] = float(kl.detach())
     if entropy is not None:
