@@ -110,6 +110,8 @@ class DataParams(_Section):
     math_per_task: NonNegativeInt = 600
     """Generated math draws per task (arithmetic, fractions, linear_equation); 0 leaves them out.
     Draws may repeat; splitting dedupes by prompt."""
+    math_max_operand: PositiveInt = 9
+    """Largest operand of the generated math tasks (9: one-digit facts a tiny model can learn)."""
     code_per_task: NonNegativeInt = 600
     """Generated code draws per template (7 one-line function templates); 0 leaves them out."""
     reasoning_per_task: NonNegativeInt = 600
