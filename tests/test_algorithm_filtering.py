@@ -103,6 +103,15 @@ def test_oversampled_surplus_is_trimmed_and_counted():
     assert out.stats.pass_rate == 8 / 16
 
 
+def test_keep_uniform_trains_on_every_group_and_still_counts():
+    source = Source([[[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]])
+    out = collect_informative(source, target_groups=3, max_draws=5, keep_uniform=True)
+    assert source.asked == [3] and [i for p in out.pieces for i in p.ids] == [0, 1, 2]
+    s = out.stats
+    assert (s.groups_all_correct, s.groups_all_wrong, s.groups_informative) == (1, 1, 1)
+    assert s.pass_rate == 1.0 and s.informative_rate == pytest.approx(1 / 3)
+
+
 def test_empty_source_stops_the_loop_without_spending_the_budget():
     source = Source([[[1, 0, 0, 0]]])
     out = collect_informative(source, target_groups=3, max_draws=100)

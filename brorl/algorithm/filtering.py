@@ -72,6 +72,12 @@ class FilterStats:
         """Kept / generated rollouts (the paper's pass rate, spec §4.4); 0 before any draw."""
         return self.rollouts_kept / self.rollouts_generated if self.rollouts_generated else 0.0
 
+    @property
+    def informative_rate(self) -> float:
+        """Informative / generated groups; equals `pass_rate` unless uniform groups are kept or
+        an oversampled surplus is dropped."""
+        return self.groups_informative / self.groups_generated if self.groups_generated else 0.0
+
     def as_metrics(self) -> dict[str, float]:
         """Metrics named `filter/<quantity>` (see docs/metrics.md)."""
         names = (
@@ -80,6 +86,7 @@ class FilterStats:
         ).split()
         metrics = {f"filter/{n}": float(getattr(self, n)) for n in names}
         metrics["filter/pass_rate"] = self.pass_rate
+        metrics["filter/informative_rate"] = self.informative_rate
         metrics["filter/budget_exhausted"] = float(self.budget_exhausted)
         metrics["filter/source_exhausted"] = float(self.source_exhausted)
         return metrics
@@ -103,10 +110,10 @@ class Collected(Generic[G]):
         return torch.cat([p.rewards for p in self.pieces], dim=0)
 
 
-def _count_discarded(
-    stats: FilterStats, rewards: Tensor, keep: Tensor, correct: float, wrong: float
+def _count_uniform(
+    stats: FilterStats, rewards: Tensor, informative: Tensor, correct: float, wrong: float
 ) -> None:
-    uniform = rewards[~keep, 0]
+    uniform = rewards[~informative, 0]
     stats.groups_all_correct += int((uniform >= correct).sum())
     stats.groups_all_wrong += int((uniform <= wrong).sum())
     stats.groups_uniform_other += int(((uniform > wrong) & (uniform < correct)).sum())
@@ -119,6 +126,7 @@ def collect_informative(
     oversample: float = 1.0,
     correct_reward: float = 1.0,
     wrong_reward: float = 0.0,
+    keep_uniform: bool = False,
 ) -> Collected[G]:
     """Draw groups until `target_groups` informative ones are kept or `max_draws` draws are made.
 
@@ -126,7 +134,8 @@ def collect_informative(
     rewards `[b, N]` (b may differ from n; b = 0 means the prompt source is empty and ends the
     loop). Informative groups are kept up to the target; the excess of the last round is counted
     as surplus. Uniform groups are counted as all-correct (value >= `correct_reward`), all-wrong
-    (value <= `wrong_reward`) or other. Never raises for lack of groups: check
+    (value <= `wrong_reward`) or other. `keep_uniform=True` (dynamic sampling off) keeps every
+    group, so one draw normally suffices, with the same stats. Never raises for lack of groups: check
     `stats.budget_exhausted` (and `source_exhausted`); at most `max_draws` calls are made.
     """
     if target_groups < 1:
@@ -146,12 +155,13 @@ def collect_informative(
         if rewards.shape[0] == 0:
             stats.source_exhausted = True
             break
-        keep = informative_groups(rewards)
-        _count_discarded(stats, rewards, keep, correct_reward, wrong_reward)
+        informative = informative_groups(rewards)
+        _count_uniform(stats, rewards, informative, correct_reward, wrong_reward)
+        keep = torch.ones_like(informative) if keep_uniform else informative
         index = keep.nonzero().flatten()
         stats.groups_generated += rewards.shape[0]
         stats.rollouts_generated += rewards.numel()
-        stats.groups_informative += index.numel()
+        stats.groups_informative += int(informative.sum())
         room = target_groups - stats.groups_kept
         stats.groups_surplus += max(index.numel() - room, 0)
         index = index[:room]
