@@ -5,6 +5,8 @@ down (see `brorl.verifiers.sandbox` for what and why), then runs the candidate c
 test snippet in a copy of the candidate's globals, reporting on fd 3 one line per event, each
 starting with the nonce: `ISO netns=<0|1>,uid=<uid>`, `SYNTAX`, `CANDIDATE_RAISED <type>`,
 `T<i> <0|1>`, `DONE`. It imports nothing outside the standard library and runs without `site`.
+Before dropping privileges it imports every module that the candidate's and the tests' import
+statements name (a line scan), because after the drop the stdlib may be unreadable.
 
 Deliberately ignored: per-test time limits (the whole run has one wall-clock limit, as ProRL's
 5 s total) and the candidate's exit code (only the tagged lines count).
@@ -13,15 +15,42 @@ Deliberately ignored: per-test time limits (the whole run has one wall-clock lim
 HARNESS = r'''
 import json, os, resource, sys
 
-PREIMPORT = ("math cmath collections collections.abc itertools functools heapq bisect re string "
-             "typing fractions decimal statistics json copy operator random datetime enum "
-             "dataclasses array unicodedata textwrap io time socket threading subprocess "
-             "pathlib signal ctypes encodings.idna encodings.latin_1 encodings.ascii").split()
+# stdlib modules without import-time side effects that candidates may use; only these are
+# imported (as root) ahead of the uid drop, and only when an import statement names them
+PREIMPORTABLE = frozenset((
+    "math cmath collections collections.abc itertools functools heapq bisect re string typing "
+    "fractions decimal statistics json copy operator random datetime enum dataclasses array "
+    "unicodedata textwrap io time socket threading subprocess pathlib signal ctypes os os.path "
+    "sys queue struct hashlib base64 numbers abc contextlib types weakref pprint calendar "
+    "encodings.idna"
+).split())
+
+
+def imported_names(sources):
+    """Allowed modules named by import statements in the sources (a line scan, no parsing)."""
+    names = []
+    for source in sources:
+        for line in source.replace(";", "\n").splitlines():
+            words = line.replace(",", " , ").split()
+            if len(words) >= 2 and words[0] == "from":
+                names.append(words[1])
+            elif words[:1] == ["import"]:
+                expect = True
+                for word in words[1:]:
+                    if expect and word not in (",", "as"):
+                        names.append(word)
+                    expect = word == ","
+    if "socket" in names:
+        names.append("encodings.idna")
+    return [name for name in names if name in PREIMPORTABLE]
+
+
 CLONE_NEWNET = 0x40000000
 
 
 def lock_down(payload):
-    for name in PREIMPORT:
+    # the stdlib may be unreadable once the uid is dropped: import what the code names first
+    for name in imported_names([payload["code"]] + payload["tests"]):
         try:
             __import__(name)
         except Exception:
