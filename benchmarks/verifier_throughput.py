@@ -8,7 +8,8 @@ verdicts disagree with the intended right/wrong label (reasoning-gym's continuou
 give a wrong answer partial credit: `spell_backward` scores by similarity), then the core count
 and /proc/loadavg (the machine is shared: read the figures with the load beside them).
 
-Usage: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/verifier_throughput.py [--per-family 200]
+Usage:
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/verifier_throughput.py --per-family 200
 
 Deliberately ignored: long responses and slow sympy cases (a best-case throughput for short
 answers, like the tiny policy's), warm-up runs.
@@ -93,11 +94,12 @@ def main() -> None:
         "reasoning": reasoning_batch(args.per_family, args.seed),
         "code": code_batch(args.per_family, rng),
     }
-    print(f"{'family':<10} {'pairs':>6} {'seconds':>8} {'pairs/s':>8} {'reward':>7} {'disagree':>8}")
+    header = ("family", "pairs", "seconds", "pairs/s", "reward", "disagree")
+    print(f"{header[0]:<10} " + " ".join(f"{h:>8}" for h in header[1:]))
     for family, batch in batches.items():
         seconds, mean_reward, disagree = measure(batch, args.workers, args.timeout_s)
-        print(f"{family:<10} {len(batch):>6} {seconds:>8.2f} {len(batch) / seconds:>8.1f} "
-              f"{mean_reward:>7.3f} {disagree:>8}")
+        print(f"{family:<10} {len(batch):>8} {seconds:>8.2f} {len(batch) / seconds:>8.1f} "
+              f"{mean_reward:>8.3f} {disagree:>8}")
     with open("/proc/loadavg") as f:
         load = f.read().strip()
     print(f"workers: {args.workers or default_workers()}  cores: {os.cpu_count()}  loadavg: {load}")

@@ -5,7 +5,8 @@ same way (nanochat's `reward()` reuses `evaluate()`):
 
 - math and reasoning: the last `<answer>...</answer>`; for math also the last `\\boxed{...}`
   (balanced braces) when no answer tag is present;
-- code: the last fenced block ```` ```python ... ``` ```` (```` ```py ```` or a bare fence also count).
+- code: the last fenced block ```` ```python ... ``` ```` (```` ```py ```` or a bare fence
+  also count).
 
 Deliberately ignored: `<think>` handling (the tiny policies do not think), `\\fbox`, unclosed
 fences or tags (a truncated response has no answer), answers written without any marker.

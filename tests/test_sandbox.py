@@ -24,12 +24,14 @@ TIMEOUT_S = 2.0
 LIMIT_MARGIN_S = 2.0  # process start-up, clean-up and a loaded 2-core machine
 
 
-def reward_of(code: str, tests=("assert True",)) -> tuple[float, str, float]:
+def reward_of(
+    code: str, tests=("assert True",), timeout_s: float = TIMEOUT_S
+) -> tuple[float, str, float]:
     """(reward, reason, seconds) for `code` as a fenced response, through verify_batch."""
     problem = Problem("hostile", "code", "hostile", "?", tests=tuple(tests))
     start = time.monotonic()
     [verdict] = verify_batch([problem], [f"```python\n{code}\n```"], workers=1,
-                             timeout_s=TIMEOUT_S)
+                             timeout_s=timeout_s)
     return verdict.reward, verdict.reason, time.monotonic() - start
 
 
@@ -39,7 +41,8 @@ HOSTILE = {
     "fork_bomb": ("import os\nwhile True:\n    os.fork()", "runtime_error"),
     "thread_bomb": ("import threading\nwhile True:\n    threading.Thread(target=input).start()",
                     "runtime_error"),
-    "memory_bomb": ("chunks = []\nwhile True:\n    chunks.append(bytearray(2**26))", "runtime_error"),
+    "memory_bomb": ("chunks = []\nwhile True:\n    chunks.append(bytearray(2**26))",
+                    "runtime_error"),
     "huge_output": ("while True:\n    print('x' * 100000)", "runtime_error"),
     "huge_file": ("with open('big', 'w') as f:\n    while True:\n        f.write('x' * 100000)",
                   "runtime_error"),
@@ -50,9 +53,11 @@ HOSTILE = {
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_candidate_gets_zero_within_its_limit(name):
     code, reason = HOSTILE[name]
-    reward, got, seconds = reward_of(code)
+    # filling 512 MiB takes over a second on a loaded machine: give it room to hit the limit
+    timeout_s = 10.0 if name == "memory_bomb" else TIMEOUT_S
+    reward, got, seconds = reward_of(code, timeout_s=timeout_s)
     assert (reward, got) == (0.0, reason)
-    assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
+    assert seconds < timeout_s + LIMIT_MARGIN_S
 
 
 def test_fork_and_threads_fail_inside_the_sandbox():
@@ -102,7 +107,8 @@ def test_candidate_cannot_write_outside_its_directory(tmp_path):
 
 @pytest.mark.skipif(not CAPS["uid_dropped"], reason="without the uid drop a candidate can kill us")
 @pytest.mark.parametrize(
-    "code", ["import os\nos.kill(os.getppid(), 9)", "import os\nos.killpg(os.getpgid(os.getppid()), 9)"]
+    "code",
+    ["import os\nos.kill(os.getppid(), 9)", "import os\nos.killpg(os.getpgid(os.getppid()), 9)"],
 )
 def test_candidate_cannot_kill_its_parent(code):
     reward, reason, _ = reward_of(code)
@@ -148,7 +154,8 @@ def test_partial_solution_gets_the_fraction_of_tests_passed():
 
 def test_the_verifier_process_is_unharmed_after_the_corpus():
     cwd = os.getcwd()
-    for code, _ in HOSTILE.values():
-        reward_of(code)
+    for name, (code, _) in HOSTILE.items():
+        if name != "memory_bomb":
+            reward_of(code)
     assert os.getcwd() == cwd
     assert reward_of("def f():\n    return 1", ["assert f() == 1"])[:2] == (1.0, "correct")

@@ -5,6 +5,7 @@ Every check goes through `verify_batch`, the entry point reward and evaluation s
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -59,6 +60,18 @@ def test_reasoning_right_answers_score_one_and_missing_tags_zero(name):
     verdicts = verify_batch(problems * 2, right + bare, workers=2)
     assert [v.reward for v in verdicts] == [1.0] * 4 + [0.0] * 4
     assert {v.reason for v in verdicts[4:]} == {"no_answer"}
+
+
+@pytest.mark.parametrize("name", ["count_bits", "basic_arithmetic", "spell_backward"])
+def test_reasoning_scorer_works_on_json_round_tripped_metadata(name):
+    # stored data turns tuples into lists: the rebuilt scorer must still accept the entry
+    problems = [
+        Problem(p.id, p.family, p.task, p.prompt, p.answer,
+                metadata=json.loads(json.dumps(p.metadata)))
+        for p in gym_problems(name, 3)
+    ]
+    verdicts = verify_batch(problems, [f"<answer>{p.answer}</answer>" for p in problems], workers=1)
+    assert [v.reward for v in verdicts] == [1.0, 1.0, 1.0]
 
 
 def test_reasoning_scores_the_extracted_answer_not_the_whole_response():

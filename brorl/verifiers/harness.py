@@ -64,7 +64,8 @@ def lock_down(payload):
     limits = payload["limits"]
     R = resource
     R.setrlimit(R.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
-    for res, value in ((R.RLIMIT_AS, limits["memory_bytes"]), (R.RLIMIT_NOFILE, limits["open_files"]),
+    for res, value in ((R.RLIMIT_AS, limits["memory_bytes"]),
+                       (R.RLIMIT_NOFILE, limits["open_files"]),
                        (R.RLIMIT_FSIZE, limits["file_bytes"])):
         R.setrlimit(res, (value, value))
     if payload["uid"] is not None:

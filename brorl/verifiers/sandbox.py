@@ -21,8 +21,10 @@ candidate cannot signal the verifier (EPERM), cannot read `/proc/<ppid>/environ`
 outside world-writable places (its own directory, `/tmp`, `/dev/shm`), and cannot fork. Run as
 a non-root user, the uid drop and the network namespace are skipped (the harness carries on):
 RLIMIT_NPROC still stops forks, but the candidate then runs as the verifier's own user and could
-signal it. The pyenv stdlib under `/root` is unreadable to `nobody`, so the harness imports the
-common stdlib modules before dropping; other imports fail (a runtime error, reward 0).
+signal it. The pyenv stdlib under `/root` is unreadable to `nobody`, so before dropping the
+harness imports the modules the code's import statements name, from an allow-list of common
+side-effect-free stdlib modules (`harness.PREIMPORTABLE`); other imports fail (reward 0).
+A candidate as `nobody` can still signal other sandboxes running as `nobody` (`kill(-1)`).
 
 Deliberately ignored: a filesystem namespace or chroot, seccomp, and hostile code that reads the
 nonce out of the harness's own frames (deliberate reward hacking, not an accident).
@@ -105,7 +107,8 @@ def _run(code, tests, workdir, logdir, timeout_s, limits) -> SandboxResult:
     payload = json.dumps({"nonce": nonce, "fd": write_fd, "code": code, "tests": tests,
                           "limits": asdict(limits), "uid": NOBODY if os.geteuid() == 0 else None})
     start = time.monotonic()
-    with open(os.path.join(logdir, "out"), "wb") as out, open(os.path.join(logdir, "err"), "wb") as err:
+    out_path, err_path = os.path.join(logdir, "out"), os.path.join(logdir, "err")
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", HARNESS], stdin=subprocess.PIPE, stdout=out,
             stderr=err, cwd=workdir, env={}, pass_fds=(write_fd,), start_new_session=True,
@@ -115,8 +118,8 @@ def _run(code, tests, workdir, logdir, timeout_s, limits) -> SandboxResult:
     elapsed = time.monotonic() - start
     with os.fdopen(read_fd, "rb") as results:
         lines = results.read(2**20).decode(errors="replace").splitlines()
-    stdout = _head(os.path.join(logdir, "out"), limits.output_bytes)
-    stderr = _head(os.path.join(logdir, "err"), limits.output_bytes)
+    stdout = _head(out_path, limits.output_bytes)
+    stderr = _head(err_path, limits.output_bytes)
     return _result(lines, nonce, len(tests), timed_out, proc.returncode, stdout, stderr, elapsed)
 
 
@@ -172,4 +175,7 @@ def _result(lines, nonce, total, timed_out, returncode, stdout, stderr, elapsed)
 def capabilities() -> dict[str, bool]:
     """What isolation holds here, as the harness reports it: network namespace and uid drop."""
     iso = dict(kv.split("=") for kv in run_tests("", ()).isolation.split(",") if "=" in kv)
-    return {"network_isolated": iso.get("netns") == "1", "uid_dropped": iso.get("uid") == str(NOBODY)}
+    return {
+        "network_isolated": iso.get("netns") == "1",
+        "uid_dropped": iso.get("uid") == str(NOBODY),
+    }
