@@ -110,3 +110,31 @@ def sample_tokens(logp: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     target = (uniforms * cdf[:, -1]).unsqueeze(-1)
     picks = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return picks.clamp_max(logp.shape[-1] - 1)
+
+
+def score_rollouts(
+    model: torch.nn.Module, batch: RolloutBatch, temperature: float, top_p: float
+) -> torch.Tensor:
+    """Teacher-forced log-probs of `batch`'s tokens under `model`'s sampling distribution.
+
+    One forward over `[B*N, P_max + T]` (prompt then response, right-padded, so causal attention
+    never sees the padding); returns `[B*N, T]` float32 with 0 at padding, the quantity engines
+    return in `RolloutBatch.logprobs`.
+    """
+    rows, t = batch.response_ids.shape
+    prompt_lens = torch.tensor([len(batch.prompt_ids[int(b)]) for b in batch.prompt_index])
+    width = int(prompt_lens.max()) + t
+    ids = torch.full((rows, width), batch.pad_id, dtype=torch.long)
+    for i, b in enumerate(batch.prompt_index.tolist()):
+        p = prompt_lens[i]
+        ids[i, :p] = torch.tensor(batch.prompt_ids[b])
+        ids[i, p : p + t] = batch.response_ids[i]
+    device = next(model.parameters()).device
+    valid = torch.arange(width)[None, :] < (prompt_lens + batch.response_lengths)[:, None]
+    logits = model(input_ids=ids.to(device), attention_mask=valid.long().to(device)).logits
+    positions = prompt_lens[:, None] - 1 + torch.arange(t)[None, :]
+    picked = logits[torch.arange(rows)[:, None], positions.to(device)]
+    logp = sampling_logprobs(picked, temperature, top_p)
+    out = logp.gather(-1, batch.response_ids.to(device)[..., None]).squeeze(-1).cpu()
+    mask = torch.arange(t)[None, :] < batch.response_lengths[:, None]
+    return torch.where(mask, out, torch.zeros_like(out))

@@ -13,6 +13,11 @@ clears the prefix cache (cached prompt KV was computed with the old weights). Wi
 otherwise stay stale (platform notes). The engine runs in-process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the weights need no serialisation.
 
+Each request carries its own seed (rollout k of prompt b: seed*2^40 + b*2^20 + k), so a step is
+reproducible whatever else ran before. Chunked prefill is off: on CPU, vLLM rewinds a seeded
+request's generator after a partial prefill, which CPU generators cannot do ("CPU Generator does
+not use offset").
+
 Deliberately ignored: tensor parallelism, LoRA, async engines, stop strings.
 Paper: BroRL §4.2.4 / spec §6 (SamplingParams(n=N) and prefix caching are the throughput lever).
 """
@@ -100,6 +105,7 @@ class VllmEngine:
             max_num_seqs=max_concurrent_rollouts,
             max_num_batched_tokens=max(max_model_len, max_concurrent_rollouts),
             enable_prefix_caching=True,
+            enable_chunked_prefill=False,
             gpu_memory_utilization=gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             skip_tokenizer_init=True,

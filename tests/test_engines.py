@@ -1,0 +1,175 @@
+"""The rollout-engine seam and the in-process hf engine on a tiny Qwen2 (CPU, offline)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from brorl.engines.base import (
+    SamplingConfig,
+    counter_uniform,
+    sample_tokens,
+    sampling_logprobs,
+    score_rollouts,
+)
+from brorl.engines.hf import HfEngine
+from brorl.policy import build_policy, build_tokenizer
+from brorl.types import RolloutBatch
+
+PROMPTS = ["1+2=", "spell cat backwards:", "x", "count the bits of 13"]
+"""Prompts of different lengths (1 to 20 tokens), so chunks mix left-padded prefixes."""
+
+
+@pytest.fixture(scope="module")
+def policy():
+    tokenizer = build_tokenizer()
+    model = build_policy(
+        vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+        intermediate_size=128, max_position_embeddings=128, seed=0,
+    )
+    return model, tokenizer
+
+
+SAMPLING = SamplingConfig(temperature=1.2, top_p=0.9, max_response_tokens=16, seed=7)
+
+
+def test_counter_uniform_depends_only_on_seed_rollout_and_step():
+    ids = torch.arange(1000)
+    full = counter_uniform(3, ids, 5)
+    assert torch.equal(counter_uniform(3, ids[700:710], 5), full[700:710])
+    assert not torch.equal(counter_uniform(4, ids, 5), full)
+    assert not torch.equal(counter_uniform(3, ids, 6), full)
+    assert float(full.min()) >= 0.0 and float(full.max()) < 1.0
+
+
+def test_counter_uniform_is_close_to_uniform():
+    u = counter_uniform(0, torch.arange(20_000), 0)
+    counts = torch.histc(u.float(), bins=10, min=0, max=1)
+    # chi-square with 9 dof: the 99.9% quantile is 27.9; expected 2000 per bin.
+    chi2 = float(((counts - 2000) ** 2 / 2000).sum())
+    assert chi2 < 27.9, counts
+
+
+def test_sample_tokens_inverts_the_cdf_and_skips_zero_probability_tokens():
+    logp = torch.tensor([[0.2, 0.0, 0.5, 0.3]]).log().expand(4, 4)
+    # cdf = [0.2, 0.2, 0.7, 1.0]: u < 0.2 -> 0; 0.2 <= u < 0.7 -> 2 (token 1 has p = 0); else 3.
+    u = torch.tensor([0.1, 0.2, 0.69, 0.71], dtype=torch.float64)
+    assert sample_tokens(logp, u).tolist() == [0, 2, 2, 3]
+
+
+def test_sampling_logprobs_applies_temperature_then_top_p():
+    # temperature 2 on logits [0, ln 4]: p ∝ [1, 4^(1/2)] = [1/3, 2/3].
+    got = sampling_logprobs(torch.tensor([0.0, math.log(4.0)]), 2.0, 1.0).exp()
+    assert torch.allclose(got, torch.tensor([1 / 3, 2 / 3]))
+    # p = [0.5, 0.3, 0.15, 0.05], top_p 0.7: mass before each = [0, .5, .8, .95] -> keep the first
+    # two and renormalise: [0.5, 0.3] / 0.8 = [0.625, 0.375].
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    got = sampling_logprobs(logits, 1.0, 0.7).exp()
+    assert torch.allclose(got, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+def test_chunked_generation_equals_unchunked_for_a_seed(policy):
+    model, tokenizer = policy
+    whole = HfEngine(model, tokenizer, max_concurrent_rollouts=10_000).generate(PROMPTS, 6, SAMPLING)
+    for chunk in (1, 4, 7):
+        part = HfEngine(model, tokenizer, max_concurrent_rollouts=chunk).generate(PROMPTS, 6, SAMPLING)
+        assert torch.equal(part.response_ids, whole.response_ids), chunk
+        assert torch.equal(part.response_lengths, whole.response_lengths)
+        assert part.finish_reasons == whole.finish_reasons
+        torch.testing.assert_close(part.logprobs, whole.logprobs, atol=1e-5, rtol=0)
+
+
+def test_generation_is_deterministic_for_a_seed_and_varies_across_seeds(policy):
+    model, tokenizer = policy
+    engine = HfEngine(model, tokenizer, max_concurrent_rollouts=8)
+    a = engine.generate(PROMPTS, 4, SAMPLING)
+    b = engine.generate(PROMPTS, 4, SAMPLING)
+    other = SamplingConfig(temperature=1.2, top_p=0.9, max_response_tokens=16, seed=8)
+    c = engine.generate(PROMPTS, 4, other)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.response_ids, c.response_ids)
+    # rollouts of one prompt differ from each other (distinct noise per rollout)
+    assert len({tuple(r.tolist()) for r in a.response_ids[:4]}) == 4
+
+
+def test_logprobs_equal_a_teacher_forced_recomputation(policy):
+    model, tokenizer = policy
+    batch = HfEngine(model, tokenizer, max_concurrent_rollouts=5).generate(PROMPTS, 5, SAMPLING)
+    with torch.no_grad():
+        rescored = score_rollouts(model, batch, SAMPLING.temperature, SAMPLING.top_p)
+    torch.testing.assert_close(batch.logprobs, rescored, atol=1e-5, rtol=0)
+    assert bool((batch.logprobs <= 0).all()) and bool((batch.logprobs[:, 0] < 0).all())
+
+
+def test_finish_reasons_match_eos_and_length(policy):
+    model, tokenizer = policy
+    sampling = SamplingConfig(temperature=1.5, max_response_tokens=24, seed=1)
+    batch = HfEngine(model, tokenizer, max_concurrent_rollouts=64).generate(PROMPTS, 32, sampling)
+    eos = tokenizer.eos_token_id
+    assert {"stop", "length"} == set(batch.finish_reasons)  # 128 rollouts x 24 tokens, V=100
+    for row, k, reason in zip(batch.response_ids, batch.response_lengths, batch.finish_reasons):
+        body = row[:k].tolist()
+        assert eos not in body[:-1]
+        assert all(t == batch.pad_id for t in row[k:].tolist())
+        if reason == "stop":
+            assert body[-1] == eos
+        else:
+            assert k == sampling.max_response_tokens and body[-1] != eos
+
+
+def test_concurrent_rollouts_never_exceed_the_knob_and_prompts_prefill_once(policy):
+    model, tokenizer = policy
+    calls: list[tuple[int, bool]] = []  # (rows in the forward, is it a prefill)
+
+    def record(_module, _args, kwargs):
+        calls.append((kwargs["input_ids"].shape[0], kwargs.get("past_key_values") is None))
+
+    hook = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        engine = HfEngine(model, tokenizer, max_concurrent_rollouts=8)
+        batch = engine.generate(PROMPTS, 20, SAMPLING)
+    finally:
+        hook.remove()
+    assert batch.num_rollouts == 80
+    assert max(rows for rows, _ in calls) == 8 == engine.last_peak_rows
+    # 4 prompts x 20 rollouts in chunks of 8: every prompt spans several chunks, yet is prefilled once
+    assert sum(prefill for _, prefill in calls) == 4
+    assert engine.last_prefills == [0, 1, 2, 3]
+
+
+def test_rollout_batch_is_prompt_major(policy):
+    model, tokenizer = policy
+    batch = HfEngine(model, tokenizer, max_concurrent_rollouts=3).generate(PROMPTS, 3, SAMPLING)
+    assert batch.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert batch.prompt_ids[0] == tuple(tokenizer("1+2=")["input_ids"])
+    assert batch.texts[0] == tokenizer.decode(
+        batch.response_ids[0, : batch.response_lengths[0]].tolist(), skip_special_tokens=True
+    )
+
+
+def test_rollout_batch_rejects_mismatched_rows():
+    with pytest.raises(ValueError, match="B\\*N"):
+        RolloutBatch(
+            prompt_index=torch.zeros(2, dtype=torch.long), prompt_ids=((1,),),
+            response_ids=torch.zeros(3, 2, dtype=torch.long),
+            response_lengths=torch.ones(3, dtype=torch.long), logprobs=torch.zeros(3, 2),
+            texts=("a", "b", "c"), finish_reasons=("stop",) * 3, rollouts_per_prompt=3,
+        )
+
+
+def test_invalid_settings_fail_with_a_fix(policy):
+    model, tokenizer = policy
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0.0)
+    with pytest.raises(ValueError, match="max_concurrent_rollouts"):
+        HfEngine(model, tokenizer, max_concurrent_rollouts=0)
+
+
+def test_importing_the_engines_does_not_import_vllm():
+    code = "import sys, brorl.engines, brorl.engines.hf; print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

