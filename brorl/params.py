@@ -340,6 +340,27 @@ class GenerateParams(_Section):
     """vLLM on CPU: KV-cache size (GiB), `VLLM_CPU_KVCACHE_SPACE` (platform notes)."""
 
 
+class VerifyParams(_Section):
+    """Verifiers and the code sandbox (spec §7.1 data table); `brorl.verifiers.verify_batch`."""
+
+    workers: PositiveInt | None = None
+    """Parallel verifier processes per family; None uses every available core."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit (s) per item: one math or reasoning check, or all tests of one code
+    response. ProRL: code over 5 s total gets reward 0 (spec §7.1)."""
+    cpu_s: PositiveInt = 5
+    """Code sandbox RLIMIT_CPU (CPU seconds); matches the 5 s wall limit (spec §7.1)."""
+    memory_mib: PositiveInt = 512
+    """Code sandbox RLIMIT_AS (MiB of address space); the interpreter needs about 30. Our choice."""
+    open_files: PositiveInt = 32
+    """Code sandbox RLIMIT_NOFILE (open file descriptors). Our choice."""
+    file_bytes: PositiveInt = 2**20
+    """Code sandbox RLIMIT_FSIZE (bytes): the largest file it writes, stdout and stderr
+    included. Our choice."""
+    output_bytes: PositiveInt = 16 * 2**10
+    """Bytes of the candidate's stdout and of its stderr read back for logs. Our choice."""
+
+
 class TrackingParams(_Section):
     """Where runs are recorded (MLflow) and where outputs go."""
 
@@ -363,6 +384,7 @@ class ExperimentParams(_Section):
     update: UpdateParams = UpdateParams()
     filter: FilterParams = FilterParams()
     generate: GenerateParams = GenerateParams()
+    verify: VerifyParams = VerifyParams()
     tracking: TrackingParams = TrackingParams()
 
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from brorl.types import Family, Problem
+
+if TYPE_CHECKING:
+    from brorl.verifiers.sandbox import SandboxLimits
 
 REASONS = (
     "correct", "wrong", "partial", "no_answer", "syntax_error", "timeout", "runtime_error",
@@ -58,8 +61,13 @@ def error_verdict(exc: BaseException) -> Verdict:
     return Verdict(0.0, f"error:{type(exc).__name__}: {exc}"[:200])
 
 
-def make_verifier(family: Family, *, workers: int | None, timeout_s: float) -> Verifier:
-    """The verifier for `family`, with `workers` parallel processes and a per-item time limit."""
+def make_verifier(
+    family: Family, *, workers: int | None, timeout_s: float, limits: SandboxLimits | None = None
+) -> Verifier:
+    """The verifier for `family`, with `workers` parallel processes and a per-item time limit.
+
+    `limits` are the code sandbox's resource limits (None: `SandboxLimits()` defaults).
+    """
     match family:
         case "math":
             from brorl.verifiers.math import MathVerifier
@@ -67,8 +75,10 @@ def make_verifier(family: Family, *, workers: int | None, timeout_s: float) -> V
             return MathVerifier(workers=workers, timeout_s=timeout_s)
         case "code":
             from brorl.verifiers.code import CodeVerifier
+            from brorl.verifiers.sandbox import SandboxLimits
 
-            return CodeVerifier(workers=workers, timeout_s=timeout_s)
+            return CodeVerifier(workers=workers, timeout_s=timeout_s,
+                                limits=limits or SandboxLimits())
         case "reasoning":
             from brorl.verifiers.reasoning import ReasoningVerifier
 
@@ -82,12 +92,14 @@ def verify_batch(
     *,
     workers: int | None = None,
     timeout_s: float = 5.0,
+    limits: SandboxLimits | None = None,
 ) -> list[Verdict]:
     """One verdict per (problem, response) pair, in input order; never raises.
 
     `workers`: parallel processes per family (None: the available cores). `timeout_s`: the
     time limit per item (math and reasoning: one check; code: all tests of one response;
-    ProRL's 5 s, spec §7.1). A length mismatch is the caller's bug and does raise.
+    ProRL's 5 s, spec §7.1). `limits`: the code sandbox's resource limits (None: defaults).
+    A length mismatch is the caller's bug and does raise.
     """
     if len(problems) != len(responses):
         raise ValueError(
@@ -99,16 +111,17 @@ def verify_batch(
     for i, problem in enumerate(problems):
         by_family.setdefault(problem.family, []).append(i)
     for family, indices in by_family.items():
-        for i, verdict in zip(indices, _verify_family(family, indices, problems, responses,
-                                                     workers, timeout_s)):
+        family_verdicts = _verify_family(family, indices, problems, responses,
+                                         dict(workers=workers, timeout_s=timeout_s, limits=limits))
+        for i, verdict in zip(indices, family_verdicts):
             verdicts[i] = verdict
     return [v if v is not None else Verdict(0.0, "error:missing verdict") for v in verdicts]
 
 
-def _verify_family(family, indices, problems, responses, workers, timeout_s) -> list[Verdict]:
+def _verify_family(family, indices, problems, responses, options: dict) -> list[Verdict]:
     """Verdicts for the items at `indices`, all of `family`; a failure rewards each with 0."""
     try:
-        verifier = make_verifier(family, workers=workers, timeout_s=timeout_s)
+        verifier = make_verifier(family, **options)
         out = verifier.verify([problems[i] for i in indices], [responses[i] for i in indices])
         if len(out) != len(indices):
             raise RuntimeError(f"{family} verifier returned {len(out)} verdicts for {len(indices)}")
