@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
-from brorl.verifiers import Verdict, error_verdict
-from brorl.verifiers.workers import map_with_deadline
+from brorl.verifiers import Verdict
+from brorl.verifiers.workers import map_with_deadline, outcome_verdict
 
 
 class MathVerifier:
@@ -36,7 +36,7 @@ class MathVerifier:
 
         items = list(zip(problems, responses))
         outcomes = map_with_deadline(_check, items, workers=self.workers, timeout_s=self.timeout_s)
-        return [_to_verdict(outcome) for outcome in outcomes]
+        return [outcome_verdict(outcome) for outcome in outcomes]
 
 
 def math_equal(reference: str, answer: str) -> bool:
@@ -55,12 +55,3 @@ def _check(item: tuple[Problem, str]) -> Verdict:
     if answer is None:
         return Verdict(0.0, "no_answer")
     return Verdict(1.0, "correct") if math_equal(problem.answer, answer) else Verdict(0.0, "wrong")
-
-
-def _to_verdict(outcome: tuple[str, object]) -> Verdict:
-    status, value = outcome
-    if status == "ok":
-        return value  # type: ignore[return-value]
-    if status == "timeout":
-        return Verdict(0.0, "timeout")
-    return error_verdict(RuntimeError(str(value)))

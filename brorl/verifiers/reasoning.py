@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
 from brorl.verifiers import Verdict, error_verdict, verdict_for_score
-from brorl.verifiers.workers import map_with_deadline
+from brorl.verifiers.workers import map_with_deadline, outcome_verdict
 
 Scorer = Callable[[str | None, dict], float]
 
@@ -37,7 +37,7 @@ class ReasoningVerifier:
         scorers = {name: _scorer(name) for name in {task_name(p) for p in problems}}
         items = [(scorers[task_name(p)], p, r) for p, r in zip(problems, responses)]
         outcomes = map_with_deadline(_check, items, workers=self.workers, timeout_s=self.timeout_s)
-        return [_to_verdict(outcome) for outcome in outcomes]
+        return [outcome_verdict(outcome) for outcome in outcomes]
 
 
 def task_name(problem: Problem) -> str:
@@ -68,12 +68,3 @@ def _check(item: tuple[Scorer | Exception, Problem, str]) -> Verdict:
     if answer is None:
         return Verdict(0.0, "no_answer")
     return verdict_for_score(scorer(answer, entry_of(problem)))
-
-
-def _to_verdict(outcome: tuple[str, object]) -> Verdict:
-    status, value = outcome
-    if status == "ok":
-        return value  # type: ignore[return-value]
-    if status == "timeout":
-        return Verdict(0.0, "timeout")
-    return error_verdict(RuntimeError(str(value)))

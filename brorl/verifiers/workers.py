@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from brorl.verifiers import Verdict, error_verdict
+
 Outcome = tuple[str, Any]
 """`("ok", value)`, `("timeout", None)` or `("error", message)`."""
 
@@ -29,6 +31,16 @@ Outcome = tuple[str, Any]
 def default_workers() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def outcome_verdict(outcome: Outcome) -> Verdict:
+    """The verdict for an outcome whose `ok` value is already a `Verdict`."""
+    status, value = outcome
+    if status == "ok":
+        return value
+    if status == "timeout":
+        return Verdict(0.0, "timeout")
+    return error_verdict(RuntimeError(str(value)))
 
 
 def map_with_deadline(
