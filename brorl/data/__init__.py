@@ -18,7 +18,7 @@ from brorl.types import Problem
 
 
 def build_problems(*, seed: int, math_per_task: int = 0, code_per_task: int = 0,
-                   reasoning_per_task: int = 0,
+                   reasoning_per_task: int = 0, math_max_operand: int = 9,
                    reasoning_tasks: dict[str, dict[str, Any]] | None = None,
                    math_jsonl: tuple[str | Path, ...] = (),
                    code_jsonl: tuple[str | Path, ...] = ()) -> list[Problem]:
@@ -28,7 +28,7 @@ def build_problems(*, seed: int, math_per_task: int = 0, code_per_task: int = 0,
     """
     problems: list[Problem] = []
     if math_per_task:
-        problems += generate_math(math_per_task, seed=seed)
+        problems += generate_math(math_per_task, seed=seed, max_operand=math_max_operand)
     if code_per_task:
         problems += generate_code(code_per_task, seed=seed)
     if reasoning_per_task:
@@ -40,6 +40,23 @@ def build_problems(*, seed: int, math_per_task: int = 0, code_per_task: int = 0,
     for path in code_jsonl:
         problems += load_code_jsonl(path)
     return problems
+
+
+def make_splits(*, seed: int, validation_fraction: float, test_fraction: float,
+                **sources: Any) -> dict[str, list[Problem]]:
+    """`build_problems(seed=seed, **sources)`, deduped and split by the same seed."""
+    return split_problems(build_problems(seed=seed, **sources), seed=seed,
+                          validation_fraction=validation_fraction, test_fraction=test_fraction)
+
+
+def split_counts(splits: dict[str, list[Problem]]) -> dict[str, int]:
+    """Problem counts `{"<split>/<family>": n, "<split>/total": n}` for metrics."""
+    counts: dict[str, int] = {}
+    for name, problems in splits.items():
+        counts[f"{name}/total"] = len(problems)
+        for p in problems:
+            counts[f"{name}/{p.family}"] = counts.get(f"{name}/{p.family}", 0) + 1
+    return counts
 
 
 __all__ = [
@@ -54,8 +71,10 @@ __all__ = [
     "load_math_jsonl",
     "load_split",
     "make_problem",
+    "make_splits",
     "normalise_prompt",
     "reasoning_problems",
     "save_splits",
+    "split_counts",
     "split_problems",
 ]

@@ -85,7 +85,7 @@ def _linear(rng: random.Random, max_operand: int) -> tuple[str, str]:
     return f"Solve for x: {a}x {sign} {abs(b)} = {a * x + b}.", str(x)
 
 
-def generate_math(per_task: int, *, seed: int, max_operand: int = 20,
+def generate_math(per_task: int, *, seed: int, max_operand: int = 9,
                   tasks: tuple[str, ...] = MATH_TASKS) -> list[Problem]:
     """`per_task` draws of each generated task (duplicates are possible; splitting dedupes)."""
     makers = {"arithmetic": _arithmetic, "fractions": _fraction, "linear_equation": _linear}
