@@ -108,7 +108,8 @@ class DataParams(_Section):
     seed: int = 0
     """Seed of the generators, of reasoning-gym and of the split shuffle."""
     math_per_task: NonNegativeInt = 600
-    """Generated math draws per task (arithmetic, fractions, linear_equation); 0 leaves them out.
+    """Generated math draws per task (compare, arithmetic, fractions, linear_equation); 0 leaves
+    them out.
     Draws may repeat; splitting dedupes by prompt."""
     math_max_operand: PositiveInt = 9
     """Largest operand of the generated math tasks (9: one-digit facts a tiny model can learn)."""
@@ -119,7 +120,7 @@ class DataParams(_Section):
     reasoning_tasks: dict[str, dict[str, Any]] | None = None
     """Reasoning-gym task name -> config. None: the CPU default set of
     `brorl.data.reasoning.DEFAULT_REASONING_TASKS` (chain_sum, basic_arithmetic, spell_backward,
-    leg_counting, count_bits at tiny sizes; platform notes)."""
+    leg_counting, word_sequence_reversal at tiny sizes; platform notes)."""
     math_jsonl: list[str] = []
     """Local JSONL files of math problems (`problem` + `answer`, the DeepScaleR / MATH shape)."""
     code_jsonl: list[str] = []

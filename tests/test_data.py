@@ -81,7 +81,10 @@ def test_generated_code_references_pass_their_tests():
 def test_generated_math_answers_are_right():
     for p in generate_math(20, seed=2):
         words = p.prompt.rstrip(".").split()
-        if p.task == "arithmetic":  # "Compute a op b."
+        if p.task == "compare":  # "Which is larger, a or b?"
+            a, b = int(words[3].rstrip(",")), int(words[5].rstrip("?"))
+            assert p.answer == str(max(a, b)) and a != b
+        elif p.task == "arithmetic":  # "Compute a op b."
             assert str(eval(" ".join(words[1:]))) == p.answer
         elif p.task == "fractions":  # "Reduce 6/8 to lowest terms." -> 3/4, coprime
             num, den = map(int, words[1].split("/"))

@@ -3,7 +3,8 @@
 JSONL rows need `problem` and either `answer` (DeepScaleR) or a `solution` whose last
 `\\boxed{...}` is the answer (MATH). The task name is the row's `task`, `type` or `source` field,
 else the file's stem. The generated set has three tasks sized for a tiny character-level model:
-`arithmetic` (a op b), `fractions` (reduce a fraction) and `linear_equation` (solve ax + b = c).
+`compare` (the larger of two two-digit numbers), `arithmetic` (a op b), `fractions` (reduce a
+fraction) and `linear_equation` (solve ax + b = c).
 
 Deliberately ignored: answer normalisation (math-verify in the verifier decides equivalence),
 multi-answer problems. Paper: spec §7.1, Math = DeepScaleR, 40k problems, binary reward.
@@ -19,8 +20,10 @@ from pathlib import Path
 from brorl.data.records import make_problem
 from brorl.types import Problem
 
-MATH_TASKS = ("arithmetic", "fractions", "linear_equation")
-"""Generated math tasks, each answered by one integer or one reduced fraction."""
+MATH_TASKS = ("compare", "arithmetic", "fractions", "linear_equation")
+"""Generated math tasks, easiest first, each answered by one integer or one reduced fraction.
+Their spread of difficulty for a tiny model (compare: pick the larger of two two-digit numbers;
+linear_equation: solve) stands in for the spread of the paper's benchmarks (AIME to MATH)."""
 
 
 def last_boxed(text: str) -> str | None:
@@ -64,6 +67,11 @@ def load_math_jsonl(path: str | Path) -> list[Problem]:
     return problems
 
 
+def _compare(rng: random.Random, max_operand: int) -> tuple[str, str]:
+    a, b = rng.sample(range(10, 100), 2)
+    return f"Which is larger, {a} or {b}?", str(max(a, b))
+
+
 def _arithmetic(rng: random.Random, max_operand: int) -> tuple[str, str]:
     a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice("+-*")
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
@@ -88,7 +96,7 @@ def _linear(rng: random.Random, max_operand: int) -> tuple[str, str]:
 def generate_math(per_task: int, *, seed: int, max_operand: int = 9,
                   tasks: tuple[str, ...] = MATH_TASKS) -> list[Problem]:
     """`per_task` draws of each generated task (duplicates are possible; splitting dedupes)."""
-    makers = {"arithmetic": _arithmetic, "fractions": _fraction, "linear_equation": _linear}
+    makers = {"compare": _compare, "arithmetic": _arithmetic, "fractions": _fraction, "linear_equation": _linear}
     unknown = sorted(set(tasks) - set(makers))
     if unknown:
         raise ValueError(f"unknown math tasks {unknown}; choose from {MATH_TASKS}.")
