@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from brorl.engines.base import SamplingConfig  # noqa: E402
-from brorl.engines.hf import HfEngine  # noqa: E402
+from brorl.engines import build_engine  # noqa: E402
 from brorl.policy import build_policy, build_tokenizer, save_policy  # noqa: E402
 
 SHAPES = {
@@ -115,14 +115,12 @@ def peak_mib(device: str) -> float:
 
 
 def make_engine(name: str, model, tokenizer, args: argparse.Namespace, folder: Path):
-    if name == "hf":
-        return HfEngine(model, tokenizer, max_concurrent_rollouts=args.max_concurrent_rollouts)
-    from brorl.engines.vllm import VllmEngine
-
-    save_policy(model, tokenizer, folder)
-    return VllmEngine(
-        folder, max_model_len=args.prompt_chars + args.max_response_tokens + 16,
+    if name == "vllm":
+        save_policy(model, tokenizer, folder)
+    return build_engine(
+        name, model=model, tokenizer=tokenizer, model_path=folder,
         max_concurrent_rollouts=args.max_concurrent_rollouts, seed=args.seed, dtype=args.dtype,
+        max_model_len=args.prompt_chars + args.max_response_tokens + 16,
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
     )
 

@@ -16,6 +16,7 @@ from brorl.engines.base import (
     sampling_logprobs,
     score_rollouts,
 )
+from brorl.engines import build_engine
 from brorl.engines.hf import HfEngine
 from brorl.policy import build_policy, build_tokenizer
 from brorl.types import RolloutBatch
@@ -173,3 +174,26 @@ def test_importing_the_engines_does_not_import_vllm():
     code = "import sys, brorl.engines, brorl.engines.hf; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_generate_restores_the_trainers_mode(policy):
+    model, tokenizer = policy
+    model.train()
+    try:
+        HfEngine(model, tokenizer, max_concurrent_rollouts=4).generate(PROMPTS[:1], 2, SAMPLING)
+        assert model.training
+    finally:
+        model.eval()
+
+
+def test_build_engine_maps_the_choice_and_explains_bad_ones(policy):
+    model, tokenizer = policy
+    engine = build_engine("hf", model=model, tokenizer=tokenizer, model_path=None,
+                          max_concurrent_rollouts=4, max_model_len=64)
+    assert isinstance(engine, HfEngine) and engine.max_concurrent_rollouts == 4
+    with pytest.raises(ValueError, match="model_path"):
+        build_engine("vllm", model=model, tokenizer=tokenizer, model_path=None,
+                     max_concurrent_rollouts=4, max_model_len=64)
+    with pytest.raises(ValueError, match="'hf' or 'vllm'"):
+        build_engine("sglang", model=model, tokenizer=tokenizer, model_path=None,  # type: ignore[arg-type]
+                     max_concurrent_rollouts=4, max_model_len=64)

@@ -66,7 +66,7 @@ class HfEngine:
             )
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token_id; rollouts could never stop.")
-        self.model = model.eval()
+        self.model = model
         self.tokenizer = tokenizer
         self.max_concurrent_rollouts = max_concurrent_rollouts
         self.eos_id = int(tokenizer.eos_token_id)
@@ -82,8 +82,7 @@ class HfEngine:
             self.model.load_state_dict(model.state_dict())
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
-        """B prompts x `n` rollouts -> `RolloutBatch` with rows prompt-major."""
+    def _generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
         if n < 1 or not prompts:
             raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}.")
         prompt_ids = [tuple(self.tokenizer(p)["input_ids"]) for p in prompts]
@@ -108,6 +107,15 @@ class HfEngine:
                 del prefixes[b]  # its last row is done: free its prompt cache
         self.last_peak_rows, self.last_prefills = out.peak_rows, out.prefills
         return self._batch(prompt_ids, n, out)
+
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
+        """B prompts x `n` rollouts -> `RolloutBatch` with rows prompt-major (eval mode, restored)."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(prompts, n, sampling)
+        finally:
+            self.model.train(training)
 
     def _prefill(self, ids: tuple[int, ...], device: torch.device) -> _Prefix:
         """Run one prompt `[1, P]` through the model once; keep its cache and last logits."""

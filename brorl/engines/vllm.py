@@ -80,6 +80,7 @@ class VllmEngine:
         gpu_memory_utilization: float = 0.5,
         cpu_kv_cache_gib: int = 1,
         cpu_threads: int | None = None,
+        enforce_eager: bool = False,
     ) -> None:
         path = Path(model_path)
         if not (path / "config.json").is_file():
@@ -109,6 +110,7 @@ class VllmEngine:
             gpu_memory_utilization=gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             skip_tokenizer_init=True,
+            enforce_eager=enforce_eager,
         )
         self.tied_embeddings = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
 
