@@ -168,6 +168,8 @@ def test_invalid_settings_fail_with_a_fix(policy):
         SamplingConfig(top_p=0.0)
     with pytest.raises(ValueError, match="max_concurrent_rollouts"):
         HfEngine(model, tokenizer, max_concurrent_rollouts=0)
+    with pytest.raises(ValueError, match="prompts \\[1\\] tokenize to no tokens"):
+        HfEngine(model, tokenizer, max_concurrent_rollouts=2).generate(["a", ""], 2, SAMPLING)
 
 
 def test_importing_the_engines_does_not_import_vllm():

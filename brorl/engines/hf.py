@@ -86,6 +86,9 @@ class HfEngine:
         if n < 1 or not prompts:
             raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}.")
         prompt_ids = [tuple(self.tokenizer(p)["input_ids"]) for p in prompts]
+        empty = [b for b, ids in enumerate(prompt_ids) if not ids]
+        if empty:
+            raise ValueError(f"prompts {empty} tokenize to no tokens; every prompt needs at least one.")
         device = next(self.model.parameters()).device
         rows = len(prompts) * n
         t_max = sampling.max_response_tokens
