@@ -1,0 +1,139 @@
+"""Simulator outputs: seed merging, the results table, curve files and the Fig.-3-style figure.
+
+Pure file writers (matplotlib's Agg backend, csv, json); nothing here knows about MLflow or DVC.
+The figure mirrors BroRL Fig. 3 (spec §3.1): Q_pos, % of correct tokens improved and worst drop
+against step, one line per N (mean over seeds, shaded +-1 std).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from brorl.theory.simulator import METRICS, SimulationResult, summarize
+
+PANELS = (("q_pos", "Correct prob. mass Q_pos"), ("pct_improved", "% correct tokens improved"),
+          ("worst_drop", "Worst drop min(p_i(t) - p_i(0)), i in P"))
+PANELS_KEYS = tuple(key for key, _ in PANELS)
+
+
+def merge_seeds(results: Sequence[SimulationResult]) -> SimulationResult:
+    """One result per N from single-seed (or few-seed) results of the same N, seeds in order."""
+    rollouts = {r.rollouts for r in results}
+    if len(rollouts) != 1:
+        raise ValueError(f"merge_seeds needs results of one N, got N in {sorted(rollouts)}")
+    ordered = sorted(results, key=lambda r: r.seeds)
+    curves = {m: torch.cat([r.curves[m] for r in ordered]) for m in METRICS}
+    seeds = tuple(s for r in ordered for s in r.seeds)
+    return SimulationResult(rollouts.pop(), seeds, ordered[0].steps, curves)
+
+
+def merge_by_rollouts(results: Sequence[SimulationResult]) -> list[SimulationResult]:
+    """Group results by N and merge each group's seeds; ordered by N."""
+    by_n: dict[int, list[SimulationResult]] = {}
+    for r in results:
+        by_n.setdefault(r.rollouts, []).append(r)
+    return [merge_seeds(group) for _, group in sorted(by_n.items())]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename (no half-written files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _at_step(result: SimulationResult, metric: str, step: int) -> tuple[float, float]:
+    col = int((result.steps == step).nonzero()[0, 0])
+    mean, std = summarize(result, metric)
+    return float(mean[col]), float(std[col])
+
+
+def summary_metrics(results: Sequence[SimulationResult], steps: Sequence[int]) -> dict:
+    """Nested dict N -> step -> metric -> {mean, std}, for `metrics/simulate.json`."""
+    return {
+        f"N={r.rollouts}": {
+            f"step_{s}": {m: dict(zip(("mean", "std"), _at_step(r, m, s))) for m in PANELS_KEYS}
+            for s in steps
+        }
+        for r in results
+    }
+
+
+def results_table(results: Sequence[SimulationResult], steps: Sequence[int]) -> str:
+    """Markdown table: one row per N, a 'Q_pos / % improved / worst drop' cell per step (means)."""
+    seeds = len(results[0].seeds) if results else 0
+    head = "| N | " + " | ".join(f"step {s}" for s in steps) + " |"
+    rule = "|---|" + "---|" * len(steps)
+    rows = []
+    for r in results:
+        cells = []
+        for s in steps:
+            q, qs = _at_step(r, "q_pos", s)
+            imp, imps = _at_step(r, "pct_improved", s)
+            worst, _ = _at_step(r, "worst_drop", s)
+            cells.append(f"{q:.4f}±{qs:.4f} / {imp:.1f}%±{imps:.1f} / {worst:+.1e}")
+        rows.append(f"| {r.rollouts} | " + " | ".join(cells) + " |")
+    note = (f"Each cell: Q_pos / % correct tokens improved / worst drop, mean ± std over "
+            f"{seeds} seeds (worst drop: mean).")
+    return "\n".join([head, rule, *rows, "", note]) + "\n"
+
+
+def write_curves(results: Sequence[SimulationResult], out_dir: Path) -> dict[str, Path]:
+    """Long-format CSV (one row per N, step; seed means and stds) and the same as JSON."""
+    rows = []
+    for r in results:
+        stats = {m: summarize(r, m) for m in METRICS}
+        for col, step in enumerate(r.steps.tolist()):
+            row: dict[str, float | int] = {"rollouts": r.rollouts, "step": step}
+            for m, (mean, std) in stats.items():
+                row[m] = float(mean[col])
+                row[f"{m}_std"] = float(std[col])
+            rows.append(row)
+    csv_path, json_path = out_dir / "curves.csv", out_dir / "curves.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".curves.csv.")
+    with os.fdopen(fd, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, csv_path)
+    atomic_write_text(json_path, json.dumps(rows, allow_nan=True))
+    return {"csv": csv_path, "json": json_path}
+
+
+def plot_figure(results: Sequence[SimulationResult], path: Path) -> Path:
+    """Three-panel PNG like the paper's Fig. 3, one line per N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), constrained_layout=True)
+    for ax, (metric, title) in zip(axes, PANELS):
+        for r in results:
+            mean, std = summarize(r, metric)
+            steps = r.steps.numpy()
+            ax.plot(steps, mean.numpy(), label=f"N={r.rollouts}")
+            ax.fill_between(steps, (mean - std).numpy(), (mean + std).numpy(), alpha=0.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[2].axhline(0.0, color="black", linewidth=0.8)
+    axes[0].legend(title="rollouts per step")
+    seeds = len(results[0].seeds) if results else 0
+    fig.suptitle(f"Token-level simulator (BroRL §4.1): mean ± std over {seeds} seeds")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

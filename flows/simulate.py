@@ -1,0 +1,42 @@
+"""The `simulate` flow: the paper's token-level simulator sweep (BroRL §4.1, Fig. 3).
+
+One task run per (N, seed), run concurrently, then the merge and report tasks, then MLflow: a
+parent run with the resolved params and artifacts, a child run per N with per-step metrics.
+Run: `python -m flows.simulate --params params/simulate.yaml [-S simulate.steps=200]`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from brorl.params import load_params
+from flows.entry import run_flow_cli
+from tasks import tracking
+from tasks.simulate import log_to_mlflow, merge_results, sim_config, simulate_run, write_report
+
+
+@flow(name="simulate", task_runner=ThreadPoolTaskRunner(max_workers=2))
+def simulate(params_path: str, overrides: list[str] | None = None) -> dict:
+    """Run the sweep; returns the output paths and the MLflow parent run id."""
+    params = load_params(params_path, overrides or [])
+    sim = params.simulate
+    config = sim_config(sim)
+    seeds = [sim.seed + k for k in range(sim.num_seeds)]
+    futures = [simulate_run.submit(config, n, s) for n in sim.rollouts_per_prompt for s in seeds]
+    merged = merge_results([f.result() for f in futures])
+    out_dir = tracking.ROOT / params.tracking.output_dir / "simulate"
+    paths = write_report(merged, out_dir, tracking.ROOT / "metrics" / "simulate.json",
+                         sim.report_steps)
+    uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
+    run_id = log_to_mlflow(params.model_dump(mode="json"), config, merged,
+                           [paths["figure"], paths["csv"], paths["json"], paths["table"]],
+                           params.tracking.experiment, uri)
+    print(f"simulate: results in {out_dir}; MLflow run {run_id} at {uri}")
+    return {**{k: str(v) for k, v in paths.items()}, "mlflow_run_id": run_id}
+
+
+if __name__ == "__main__":
+    run_flow_cli(simulate)

@@ -1,0 +1,74 @@
+"""Prefect tasks of the `simulate` stage: one simulator run, the report, the MLflow records.
+
+Each task wraps one brorl call. Results are small (a few hundred logged points per run) and are
+passed in memory, never persisted by Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from brorl.params import SimulateParams
+from brorl.theory import report
+from brorl.theory.simulator import METRICS, SimConfig, SimulationResult, simulate
+from tasks import tracking
+
+
+def sim_config(params: SimulateParams) -> SimConfig:
+    """The simulator's plain settings from the params section."""
+    fields = SimConfig.__dataclass_fields__
+    return SimConfig(**{k: v for k, v in params.model_dump().items() if k in fields})
+
+
+@task(name="simulate_run", cache_policy=NO_CACHE, persist_result=False)
+def simulate_run(config: SimConfig, rollouts: int, seed: int) -> SimulationResult:
+    """One (N, seed) simulator run."""
+    return simulate(config, rollouts, [seed])
+
+
+@task(name="simulate_merge", cache_policy=NO_CACHE, persist_result=False)
+def merge_results(results: list[SimulationResult]) -> list[SimulationResult]:
+    """One multi-seed result per N."""
+    return report.merge_by_rollouts(results)
+
+
+@task(name="simulate_report", cache_policy=NO_CACHE, persist_result=False)
+def write_report(merged: list[SimulationResult], out_dir: Path, metrics_path: Path,
+                 report_steps: list[int]) -> dict[str, Path]:
+    """The results table, curves (CSV/JSON), the figure and the DVC metrics file."""
+    paths = report.write_curves(merged, out_dir)
+    table = out_dir / "results.md"
+    report.atomic_write_text(table, report.results_table(merged, report_steps))
+    summary = report.summary_metrics(merged, report_steps)
+    report.atomic_write_text(metrics_path, json.dumps(summary, indent=2, allow_nan=True))
+    figure = report.plot_figure(merged, out_dir / "simulate.png")
+    return {**paths, "table": table, "figure": figure, "metrics": metrics_path}
+
+
+@task(name="simulate_log", cache_policy=NO_CACHE, persist_result=False)
+def log_to_mlflow(params: dict, config: SimConfig, merged: list[SimulationResult],
+                  artifacts: list[Path], experiment: str, tracking_uri: str) -> str:
+    """Parent run with the resolved params and artifacts, one child run per N with its curves."""
+    tags = {"stage": "simulate"}
+    with tracking.mlflow_run(experiment, tracking_uri, "simulate", tags) as parent:
+        tracking.log_params(tracking_uri, parent, params)
+        tracking.log_artifacts(tracking_uri, parent, artifacts)
+        for result in merged:
+            with tracking.mlflow_run(experiment, tracking_uri, f"simulate N={result.rollouts}",
+                                     {**tags, "rollouts_per_prompt": str(result.rollouts)},
+                                     parent_run_id=parent) as child:
+                tracking.log_params(tracking_uri, child, {**asdict(config),
+                                                          "rollouts_per_prompt": result.rollouts,
+                                                          "seeds": list(result.seeds)})
+                series = {}
+                for m in METRICS:
+                    series[f"simulate/{m}"] = result.curves[m].mean(0).tolist()
+                    if len(result.seeds) > 1:
+                        series[f"simulate/{m}_std"] = result.curves[m].std(0).tolist()
+                tracking.log_metric_series(tracking_uri, child, result.steps.tolist(), series)
+    return parent

@@ -1,0 +1,119 @@
+"""MLflow plumbing shared by the flows: where the store is, runs, params, batched metrics.
+
+Local default: a SQLite store `mlflow.db` and an artifact folder `mlartifacts/` at the repository
+root (platform notes: the `./mlruns` file store is deprecated). `MLFLOW_TRACKING_URI`, then the
+params' `tracking.tracking_uri`, override it. Metric names are sanitised to what MLflow accepts
+(verl#119: `@` and parentheses crash it), and a step's metrics go in one `log_batch` call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+_BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
+_MAX_PARAM_VALUE = 6000
+_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
+
+
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    """$MLFLOW_TRACKING_URI, else the params value, else the project's SQLite store."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or configured or f"sqlite:///{ROOT / 'mlflow.db'}"
+
+
+def ensure_experiment(name: str, tracking_uri: str) -> str:
+    """The experiment id for `name`, created with an artifact folder beside a SQLite store."""
+    mlflow.set_tracking_uri(tracking_uri)
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        store = Path(tracking_uri.removeprefix("sqlite:///")).parent
+        location = (store / "mlartifacts" / name).resolve().as_uri()
+    return mlflow.create_experiment(name, artifact_location=location)
+
+
+def sanitize_key(key: str) -> str:
+    """A metric or param name MLflow accepts: other characters become `_`."""
+    return _BAD_KEY_CHARS.sub("_", key)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested params -> {'section.key': 'value'} with lists and None rendered as JSON."""
+    flat: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = json.dumps(value) if isinstance(value, (list, tuple, type(None))) else str(value)
+    return flat
+
+
+def git_commit() -> str:
+    """The repository's HEAD commit, or 'unknown' outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@contextmanager
+def mlflow_run(experiment: str, tracking_uri: str, run_name: str, tags: Mapping[str, str],
+               parent_run_id: str | None = None, run_id: str | None = None) -> Iterator[str]:
+    """Open (or, with `run_id`, reopen) a run and yield its id; nested under `parent_run_id`."""
+    experiment_id = ensure_experiment(experiment, tracking_uri)
+    all_tags = {"git_commit": git_commit(), **tags}
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    client = MlflowClient(tracking_uri)
+    if run_id is None:
+        run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    else:
+        client.update_run(run_id, status="RUNNING")
+    try:
+        yield run_id
+    except BaseException:
+        client.set_terminated(run_id, status="FAILED")
+        raise
+    client.set_terminated(run_id, status="FINISHED")
+
+
+def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:
+    """Flattened params (values truncated to MLflow's limit) in batches."""
+    client = MlflowClient(tracking_uri)
+    items = [Param(sanitize_key(k), v[:_MAX_PARAM_VALUE]) for k, v in flatten(params).items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i:i + 100])
+
+
+def log_metric_series(tracking_uri: str, run_id: str, steps: list[int],
+                      series: Mapping[str, list[float]]) -> int:
+    """Log `series[name][i]` at `steps[i]`, skipping NaN; returns the number of points logged."""
+    client = MlflowClient(tracking_uri)
+    metrics = [Metric(sanitize_key(name), float(v), 0, int(step))
+               for name, values in series.items() for step, v in zip(steps, values) if v == v]
+    for i in range(0, len(metrics), _BATCH):
+        client.log_batch(run_id, metrics=metrics[i:i + _BATCH])
+    return len(metrics)
+
+
+def log_artifacts(tracking_uri: str, run_id: str, paths: list[Path], subdir: str | None = None) -> None:
+    """Copy files into the run's artifact store."""
+    client = MlflowClient(tracking_uri)
+    for path in paths:
+        client.log_artifact(run_id, str(path), artifact_path=subdir)

@@ -1,0 +1,107 @@
+"""The token-level simulator (BroRL §4.1): its pieces against slow versions, and the paper's claims."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from brorl.theory.report import merge_seeds
+from brorl.theory.simulator import (
+    SimConfig,
+    correct_mask,
+    draw_tokens,
+    initial_logits,
+    simulate,
+    surrogate_grad,
+)
+
+SMALL = SimConfig(vocab_size=8000, num_correct=600, steps=300, log_every=50)
+
+
+def test_initial_q_pos_matches_the_seeded_closed_form():
+    # Spec §3.2: Q_pos(0) = 10000 e^3 / (10000 e^3 + 117999 + e^5) = 0.6296 at the paper's size.
+    cfg = SimConfig()
+    p = torch.softmax(initial_logits(cfg, correct_mask(cfg, 0)), -1)
+    expected = 10000 * math.exp(3) / (10000 * math.exp(3) + 117_999 + math.exp(5))
+    assert (p * correct_mask(cfg, 0)).sum().item() == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx(0.6296, abs=5e-5)
+
+
+def test_surrogate_grad_equals_autograd_of_the_linear_surrogate():
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(3, 50, generator=gen, dtype=torch.float64)
+    rewards = torch.where(torch.rand(3, 50, generator=gen) < 0.3, 1.0, -1.0).double()
+    draws = torch.multinomial(torch.softmax(z, -1), 7, replacement=True, generator=gen)
+    counts = torch.zeros_like(z).scatter_add_(1, draws, torch.ones(3, 7, dtype=torch.float64))
+    tau = 0.7
+    zz = z.clone().requires_grad_(True)
+    p = torch.softmax(zz / tau, -1)
+    r_draw = rewards.gather(1, draws)  # R_j of each draw; the baseline is their mean
+    loss = -((r_draw - r_draw.mean(-1, keepdim=True)) * p.gather(1, draws)).sum() / 7
+    loss.backward()
+    grad = surrogate_grad(torch.softmax(z / tau, -1), counts, rewards, 7, tau)
+    assert torch.allclose(grad, zz.grad, atol=1e-14)
+
+
+def test_draw_tokens_follows_the_distribution_and_never_draws_zero_probability_tokens():
+    p = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    draws = draw_tokens(p, 100_000, gens)
+    freq = torch.zeros(2, 5).scatter_add_(1, draws, torch.ones(2, 100_000)) / 100_000
+    # binomial std of a frequency at p=0.5 over 1e5 draws is 0.0016; allow 4 std
+    assert torch.allclose(freq, p, atol=0.0064)
+    assert freq[0, 1] == 0 and freq[0, 4] == 0
+
+
+def test_draw_tokens_handles_a_peaked_distribution_that_needs_the_search_fallback():
+    # Many tiny tokens packed into one guide slice force walks longer than the 3 fast steps.
+    p = torch.cat([torch.full((1, 999), 1e-6), torch.ones(1, 1)], -1)
+    p = p / p.sum()
+    gen = torch.Generator().manual_seed(1)
+    draws = draw_tokens(p, 200_000, [gen])
+    tiny_share = (draws < 999).double().mean().item()
+    expected = (999e-6 / (1 + 999e-6))  # ~1e-3; std over 2e5 draws ~7e-5
+    assert tiny_share == pytest.approx(expected, abs=4e-4)
+
+
+def test_a_seed_gives_the_same_curves_alone_or_in_a_batch():
+    cfg = SimConfig(vocab_size=2000, num_correct=150, steps=40, log_every=10)
+    batch = simulate(cfg, 64, [0, 1, 2])
+    alone = merge_seeds([simulate(cfg, 64, [s]) for s in (2, 0, 1)])
+    for name, curve in batch.curves.items():
+        assert torch.allclose(curve, alone.curves[name], equal_nan=True), name
+
+
+def test_anchor_stays_frozen_and_step_zero_shows_no_change():
+    cfg = SimConfig(vocab_size=1000, num_correct=100, steps=20, log_every=5)
+    result = simulate(cfg, 16, [0])
+    assert result.steps.tolist() == [0, 5, 10, 15, 20]
+    assert result.curves["pct_improved"][0, 0] == 0
+    assert result.curves["worst_drop"][0, 0] == 0
+    assert torch.isnan(result.curves["term_unsampled"][0, 0])
+    assert not torch.isnan(result.curves["term_unsampled"][0, 1:]).any()
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return {n: simulate(SMALL, n, [0, 1, 2]) for n in (4, 16, 3200)}
+
+
+def test_final_correct_mass_rises_with_n(sweep):
+    finals = [sweep[n].final("q_pos").mean().item() for n in (4, 16, 3200)]
+    assert finals[0] < finals[1] < finals[2]
+
+
+def test_share_of_correct_tokens_improved_rises_with_n(sweep):
+    shares = [sweep[n].final("pct_improved").mean().item() for n in (4, 16, 3200)]
+    assert shares[0] < shares[1] <= shares[2]
+    assert shares[0] < 60  # small N leaves many correct tokens worse off than at step 0
+
+
+def test_no_correct_token_loses_probability_at_the_largest_n(sweep):
+    # N = 3200 draws over V = 8,000 is the paper's N/V = 51,200/128,000 = 0.4.
+    assert (sweep[3200].final("worst_drop") > 0).all()
+    assert (sweep[3200].final("pct_improved") == 100).all()
+    assert (sweep[4].final("worst_drop") < 0).all()  # knowledge shrinkage at small N
