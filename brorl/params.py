@@ -373,7 +373,12 @@ class TrackingParams(_Section):
     tracking_uri: str | None = None
     """MLflow tracking URI; None means $MLFLOW_TRACKING_URI, else the project's SQLite store."""
     output_dir: str = "outputs"
-    """Folder (relative to the repository root) for run outputs: checkpoints, rollouts, plots."""
+    """Folder for large run outputs (checkpoints, rollouts, figures): DVC-cached, git-ignored.
+    Relative paths are taken from the repository root."""
+    metrics_dir: str = "metrics"
+    """Folder for small DVC metrics files (`dvc metrics show`), kept in git."""
+    plots_dir: str = "plots"
+    """Folder for DVC plot data (`dvc plots show`), kept in git."""
 
 
 class ExperimentParams(_Section):

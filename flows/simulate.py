@@ -27,9 +27,10 @@ def simulate(params_path: str, overrides: list[str] | None = None) -> dict:
     seeds = [sim.seed + k for k in range(sim.num_seeds)]
     futures = [simulate_run.submit(config, n, s) for n in sim.rollouts_per_prompt for s in seeds]
     merged = merge_results([f.result() for f in futures])
-    out_dir = tracking.ROOT / params.tracking.output_dir / "simulate"
-    paths = write_report(merged, out_dir, tracking.ROOT / "metrics" / "simulate.json",
-                         sim.report_steps)
+    where = params.tracking
+    out_dir = tracking.ROOT / where.output_dir / "simulate"
+    paths = write_report(merged, out_dir, tracking.ROOT / where.plots_dir / "simulate",
+                         tracking.ROOT / where.metrics_dir / "simulate.json", sim.report_steps)
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
     run_id = log_to_mlflow(params.model_dump(mode="json"), config, merged,
                            [paths["figure"], paths["csv"], paths["json"], paths["table"]],

@@ -38,10 +38,10 @@ def merge_results(results: list[SimulationResult]) -> list[SimulationResult]:
 
 
 @task(name="simulate_report", cache_policy=NO_CACHE, persist_result=False)
-def write_report(merged: list[SimulationResult], out_dir: Path, metrics_path: Path,
-                 report_steps: list[int]) -> dict[str, Path]:
-    """The results table, curves (CSV/JSON), the figure and the DVC metrics file."""
-    paths = report.write_curves(merged, out_dir)
+def write_report(merged: list[SimulationResult], out_dir: Path, plots_dir: Path,
+                 metrics_path: Path, report_steps: list[int]) -> dict[str, Path]:
+    """The results table and figure (out_dir), curves as CSV/JSON (plots_dir), DVC metrics."""
+    paths = report.write_curves(merged, plots_dir)
     table = out_dir / "results.md"
     report.atomic_write_text(table, report.results_table(merged, report_steps))
     summary = report.summary_metrics(merged, report_steps)

