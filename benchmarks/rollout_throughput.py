@@ -2,9 +2,10 @@
 
 For each engine (hf, vllm) and each N in {16, 64, 256, 512, 1024}, generate the SAME total number
 of rollouts (B = total / N prompts, drawn from one fixed prompt list), with the same model and
-sampling, and measure rollouts/s, tokens/s and peak memory (process RSS high-water mark on CPU,
-reset before each run through /proc/self/clear_refs; torch.cuda.max_memory_allocated on GPU,
-which for vLLM excludes its own preallocated KV pool). Prints the table, the N=512 / N=16 ratio per
+sampling, and measure rollouts/s, tokens/s (median of `--repeats` runs) and peak memory (process
+RSS high-water mark on CPU, reset before each cell through /proc/self/clear_refs;
+torch.cuda.max_memory_allocated on GPU, which for vLLM excludes its preallocated KV pool). Prints
+the table, the N=512 / N=16 ratio per
 engine (the paper: 72.4 / 36.5 = 1.98 on H100, spec §5.5) and the vllm / hf ratio per N, with the
 core count and /proc/loadavg before and after (other processes on the machine skew the figures).
 
@@ -25,6 +26,7 @@ import json
 import os
 import random
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -57,7 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--total-rollouts", type=int, default=2048, help="B*N, equal for every N")
     ap.add_argument("--max-response-tokens", type=int, default=64)
     ap.add_argument("--prompt-chars", type=int, default=32, help="prompt length (tokens)")
-    ap.add_argument("--max-concurrent-rollouts", type=int, default=256, help="hf chunk / vllm max_num_seqs")
+    ap.add_argument("--max-concurrent-rollouts", type=int, default=256,
+                    help="hf chunk / vllm max_num_seqs")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--num-layers", type=int, default=None, help="override the shape's layer count")
     ap.add_argument("--temperature", type=float, default=1.2, help="ProRL v1: 1.2 (spec §7.1)")
@@ -65,6 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--cpu-kv-cache-gib", type=int, default=2)
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="vLLM on CPU: bind to cores 0..k-1 (match OMP_NUM_THREADS for hf)")
+    ap.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per cell; the median time is kept")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--quick", action="store_true", help="short CPU run: 1024 rollouts, 16 tokens")
     args = ap.parse_args(argv)
@@ -83,7 +90,8 @@ def build_model(args: argparse.Namespace, device: str):
     tokenizer = build_tokenizer()
     hidden, layers, heads, kv, inter, vocab = SHAPES[args.shape]
     model = build_policy(
-        vocab_size=vocab or len(tokenizer), hidden_size=hidden, num_layers=args.num_layers or layers,
+        vocab_size=vocab or len(tokenizer), hidden_size=hidden,
+        num_layers=args.num_layers or layers,
         num_heads=heads, num_kv_heads=kv, intermediate_size=inter,
         max_position_embeddings=args.prompt_chars + args.max_response_tokens + 16, seed=args.seed,
     )
@@ -122,6 +130,7 @@ def make_engine(name: str, model, tokenizer, args: argparse.Namespace, folder: P
         max_concurrent_rollouts=args.max_concurrent_rollouts, seed=args.seed, dtype=args.dtype,
         max_model_len=args.prompt_chars + args.max_response_tokens + 16,
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
+        enforce_eager=args.enforce_eager, cpu_threads=args.cpu_threads,
     )
 
 
@@ -132,17 +141,21 @@ def measure(engine, name: str, prompts: list[str], n: int, args, device: str) ->
     if device == "cuda":
         torch.cuda.synchronize()
     reset_peak(device)
-    start = time.perf_counter()
-    batch = engine.generate(prompts, n, sampling)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(args.repeats):  # same seed each time: identical work, so the median is fair
+        start = time.perf_counter()
+        batch = engine.generate(prompts, n, sampling)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
     tokens = int(batch.response_lengths.sum())
     return {
         "engine": name, "n": n, "prompts": len(prompts), "rollouts": batch.num_rollouts,
         "tokens": tokens, "seconds": round(seconds, 3),
         "rollouts_per_s": round(batch.num_rollouts / seconds, 1),
         "tokens_per_s": round(tokens / seconds, 1), "peak_mib": round(peak_mib(device), 1),
+        "seconds_all": [round(t, 3) for t in times],
     }
 
 
@@ -158,7 +171,8 @@ def report(rows: list[dict], device: str) -> None:
     for engine in sorted({r["engine"] for r in rows}):
         if (engine, 512) in by and (engine, 16) in by:
             ratio = by[engine, 512]["rollouts_per_s"] / by[engine, 16]["rollouts_per_s"]
-            print(f"{engine}: N=512 / N=16 rollouts/s = {ratio:.2f} (paper, H100: 72.4/36.5 = 1.98)")
+            print(f"{engine}: N=512 / N=16 rollouts/s = {ratio:.2f} "
+                  "(paper, H100: 72.4/36.5 = 1.98)")
     for n in sorted({r["n"] for r in rows}):
         if ("vllm", n) in by and ("hf", n) in by:
             ratio = by["vllm", n]["rollouts_per_s"] / by["hf", n]["rollouts_per_s"]
@@ -185,7 +199,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             warm = max(1, min(len(prompts), args.max_concurrent_rollouts // 16))
             engine.generate(prompts[:warm], 16, SamplingConfig(max_response_tokens=8))
             for n in args.n_values:
-                rows.append(measure(engine, name, prompts[: args.total_rollouts // n], n, args, device))
+                batch_prompts = prompts[: args.total_rollouts // n]
+                rows.append(measure(engine, name, batch_prompts, n, args, device))
                 print(json.dumps(rows[-1]), flush=True)
             del engine
     print("loadavg after:", Path("/proc/loadavg").read_text().strip())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -75,9 +76,11 @@ def test_sampling_logprobs_applies_temperature_then_top_p():
 
 def test_chunked_generation_equals_unchunked_for_a_seed(policy):
     model, tokenizer = policy
-    whole = HfEngine(model, tokenizer, max_concurrent_rollouts=10_000).generate(PROMPTS, 6, SAMPLING)
+    unchunked = HfEngine(model, tokenizer, max_concurrent_rollouts=10_000)
+    whole = unchunked.generate(PROMPTS, 6, SAMPLING)
     for chunk in (1, 4, 7):
-        part = HfEngine(model, tokenizer, max_concurrent_rollouts=chunk).generate(PROMPTS, 6, SAMPLING)
+        engine = HfEngine(model, tokenizer, max_concurrent_rollouts=chunk)
+        part = engine.generate(PROMPTS, 6, SAMPLING)
         assert torch.equal(part.response_ids, whole.response_ids), chunk
         assert torch.equal(part.response_lengths, whole.response_lengths)
         assert part.finish_reasons == whole.finish_reasons
@@ -137,7 +140,7 @@ def test_concurrent_rollouts_never_exceed_the_knob_and_prompts_prefill_once(poli
         hook.remove()
     assert batch.num_rollouts == 80
     assert max(rows for rows, _ in calls) == 8 == engine.last_peak_rows
-    # 4 prompts x 20 rollouts in chunks of 8: every prompt spans several chunks, yet is prefilled once
+    # 4 prompts x 20 rollouts in chunks of 8: each prompt spans 3-4 chunks, yet is prefilled once
     assert sum(prefill for _, prefill in calls) == 4
     assert engine.last_prefills == [0, 1, 2, 3]
 
@@ -197,5 +200,6 @@ def test_build_engine_maps_the_choice_and_explains_bad_ones(policy):
         build_engine("vllm", model=model, tokenizer=tokenizer, model_path=None,
                      max_concurrent_rollouts=4, max_model_len=64)
     with pytest.raises(ValueError, match="'hf' or 'vllm'"):
-        build_engine("sglang", model=model, tokenizer=tokenizer, model_path=None,  # type: ignore[arg-type]
+        kind: Any = "sglang"
+        build_engine(kind, model=model, tokenizer=tokenizer, model_path=None,
                      max_concurrent_rollouts=4, max_model_len=64)

@@ -37,9 +37,13 @@ def build_engine(
     gpu_memory_utilization: float = 0.5,
     cpu_kv_cache_gib: int = 1,
     enforce_eager: bool = False,
+    cpu_threads: int | None = None,
 ) -> RolloutEngine:
     """The engine `kind` for the policy: `hf` runs `model` itself; `vllm` loads `model_path` (an HF
-    folder holding the same weights) and is kept in step with `sync_weights(model)`."""
+    folder holding the same weights) and is kept in step with `sync_weights(model)`.
+
+    `cpu_threads` (vLLM on CPU): bind vLLM's threads to cores 0..k-1 (default: vLLM's own, which
+    pins to core 0 only). The hf engine uses torch's thread count (`OMP_NUM_THREADS`)."""
     match kind:
         case "hf":
             return HfEngine(model, tokenizer, max_concurrent_rollouts=max_concurrent_rollouts)
@@ -53,7 +57,7 @@ def build_engine(
                 model_path, max_model_len=max_model_len,
                 max_concurrent_rollouts=max_concurrent_rollouts, seed=seed, dtype=dtype,
                 gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
-                enforce_eager=enforce_eager,
+                enforce_eager=enforce_eager, cpu_threads=cpu_threads,
             )
         case _:
             raise ValueError(f"unknown engine {kind!r}; choose 'hf' or 'vllm' (generate.engine).")

@@ -1,4 +1,4 @@
-"""The rollout-engine seam: the `RolloutEngine` Protocol, sampling settings and shared sampling math.
+"""The rollout-engine seam: the `RolloutEngine` Protocol, sampling settings, shared sampling math.
 
 An engine turns B prompts into B x N rollouts (a `RolloutBatch`, prompt-major) and accepts the
 trainer's weights after each update. The math here is shared by the in-process engine, the tests
@@ -25,7 +25,7 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How rollouts are sampled. `temperature` 0 means greedy (argmax, log-probs of the raw model)."""
+    """How rollouts are sampled. `temperature` 0 is greedy (argmax, raw-model log-probs)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -36,7 +36,7 @@ class SamplingConfig:
         if self.temperature < 0:
             raise ValueError(f"temperature {self.temperature} is negative; use 0 (greedy) or > 0.")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p {self.top_p} must be in (0, 1]; 1 turns nucleus filtering off.")
+            raise ValueError(f"top_p {self.top_p} must be in (0, 1]; 1 turns nucleus sampling off.")
         if self.max_response_tokens < 1:
             raise ValueError(f"max_response_tokens {self.max_response_tokens} must be >= 1.")
 

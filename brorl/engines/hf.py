@@ -1,4 +1,4 @@
-"""In-process rollout engine on torch/transformers: prefill each prompt once, decode in bounded chunks.
+"""In-process engine (transformers): prefill each prompt once, decode in bounded chunks.
 
 Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of at most
 `max_concurrent_rollouts` consecutive rows, so peak memory depends on that knob, not on N or B: a
@@ -30,7 +30,7 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass
 class _Prefix:
-    """One prompt's prefill: per-layer (K, V) `[1, H, P, D]` and the last position's logits `[V]`."""
+    """One prompt's prefill: per-layer (K, V) `[1, H, P, D]`, last position's logits `[V]`."""
 
     kv: KV
     logits: torch.Tensor
@@ -77,18 +77,22 @@ class HfEngine:
         """Prompt indices prefilled by the last `generate` call, in order (each once)."""
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Copy `model`'s parameters and buffers into the engine's model (no-op if it is the same)."""
+        """Copy `model`'s parameters and buffers into the engine's model (no-op if the same)."""
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
 
     @torch.inference_mode()
     def _generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
         if n < 1 or not prompts:
-            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}.")
+            raise ValueError(
+                f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}."
+            )
         prompt_ids = [tuple(self.tokenizer(p)["input_ids"]) for p in prompts]
         empty = [b for b, ids in enumerate(prompt_ids) if not ids]
         if empty:
-            raise ValueError(f"prompts {empty} tokenize to no tokens; every prompt needs at least one.")
+            raise ValueError(
+                f"prompts {empty} tokenize to no tokens; every prompt needs at least one."
+            )
         device = next(self.model.parameters()).device
         rows = len(prompts) * n
         t_max = sampling.max_response_tokens
@@ -112,7 +116,7 @@ class HfEngine:
         return self._batch(prompt_ids, n, out)
 
     def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
-        """B prompts x `n` rollouts -> `RolloutBatch` with rows prompt-major (eval mode, restored)."""
+        """B prompts x `n` rollouts -> `RolloutBatch`, prompt-major (run in eval mode)."""
         training = self.model.training
         self.model.eval()
         try:
@@ -144,11 +148,14 @@ class HfEngine:
         return DynamicCache(ddp_cache_data=layers), mask.long(), lengths, logits
 
     @staticmethod
-    def _left_pad(kv: tuple[torch.Tensor, torch.Tensor], p_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _left_pad(
+        kv: tuple[torch.Tensor, torch.Tensor], p_max: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         pad = p_max - kv[0].shape[-2]
         if pad == 0:
             return kv
-        return tuple(torch.nn.functional.pad(t, (0, 0, pad, 0)) for t in kv)  # type: ignore[return-value]
+        keys, values = (torch.nn.functional.pad(t, (0, 0, pad, 0)) for t in kv)
+        return keys, values
 
     def _decode_chunk(
         self,
@@ -178,7 +185,8 @@ class HfEngine:
                 return
             if keep.numel() < active.numel():
                 cache.batch_select_indices(keep)
-                active, tokens, mask, positions = active[keep], tokens[keep], mask[keep], positions[keep]
+                active, tokens = active[keep], tokens[keep]
+                mask, positions = mask[keep], positions[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             result = self.model(
                 input_ids=tokens[:, None],

@@ -94,7 +94,9 @@ class VllmEngine:
 
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
         if self.tokenizer.eos_token_id is None:
-            raise ValueError(f"the tokenizer in {path} has no eos_token_id; rollouts could never stop.")
+            raise ValueError(
+                f"the tokenizer in {path} has no eos_token_id; rollouts could never stop."
+            )
         self.eos_id = int(self.tokenizer.eos_token_id)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.eos_id)
@@ -146,7 +148,9 @@ class VllmEngine:
     def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
         """B prompts x `n` rollouts -> `RolloutBatch`, prompt-major."""
         if n < 1 or not prompts:
-            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}.")
+            raise ValueError(
+                f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}."
+            )
         if n > _SEED_STRIDE:
             raise ValueError(f"n={n} exceeds {_SEED_STRIDE} rollouts per prompt (seed spacing).")
         prompt_ids = [tuple(self.tokenizer(p)["input_ids"]) for p in prompts]
@@ -156,7 +160,9 @@ class VllmEngine:
         completions = [c for r in results for c in sorted(r.outputs, key=lambda c: c.index)]
         return self._batch(prompt_ids, n, completions)
 
-    def _batch(self, prompt_ids: list[tuple[int, ...]], n: int, completions: list[Any]) -> RolloutBatch:
+    def _batch(
+        self, prompt_ids: list[tuple[int, ...]], n: int, completions: list[Any]
+    ) -> RolloutBatch:
         rows = len(completions)
         t = max([len(c.token_ids) for c in completions] + [1])
         tokens = torch.full((rows, t), self.pad_id, dtype=torch.long)
