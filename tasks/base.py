@@ -12,10 +12,14 @@ from prefect.cache_policies import NO_CACHE
 from brorl.base import make_base_checkpoint
 from brorl.data import load_split
 from brorl.policy import save_policy
+from tasks import tracking
 
 
-def base_metrics(report: dict, target_pass_high: float) -> dict[str, float]:
-    """Flat `base/<quantity>[_<family>]` metrics from a `make_base_checkpoint` report."""
+def base_metrics(report: dict, target_pass_low: float, target_pass_high: float) -> dict[str, float]:
+    """Flat `base/<quantity>[_<family>]` metrics from a `make_base_checkpoint` report.
+
+    `base/in_band` is 1 when every family's held-out pass@1 lies in [low, high], else 0.
+    """
     metrics = {"base/steps": float(report["steps"]),
                "base/train_seconds": round(report["train_seconds"], 1)}
     families = report["test"]["family"]
@@ -23,7 +27,7 @@ def base_metrics(report: dict, target_pass_high: float) -> dict[str, float]:
         metrics[f"base/pass_at_1_{family}"] = scores["pass_at_1"]
         metrics[f"base/reward_mean_{family}"] = scores["reward_mean"]
         metrics[f"base/score_{family}"] = scores["score"]
-    in_band = all(s["pass_at_1"] <= target_pass_high for s in families.values())
+    in_band = all(target_pass_low <= s["pass_at_1"] <= target_pass_high for s in families.values())
     metrics["base/in_band"] = float(in_band)
     return metrics
 
@@ -36,8 +40,26 @@ def train_base(*, data_path: str, path: str, metrics_path: str, target_pass_high
     model, tokenizer, report = make_base_checkpoint(splits["train"], splits["validation"],
                                                     splits["test"], **knobs)
     save_policy(model, tokenizer, path)
-    metrics = base_metrics(report, target_pass_high)
+    metrics = base_metrics(report, knobs["target_pass_low"], target_pass_high)
     Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
     Path(metrics_path).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     (Path(path).parent / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return {"path": path, "metrics_path": metrics_path, "metrics": metrics}
+
+
+@task(name="base-mlflow", cache_policy=NO_CACHE, persist_result=False)
+def log_base(params: dict, result: dict, experiment: str, tracking_uri: str) -> str:
+    """One MLflow run: params, the validation curve per family, final metrics and the report."""
+    report_path = Path(result["path"]).parent / "report.json"
+    history = json.loads(report_path.read_text())["history"]
+    steps = [h["step"] for h in history]
+    series = {f"base/val_pass_at_1_{f}": [h["pass_at_1"][f] for h in history]
+              for f in history[0]["pass_at_1"]}
+    series["base/loss"] = [h["loss"] for h in history]  # NaN at step 0 is skipped
+    with tracking.mlflow_run(experiment, tracking_uri, "base", {"stage": "base"}) as run_id:
+        tracking.log_params(tracking_uri, run_id, params)
+        tracking.log_metric_series(tracking_uri, run_id, steps, series)
+        tracking.log_metric_series(tracking_uri, run_id, [steps[-1]],
+                                   {k: [v] for k, v in result["metrics"].items()})
+        tracking.log_artifacts(tracking_uri, run_id, [Path(result["metrics_path"]), report_path])
+    return run_id

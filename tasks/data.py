@@ -10,6 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from brorl.data import make_splits, save_splits, split_counts
+from tasks import tracking
 
 
 @task(name="data", cache_policy=NO_CACHE, persist_result=False)
@@ -23,3 +24,14 @@ def build_data(*, path: str, metrics_path: str, seed: int, validation_fraction: 
     Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
     Path(metrics_path).write_text(json.dumps(counts, indent=2, sort_keys=True) + "\n")
     return {"path": path, "metrics_path": metrics_path, "counts": counts}
+
+
+@task(name="data-mlflow", cache_policy=NO_CACHE, persist_result=False)
+def log_data(params: dict, result: dict, experiment: str, tracking_uri: str) -> str:
+    """One MLflow run: the data params and the split counts."""
+    with tracking.mlflow_run(experiment, tracking_uri, "data", {"stage": "data"}) as run_id:
+        tracking.log_params(tracking_uri, run_id, params)
+        tracking.log_metric_series(tracking_uri, run_id, [0],
+                                   {k: [float(v)] for k, v in result["counts"].items()})
+        tracking.log_artifacts(tracking_uri, run_id, [Path(result["metrics_path"])])
+    return run_id

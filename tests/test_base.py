@@ -120,11 +120,17 @@ def test_data_and_base_flows_run_on_a_prefect_server(tmp_path, monkeypatch):
 
     params = str(Path("params/tiny_ci.yaml").resolve())
     monkeypatch.chdir(tmp_path)
-    sizes = ["data.math_per_task=4", "data.code_per_task=2", "data.reasoning_per_task=4",
-             "base.max_steps=2", "base.eval_every=2", "base.eval_per_family=2"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    sizes = ["data.math_per_task=4", "data.code_per_task=5", "data.reasoning_per_task=4",
+             "base.max_steps=2", "base.eval_every=2", "base.eval_per_family=2",
+             f"tracking.metrics_dir={tmp_path / 'metrics'}"]
     with prefect_test_harness(server_startup_timeout=120):
         counts = data(params_path=params, overrides=sizes)["counts"]
         summary = base(params_path=params, overrides=sizes)
-    assert json.loads(Path("metrics/data.json").read_text()) == counts
-    assert json.loads(Path("metrics/base.json").read_text())["base/steps"] == 2.0
+    assert json.loads((tmp_path / "metrics/data.json").read_text()) == counts
+    assert json.loads((tmp_path / "metrics/base.json").read_text())["base/steps"] == 2.0
     assert load_policy(summary["path"])[0].config.hidden_size == 64  # tiny_ci.yaml's size
+    import mlflow
+
+    run = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(summary["mlflow_run_id"])
+    assert run.data.metrics["base/steps"] == 2.0 and run.data.params["base.max_steps"] == "2"
