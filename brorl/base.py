@@ -105,8 +105,8 @@ def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Pro
             workers: int | None = None) -> list[dict]:
     """Train in rounds until every family's validation pass@1 >= `target_pass_low`.
 
-    Returns the history: one dict per evaluation (step, loss, seconds, pass@1 per family), the
-    first at step 0 (the untrained model). The model is trained in place.
+    Returns the history: one dict per evaluation (step, loss of the last batch, seconds, pass@1
+    per family), the first at step 0 (the untrained model). The model is trained in place.
     """
     pairs, weights = encode_pairs(train, tokenizer), family_weights(train)
     state = start_warm_up(model, lr=lr, seed=seed)
