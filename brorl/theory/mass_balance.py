@@ -77,18 +77,30 @@ def mass_balance(
         reward_correct, reward_wrong: R_c and R_w (the theorem's standard setting is R_c >= 0 >= R_w).
         lr: eta.
     """
-    correct = correct.expand_as(p)
-    drawn = sampled_mask(sampled, p.shape[-1])
+    pos = correct.expand_as(p).to(p.dtype)
+    drawn = sampled_mask(sampled, p.shape[-1]).to(p.dtype)
     p2 = p * p
-    q_pos = (p * correct).sum(-1)
+    q_pos = (p * pos).sum(-1)
+    p_drawn, p2_drawn = p * drawn, p2 * drawn
+    p_pos = (p_drawn * pos).sum(-1)
+    p_neg = p_drawn.sum(-1) - p_pos
+    a2 = (p2_drawn * pos).sum(-1)
+    b2 = p2_drawn.sum(-1) - a2
+    # U's second moments are the class totals minus the sampled parts (clamped: rounding only).
+    sq_pos = (p2 * pos).sum(-1)
+    u_pos2 = (sq_pos - a2).clamp_min(0.0)
+    u_neg2 = (p2.sum(-1) - sq_pos - b2).clamp_min(0.0)
+    return from_moments(q_pos, p_pos, p_neg, a2, b2, u_pos2, u_neg2, reward_correct, reward_wrong,
+                        lr, sampled.shape[-1])
+
+
+def from_moments(q_pos: Tensor, p_pos: Tensor, p_neg: Tensor, a2: Tensor, b2: Tensor,
+                 u_pos2: Tensor, u_neg2: Tensor, reward_correct: float, reward_wrong: float,
+                 lr: float, rollouts: int) -> MassBalance:
+    """Theorem 1 from the partial masses and second moments (spec §2.3, eq. 1), shapes `[...]`."""
     q_neg = 1.0 - q_pos
-    in_a, in_b = drawn & correct, drawn & ~correct
-    p_pos, p_neg = (p * in_a).sum(-1), (p * in_b).sum(-1)
-    a2, b2 = (p2 * in_a).sum(-1), (p2 * in_b).sum(-1)
-    u_pos2 = (p2 * (~drawn & correct)).sum(-1)
-    u_neg2 = (p2 * (~drawn & ~correct)).sum(-1)
     s_r = reward_correct * p_pos + reward_wrong * p_neg
-    scale = lr / sampled.shape[-1]
+    scale = lr / rollouts
     return MassBalance(
         q_pos=q_pos, q_neg=q_neg, p_pos=p_pos, p_neg=p_neg, a2=a2, b2=b2,
         u_pos2=u_pos2, u_neg2=u_neg2, s_r=s_r,

@@ -5,9 +5,9 @@ draws N i.i.d. tokens, centres their rewards by the batch mean b = (1/N) sum_j R
 AdamW step on the linear-in-p surrogate L = -(1/N) sum_j (R_j - b) p_{y_j} (spec §3.1; spec §3.3
 explains why it must be linear in p, not log p).
 
-The gradient is written in closed form rather than through autograd: with c_i the draw count of
-token i and s_i = c_i (R_i - b),  dL/dz_i = -(p_i / (N tau)) (s_i - M),  M = sum_k s_k p_k.
-Only counts matter, so the N draws become one vectorised inverse-CDF draw + `scatter_add`.
+The gradient is written in closed form rather than through autograd: with s_i the sum of centred
+rewards of the draws of token i,  dL/dz_i = -(p_i / (N tau)) (s_i - M),  M = sum_k s_k p_k:
+one dense term M p_i and a scatter over the N draws (no loop over draws, no dense counts).
 Seeds run as rows of one tensor; each row has its own generator, so a seed gives the same curve
 alone or in a batch. The optimizer is torch's AdamW applied to that gradient.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from brorl.theory.mass_balance import mass_balance
+from brorl.theory.mass_balance import from_moments
 
 METRICS = ("q_pos", "pct_improved", "worst_drop",
            "term_sampled_correct", "term_sampled_wrong", "term_unsampled")
@@ -96,72 +96,132 @@ def initial_logits(config: SimConfig, correct: Tensor) -> Tensor:
     return z
 
 
-def surrogate_grad(p: Tensor, counts: Tensor, rewards: Tensor, rollouts: int, tau: float) -> Tensor:
-    """dL/dz `[S, V]` of L = -(1/N) sum_j (R_j - b) p_{y_j}, from draw `counts [S, V]`.
+def surrogate_grad(p: Tensor, draws: Tensor, rewards: Tensor, tau: float) -> Tensor:
+    """dL/dz `[S, V]` of L = -(1/N) sum_j (R_j - b) p_{y_j}, from the draws `[S, N]`.
 
-    `rewards [S, V]` are R_i per token; the baseline b is the mean reward of the N draws.
+    `rewards [S, V]` are R_i per token; b is the mean reward of the N draws. With s_i the summed
+    centred reward of token i's draws and M = sum_k s_k p_k, dL/dz_i = -(p_i / (N tau))(s_i - M).
+    Few draws (N < V/8): the dense part M p plus a scatter over the draws. Many draws: per-token
+    draw counts and dense arithmetic, which beats gathering per draw.
     """
+    rollouts, vocab = draws.shape[-1], p.shape[-1]
+    scale = 1.0 / (rollouts * tau)
+    if rollouts * 8 < vocab:
+        r = rewards.gather(1, draws)
+        weighted = (r - r.mean(-1, keepdim=True)) * p.gather(1, draws)
+        grad = p * (weighted.sum(-1, keepdim=True) * scale)
+        return grad.scatter_add_(1, draws, weighted.mul_(-scale))
+    counts = torch.zeros_like(p).scatter_add_(1, draws, torch.ones_like(draws, dtype=p.dtype))
     baseline = (counts * rewards).sum(-1, keepdim=True) / rollouts
-    s = counts * (rewards - baseline)
+    s = counts.mul_(rewards - baseline)
     m = (s * p).sum(-1, keepdim=True)
-    return -(p / (rollouts * tau)) * (s - m)
+    return s.sub_(m).mul_(p).mul_(-scale)
 
 
-def draw_tokens(p: Tensor, rollouts: int, generators: Sequence[torch.Generator]) -> Tensor:
+def row_cumsum(x: Tensor, block: int = 256, workspace: Tensor | None = None) -> Tensor:
+    """Float64 cumulative sums along the last axis of `x [S, V]`, in blocks.
+
+    Same values as `x.double().cumsum(-1)`, about 13x faster here: torch's CPU cumsum over one long
+    float64 row is slow, over many short rows fast. Sums within blocks, then block offsets.
+    `workspace` (float64 `[S, ceil(V / block) * block]`, zero past V) avoids a fresh allocation.
+    """
+    rows, vocab = x.shape
+    padded_len = -(-vocab // block) * block
+    if workspace is None:
+        workspace = torch.zeros(rows, padded_len, dtype=torch.float64)
+    workspace[:, :vocab].copy_(x)
+    sums = workspace.view(rows, -1, block)
+    sums.cumsum_(-1)
+    offsets = sums[:, :, -1].cumsum(-1)
+    sums[:, 1:, :] += offsets[:, :-1, None]
+    return workspace[:, :vocab]
+
+
+def draw_tokens(p: Tensor, rollouts: int, generators: Sequence[torch.Generator],
+                workspace: Tensor | None = None) -> Tensor:
     """`[S, N]` int64 i.i.d. draws from each row of `p [S, V]`: exact inverse-CDF sampling.
 
     A guide table (Chen & Asau 1974) maps each of V equal slices of [0, 1) to the first token whose
     CDF reaches it, so a uniform u starts its search next to its answer: O(1) expected work per draw
-    instead of torch.multinomial's binary search (7x faster at N = 51,200 here). Each row draws its
-    uniforms from its own generator.
+    instead of a binary search per draw (7x faster at N = 51,200 here); below N = V/8 the table
+    costs more than it saves and plain binary search is used. Each row draws its uniforms from its
+    own generator. `p` need not be normalised; `workspace` is passed on to `row_cumsum`.
     """
     rows, vocab = p.shape
-    cdf = p.double().cumsum(-1)
-    cdf = cdf / cdf[:, -1:]
-    slices = vocab
+    cdf = row_cumsum(p, workspace=workspace)
+    total = cdf[:, -1:].clone()
     u = torch.stack([torch.rand(rollouts, generator=g, dtype=torch.float64) for g in generators])
-    # guide[b] = #tokens with cdf < b / slices = first index whose cdf reaches the slice start.
-    floor = (cdf * slices).long().clamp_(max=slices)
-    hist = torch.zeros(rows, slices + 1, dtype=torch.long).scatter_add_(1, floor, torch.ones_like(floor))
-    guide = torch.cat([torch.zeros(rows, 1, dtype=torch.long), hist.cumsum(-1)[:, :-1]], dim=-1)
-    idx = guide.gather(1, (u * slices).long()).clamp_(max=vocab - 1)
-    for _ in range(3):  # walk forward to the first token with cdf > u; most draws need <= 3 steps
-        behind = cdf.gather(1, idx) <= u
-        if not behind.any():
+    u *= total  # uniforms on [0, total) instead of normalising the cdf
+    if rollouts * 8 < vocab:  # few draws: a binary search each is cheaper than building the table
+        return torch.searchsorted(cdf, u, right=True).clamp_(max=vocab - 1)
+    slices = vocab
+    # guide[b] = #tokens with cdf < b * total / slices: the first index whose cdf reaches slice b.
+    floor = (cdf * (slices / total)).long().clamp_(max=slices - 1)
+    hist = torch.zeros(rows, slices, dtype=torch.int32).scatter_add_(
+        1, floor, torch.ones(1, dtype=torch.int32).expand_as(floor))
+    guide = hist.cumsum(-1, dtype=torch.int32).sub_(hist)  # exclusive prefix sum
+    idx = guide.gather(1, (u * (slices / total)).long().clamp_(max=slices - 1)).long()
+    idx.clamp_(max=vocab - 1)
+    # Walk forward to the first token with cdf > u, only for the draws still behind.
+    rows_left, cols_left = (cdf.gather(1, idx) <= u).nonzero(as_tuple=True)
+    for _ in range(64):
+        if rows_left.numel() == 0:
             return idx
-        idx += behind
-        idx.clamp_(max=vocab - 1)
-    behind = cdf.gather(1, idx) <= u
-    rows_left, cols_left = behind.nonzero(as_tuple=True)
-    found = torch.searchsorted(cdf[rows_left], u[rows_left, cols_left].unsqueeze(-1), right=True)
-    idx[rows_left, cols_left] = found.squeeze(-1).clamp_(max=vocab - 1)
+        step = (idx[rows_left, cols_left] + 1).clamp_(max=vocab - 1)
+        idx[rows_left, cols_left] = step
+        behind = cdf[rows_left, step] <= u[rows_left, cols_left]
+        rows_left, cols_left = rows_left[behind], cols_left[behind]
+    for row in rows_left.unique().tolist():  # pathological slices: binary search the rest
+        cols = cols_left[rows_left == row]
+        idx[row, cols] = torch.searchsorted(cdf[row], u[row, cols], right=True).clamp_(max=vocab - 1)
     return idx
 
 
 class _Recorder:
-    """Accumulates the logged metrics of S runs."""
+    """Accumulates the logged metrics of S runs from the policy each step computes anyway.
 
-    def __init__(self, logp0: Tensor, correct: Tensor) -> None:
-        self.p0 = logp0.exp()
+    Correct-token metrics gather the |P| correct probabilities; Theorem-1 moments gather the drawn
+    tokens (deduplicated: A and B are sets) and take class totals from |P| plus one sum of p^2.
+    Gathered values are summed in float64.
+    """
+
+    def __init__(self, p0: Tensor, correct: Tensor, config: SimConfig) -> None:
+        self.config = config
         self.correct = correct
-        self.n_correct = correct.sum(-1).to(torch.float64)
+        self.pos_idx = torch.stack([row.nonzero().flatten() for row in correct])
+        self.p0 = p0.gather(1, self.pos_idx).double()
         self.rows: dict[str, list[Tensor]] = {m: [] for m in METRICS}
         self.steps: list[int] = []
 
-    def policy(self, step: int, logp: Tensor) -> None:
-        p = logp.exp()
+    def policy(self, step: int, p: Tensor) -> None:
+        p_pos = p.gather(1, self.pos_idx).double()
         self.steps.append(step)
-        self.rows["q_pos"].append((p * self.correct).sum(-1))
-        rose = (p > self.p0) & self.correct
-        self.rows["pct_improved"].append(100.0 * rose.sum(-1) / self.n_correct)
-        drop = torch.where(self.correct, p - self.p0, torch.inf)
-        self.rows["worst_drop"].append(drop.min(-1).values)
+        self.rows["q_pos"].append(p_pos.sum(-1))
+        self.rows["pct_improved"].append(100.0 * (p_pos > self.p0).double().mean(-1))
+        self.rows["worst_drop"].append((p_pos - self.p0).min(-1).values)
 
-    def theorem(self, terms: Tensor | None) -> None:
-        fill = terms if terms is not None else torch.full((3, self.p0.shape[0]), torch.nan,
-                                                          dtype=torch.float64)
-        for name, row in zip(METRICS[3:], fill):
-            self.rows[name].append(row)
+    def theorem(self, p: Tensor | None, draws: Tensor | None) -> None:
+        if p is None or draws is None:
+            nan = torch.full((self.correct.shape[0],), torch.nan, dtype=torch.float64)
+            for name in METRICS[3:]:
+                self.rows[name].append(nan)
+            return
+        p_pos_all = p.gather(1, self.pos_idx).double()
+        sq_all = (p * p).sum(-1, dtype=torch.float64)
+        ids, _ = draws.sort(-1)
+        first = torch.ones_like(ids, dtype=torch.bool)
+        first[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        p_d = p.gather(1, ids).double() * first
+        pos_d = self.correct.gather(1, ids).double()
+        p_pos, a2 = (p_d * pos_d).sum(-1), (p_d * p_d * pos_d).sum(-1)
+        p_neg, b2 = p_d.sum(-1) - p_pos, (p_d * p_d).sum(-1) - a2
+        sq_pos = (p_pos_all * p_pos_all).sum(-1)
+        cfg = self.config
+        mb = from_moments(p_pos_all.sum(-1), p_pos, p_neg, a2, b2, (sq_pos - a2).clamp_min(0.0),
+                          (sq_all - sq_pos - b2).clamp_min(0.0), cfg.reward_correct,
+                          cfg.reward_wrong, cfg.lr, draws.shape[-1])
+        for name in METRICS[3:]:
+            self.rows[name].append(getattr(mb, name))
 
     def result(self, rollouts: int, seeds: Sequence[int]) -> SimulationResult:
         curves = {m: torch.stack(v, dim=-1) for m, v in self.rows.items()}
@@ -186,40 +246,31 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
     z = z64.to(dtype).requires_grad_(False)
     param = torch.nn.Parameter(z)
     opt = torch.optim.AdamW([param], lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                            eps=config.adam_eps, weight_decay=config.weight_decay)
+                            eps=config.adam_eps, weight_decay=config.weight_decay, fused=True)
     tau = config.temperature
-    rec = _Recorder(torch.log_softmax(z64 / tau, -1), correct)
-    rec.policy(0, torch.log_softmax(z64 / tau, -1))
-    rec.theorem(None)
-    counts = torch.empty_like(z)
-    ones = torch.ones(len(seeds), rollouts, dtype=dtype)
-    for step in range(config.steps):
-        with torch.no_grad():
-            p = torch.softmax(param / tau, dim=-1)
-            draws = draw_tokens(p, rollouts, gens)
-            counts.zero_().scatter_add_(1, draws, ones)
-            grad = surrogate_grad(p, counts, rewards, rollouts, tau)
-            if config.freeze_anchor and config.anchor_logit is not None:
-                grad[:, 0] = 0.0
-            param.grad = grad
-            logged = _is_logged(step + 1, config)
-            if logged:
-                terms = _theorem_terms(param, tau, correct, draws, config)
-        opt.step()
-        with torch.no_grad():
-            if config.freeze_anchor and config.anchor_logit is not None:
+    frozen = config.freeze_anchor and config.anchor_logit is not None
+    workspace = torch.zeros(len(seeds), -(-config.vocab_size // 256) * 256, dtype=torch.float64)
+    rec: _Recorder | None = None
+    with torch.no_grad():
+        for step in range(config.steps + 1):
+            p = torch.softmax(param if tau == 1.0 else param / tau, dim=-1)
+            if rec is None:
+                rec = _Recorder(p, correct, config)
+                rec.theorem(None, None)
+            if _is_logged(step, config):
+                rec.policy(step, p)
+            if step == config.steps:
+                break
+            draws = draw_tokens(p, rollouts, gens, workspace)
+            param.grad = surrogate_grad(p, draws, rewards, tau)
+            if frozen:
+                param.grad[:, 0] = 0.0
+            if _is_logged(step + 1, config):
+                rec.theorem(p, draws)  # the moments of the update about to happen
+            opt.step()
+            if frozen:
                 param[:, 0] = config.anchor_logit
-            if logged:
-                rec.policy(step + 1, torch.log_softmax(param.double() / tau, -1))
-                rec.theorem(terms)
     return rec.result(rollouts, seeds)
-
-
-def _theorem_terms(z: Tensor, tau: float, correct: Tensor, draws: Tensor, config: SimConfig) -> Tensor:
-    """`[3, S]` Theorem-1 terms (float64) for the update about to be taken from logits `z`."""
-    p = torch.softmax(z.double() / tau, -1)
-    mb = mass_balance(p, correct, draws, config.reward_correct, config.reward_wrong, config.lr)
-    return torch.stack([mb.term_sampled_correct, mb.term_sampled_wrong, mb.term_unsampled])
 
 
 def summarize(result: SimulationResult, metric: str) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,115 @@
+"""Wall time of the paper's simulator sweep in brorl, against a plain numpy version, in one run.
+
+brorl runs every N with all seeds at once (rows of one tensor, closed-form gradient, guide-table
+sampling). The numpy reference below is the simulator written the obvious way: one N and one seed
+at a time, `Generator.choice` for the draws, the surrogate's gradient and AdamW as the formulas
+read. Both run here, back to back; the script prints the sweep's wall time, the speed-up per run,
+and checks that numpy's final Q_pos and % improved lie within brorl's seed spread for every N.
+
+Run: `python benchmarks/simulate_speed.py` (the full paper sweep, 8 seeds; a few minutes) or with
+`--steps 200 --seeds 4` for a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+
+from brorl.params import load_params
+from brorl.theory.simulator import SimConfig, simulate
+
+
+def numpy_simulate(cfg: SimConfig, rollouts: int, seed: int) -> tuple[float, float]:
+    """One (N, seed) run, formulas as written; returns final Q_pos and % correct tokens improved."""
+    rng = np.random.default_rng(seed)
+    vocab = cfg.vocab_size
+    correct = np.zeros(vocab, dtype=bool)
+    correct[1:1 + cfg.num_correct] = True  # params/simulate.yaml: P = ids 1..|P|, anchor incorrect
+    reward = np.where(correct, cfg.reward_correct, cfg.reward_wrong)
+    z = np.where(correct, cfg.correct_logit, 0.0)
+    z[0] = cfg.anchor_logit
+    m, v = np.zeros(vocab), np.zeros(vocab)
+    b1, b2 = cfg.adam_beta1, cfg.adam_beta2
+
+    def softmax(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max())
+        return e / e.sum()
+
+    p0 = softmax(z / cfg.temperature)
+    for t in range(1, cfg.steps + 1):
+        p = softmax(z / cfg.temperature)
+        y = rng.choice(vocab, size=rollouts, p=p)
+        r = reward[y] - reward[y].mean()                      # centred rewards r~_j
+        # d/dz of -(1/N) sum_j r~_j p_{y_j}, with dp_k/dz_i = p_k (delta_ki - p_i) / tau
+        weighted = np.bincount(y, weights=r * p[y], minlength=vocab)
+        grad = -(weighted - p * (r * p[y]).sum()) / (rollouts * cfg.temperature)
+        grad[0] = 0.0                                          # anchor frozen
+        z = z * (1 - cfg.lr * cfg.weight_decay)                # AdamW: decoupled weight decay
+        m = b1 * m + (1 - b1) * grad
+        v = b2 * v + (1 - b2) * grad * grad
+        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        z = z - cfg.lr * m_hat / (np.sqrt(v_hat) + cfg.adam_eps)
+        z[0] = cfg.anchor_logit
+    p = softmax(z / cfg.temperature)
+    return float(p[correct].sum()), float(100.0 * (p[correct] > p0[correct]).mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params/simulate.yaml")
+    parser.add_argument("--steps", type=int, default=None, help="override simulate.steps")
+    parser.add_argument("--seeds", type=int, default=None, help="override simulate.num_seeds")
+    args = parser.parse_args()
+    over = [f"simulate.steps={args.steps}", f"simulate.report_steps=[{args.steps}]"] if args.steps else []
+    over += [f"simulate.num_seeds={args.seeds}"] if args.seeds else []
+    sim = load_params(args.params, over).simulate
+    cfg = SimConfig(**{k: v for k, v in sim.model_dump().items() if k in SimConfig.__dataclass_fields__})
+    seeds = list(range(sim.seed, sim.seed + sim.num_seeds))
+    print(f"threads={torch.get_num_threads()} cores={os.cpu_count()} "
+          f"loadavg={open('/proc/loadavg').read().split()[:3]}")
+    print(f"V={cfg.vocab_size} |P|={cfg.num_correct} steps={cfg.steps} N={sim.rollouts_per_prompt} "
+          f"seeds={len(seeds)}")
+
+    start = time.perf_counter()
+    ours = {n: simulate(cfg, n, seeds) for n in sim.rollouts_per_prompt}
+    sweep_s = time.perf_counter() - start
+
+    rows, numpy_total, agree = [], 0.0, True
+    for n, result in ours.items():
+        t0 = time.perf_counter()
+        q_np, imp_np = numpy_simulate(cfg, n, seed=sim.seed)
+        numpy_s = time.perf_counter() - t0
+        numpy_total += numpy_s
+        q, imp = result.final("q_pos"), result.final("pct_improved")
+        ok_q = _within(q_np, q)
+        ok_i = _within(imp_np, imp)
+        agree &= ok_q and ok_i
+        rows.append(f"| {n} | {q.mean():.4f} ± {q.std():.4f} | {q_np:.4f} {'ok' if ok_q else 'OUT'} | "
+                    f"{imp.mean():.1f} ± {imp.std():.1f} | {imp_np:.1f} {'ok' if ok_i else 'OUT'} | "
+                    f"{numpy_s:.1f} |")
+    runs = len(seeds) * len(ours)
+    per_run_ours = sweep_s / runs
+    per_run_numpy = numpy_total / len(ours)
+    print("\n| N | brorl Q_pos | numpy Q_pos | brorl % improved | numpy % improved | numpy s/run |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"\nbrorl sweep: {runs} runs ({len(ours)} N x {len(seeds)} seeds) in {sweep_s:.1f} s "
+          f"= {per_run_ours:.2f} s/run")
+    print(f"numpy: {len(ours)} runs (1 seed per N) in {numpy_total:.1f} s = {per_run_numpy:.2f} s/run")
+    print(f"speed-up per run: {per_run_numpy / per_run_ours:.1f}x")
+    print(f"numpy within brorl's seed spread for every N: {agree}")
+
+
+def _within(value: float, samples: torch.Tensor) -> bool:
+    """Inside the seeds' range widened by 3 standard deviations (and a float32 rounding floor)."""
+    lo, hi, std = samples.min().item(), samples.max().item(), samples.std().item()
+    slack = 3 * std + 1e-6 * max(1.0, abs(value))
+    return lo - slack <= value <= hi + slack
+
+
+if __name__ == "__main__":
+    main()
