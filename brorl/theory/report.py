@@ -48,6 +48,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; these are ordinary result files
     os.replace(tmp, path)
 
 
@@ -105,6 +106,7 @@ def write_curves(results: Sequence[SimulationResult], out_dir: Path) -> dict[str
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, csv_path)
     atomic_write_text(json_path, json.dumps(rows, allow_nan=True))
     return {"csv": csv_path, "json": json_path}
