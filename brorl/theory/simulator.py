@@ -150,10 +150,18 @@ def draw_tokens(p: Tensor, rollouts: int, generators: Sequence[torch.Generator],
     rows, vocab = p.shape
     cdf = row_cumsum(p, workspace=workspace)
     total = cdf[:, -1:].clone()
-    u = torch.stack([torch.rand(rollouts, generator=g, dtype=torch.float64) for g in generators])
-    u *= total  # uniforms on [0, total) instead of normalising the cdf
     if rollouts * 8 < vocab:  # few draws: a binary search each is cheaper than building the table
+        u = torch.stack([torch.rand(rollouts, generator=g, dtype=torch.float64) for g in generators])
+        u *= total  # uniforms on [0, total) instead of normalising the cdf
         return torch.searchsorted(cdf, u, right=True).clamp_(max=vocab - 1)
+    # Many draws: the N uniforms come already sorted (order statistics from exponential spacings),
+    # so every lookup below walks forward through memory. The draws are i.i.d., so only their
+    # multiset matters; they are returned in ascending token order.
+    uniforms = torch.stack([torch.rand(rollouts + 1, generator=g, dtype=torch.float64)
+                            for g in generators])
+    spacings = uniforms.neg_().log1p_().neg_()  # Exp(1) = -log(1 - U), finite since U < 1
+    arrivals = row_cumsum(spacings)
+    u = arrivals[:, :-1] * (total / arrivals[:, -1:])
     slices = vocab
     # guide[b] = #tokens with cdf < b * total / slices: the first index whose cdf reaches slice b.
     floor = (cdf * (slices / total)).long().clamp_(max=slices - 1)
