@@ -47,6 +47,8 @@ run: install
 	@echo "  simulator figure  outputs/simulate/simulate.png"
 	@echo "  metrics           metrics/simulate.json   (dvc metrics show)"
 	@echo "  curves            plots/simulate/curves.csv (dvc plots show)"
+	@echo "  problems          outputs/data/problems (metrics/data.json)"
+	@echo "  base checkpoint   outputs/base/checkpoint (metrics/base.json: held-out pass@1 per family)"
 	@echo "  MLflow runs       make ui, then open http://127.0.0.1:5000"
 
 test: install
