@@ -22,8 +22,7 @@ from tasks import tracking
 
 def sim_config(params: SimulateParams) -> SimConfig:
     """The simulator's plain settings from the params section."""
-    fields = SimConfig.__dataclass_fields__
-    return SimConfig(**{k: v for k, v in params.model_dump().items() if k in fields})
+    return SimConfig.from_mapping(params.model_dump())
 
 
 @task(name="simulate_run", cache_policy=NO_CACHE, persist_result=False)

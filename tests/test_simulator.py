@@ -78,7 +78,7 @@ def test_a_seed_gives_the_same_curves_alone_or_in_a_batch():
         assert torch.allclose(curve, alone.curves[name], equal_nan=True), name
 
 
-def test_anchor_stays_frozen_and_step_zero_shows_no_change():
+def test_logged_steps_and_step_zero_shows_no_change_and_no_theorem_terms():
     cfg = SimConfig(vocab_size=1000, num_correct=100, steps=20, log_every=5)
     result = simulate(cfg, 16, [0])
     assert result.steps.tolist() == [0, 5, 10, 15, 20]

@@ -8,6 +8,7 @@ against step, one line per N (mean over seeds, shaded +-1 std).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import tempfile
@@ -100,14 +101,11 @@ def write_curves(results: Sequence[SimulationResult], out_dir: Path) -> dict[str
                 row[f"{m}_std"] = float(std[col])
             rows.append(row)
     csv_path, json_path = out_dir / "curves.csv", out_dir / "curves.json"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".curves.csv.")
-    with os.fdopen(fd, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, csv_path)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(csv_path, text.getvalue())
     atomic_write_text(json_path, json.dumps(rows, allow_nan=True))
     return {"csv": csv_path, "json": json_path}
 

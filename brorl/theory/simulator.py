@@ -55,6 +55,11 @@ class SimConfig:
     steps: int = 1000
     log_every: int = 10
 
+    @classmethod
+    def from_mapping(cls, values: dict) -> SimConfig:
+        """The settings from a params section's dict, ignoring sweep keys (N list, seeds, ...)."""
+        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+
 
 @dataclass(frozen=True)
 class SimulationResult:
@@ -250,21 +255,17 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     correct = torch.stack([correct_mask(config, s) for s in seeds])
     rewards = torch.where(correct, config.reward_correct, config.reward_wrong).to(dtype)
-    z64 = initial_logits(config, correct)
-    z = z64.to(dtype).requires_grad_(False)
-    param = torch.nn.Parameter(z)
+    param = torch.nn.Parameter(initial_logits(config, correct).to(dtype))
     opt = torch.optim.AdamW([param], lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
                             eps=config.adam_eps, weight_decay=config.weight_decay, fused=True)
     tau = config.temperature
     frozen = config.freeze_anchor and config.anchor_logit is not None
     workspace = torch.zeros(len(seeds), -(-config.vocab_size // 256) * 256, dtype=torch.float64)
-    rec: _Recorder | None = None
     with torch.no_grad():
+        rec = _Recorder(torch.softmax(param if tau == 1.0 else param / tau, dim=-1), correct, config)
+        rec.theorem(None, None)
         for step in range(config.steps + 1):
             p = torch.softmax(param if tau == 1.0 else param / tau, dim=-1)
-            if rec is None:
-                rec = _Recorder(p, correct, config)
-                rec.theorem(None, None)
             if _is_logged(step, config):
                 rec.policy(step, p)
             if step == config.steps:
