@@ -1,9 +1,9 @@
 """Experiment parameters: the one pydantic schema of brorl, and the YAML loader.
 
 Every experiment is one `ExperimentParams`, read from a YAML file under `params/`. A file may
-start with `extends: other.yaml` (a path relative to it): the other file is loaded first and this
-file's keys are deep-merged over it, so the CI-sized files and the ProRL/BroRL arms are small
-overlays. `key.sub=value` overrides (the CLI's `-S`) apply last. Unknown keys fail, naming the
+start with `extends: other.yaml` or a list of files (paths relative to it): those are loaded
+first, in order, and this file's keys are deep-merged over them, so the CI-sized files and the
+ProRL/BroRL arms are small overlays. `key.sub=value` overrides (the CLI's `-S`) apply last. Unknown keys fail, naming the
 file and the key; so do values out of range.
 
 Sections are named after the pipeline stages. Each field's docstring gives its unit and, where the
@@ -14,7 +14,7 @@ This module is the only one that knows the schema: brorl functions take plain ar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (
@@ -28,6 +28,9 @@ from pydantic import (
 )
 
 from brorl.algorithm.schedule import scaled_lr
+
+if TYPE_CHECKING:
+    from brorl.train.config import TrainerConfig
 
 
 class ParamsError(ValueError):
@@ -365,6 +368,48 @@ class VerifyParams(_Section):
     """Bytes of the candidate's stdout and of its stderr read back for logs. Our choice."""
 
 
+class TrainParams(_Section):
+    """The RL run (`brorl.train.Trainer`): start point, length, DeepSpeed, checkpoints.
+
+    B, N, the LR rule and the loss live in `update`; sampling in `generate`; dynamic sampling in
+    `filter`. This section holds what only the trainer reads.
+    """
+
+    init_checkpoint: str = "outputs/base/checkpoint"
+    """HF folder the policy (and the first reference) starts from: the base stage's output, an
+    earlier run's `policy/` folder, or any local checkpoint (e.g. a 1.5B model on GPU)."""
+    steps: PositiveInt = 20
+    """RL steps (optimizer steps = steps x mini_batches_per_step)."""
+    micro_batch_rollouts: PositiveInt = 64
+    """Rollouts per forward/backward on each rank; a mini-batch is accumulated from these, so
+    memory is bounded by this knob, not by B x N (gradient accumulation)."""
+    zero_stage: Literal[0, 1, 2] = 2
+    """DeepSpeed ZeRO stage. Our choice: 2 (optimizer states and gradients partitioned). Stage 3
+    is not offered: the rollout engine and the HF checkpoint need whole parameters."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Training precision; bfloat16 is for GPUs (about 20x slower on this CPU, platform notes)."""
+    weight_decay: float = Field(0.01, ge=0)
+    """AdamW weight decay. UNCONFIRMED (spec §7.1 gives only AdamW): torch's default, our choice."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1 (torch default)."""
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2 (torch default)."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon (torch default)."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient-norm clip per optimizer step (verl and OpenRLHF default 1.0): our choice."""
+    warmup_steps: NonNegativeInt = 0
+    """Linear LR warm-up in optimizer steps; 0: constant LR as ProRL v1 (spec §7.1)."""
+    seed: int = 0
+    """Seed of the prompt order, the rollout sampling and the mini-batch shuffle."""
+    checkpoint_dir: str = "outputs/train/checkpoints"
+    """Folder of `step_XXXXXX/` checkpoints and the `latest` pointer."""
+    checkpoint_every: PositiveInt = 10
+    """Steps between checkpoints; the last step is always saved."""
+    keep_checkpoints: PositiveInt = 2
+    """Checkpoints kept on disk (oldest removed first)."""
+
+
 class TrackingParams(_Section):
     """Where runs are recorded (MLflow) and where outputs go."""
 
@@ -394,7 +439,44 @@ class ExperimentParams(_Section):
     filter: FilterParams = FilterParams()
     generate: GenerateParams = GenerateParams()
     verify: VerifyParams = VerifyParams()
+    train: TrainParams = TrainParams()
     tracking: TrackingParams = TrackingParams()
+
+    def trainer_config(self) -> TrainerConfig:
+        """The plain `brorl.train.TrainerConfig` of this experiment (LR by the sqrt rule)."""
+        from brorl.train.config import LossConfig, TrainerConfig
+
+        u, f, g, v, t = self.update, self.filter, self.generate, self.verify, self.train
+        return TrainerConfig(
+            init_checkpoint=t.init_checkpoint, checkpoint_dir=t.checkpoint_dir, steps=t.steps,
+            seed=t.seed, prompts_per_step=u.prompts_per_step,
+            rollouts_per_prompt=u.rollouts_per_prompt, lr=u.lr,
+            mini_batches_per_step=u.mini_batches_per_step, epochs_per_step=u.epochs_per_step,
+            micro_batch_rollouts=t.micro_batch_rollouts, advantage_estimator=u.advantage_estimator,
+            loss=LossConfig(
+                clip_eps_low=u.clip_eps_low, clip_eps_high=u.clip_eps_high, tis_mode=u.tis_mode,
+                tis_cap=u.tis_cap, tis_min=u.tis_min, kl_coef=u.kl_coef,
+                kl_estimator=u.kl_estimator, kl_input_clamp=u.kl_input_clamp,
+                kl_output_clamp=u.kl_output_clamp, entropy_coef=u.entropy_coef,
+            ),
+            reference_reset_every=u.reference_reset_every,
+            reset_optimizer_on_reference_reset=u.reset_optimizer_on_reference_reset,
+            filter_enabled=f.enabled, filter_max_draws=f.max_draws, filter_oversample=f.oversample,
+            correct_reward=f.correct_reward, wrong_reward=f.wrong_reward,
+            engine=g.engine, temperature=g.temperature, top_p=g.top_p,
+            max_response_tokens=g.max_response_tokens,
+            max_concurrent_rollouts=g.max_concurrent_rollouts, generate_dtype=g.dtype,
+            gpu_memory_utilization=g.gpu_memory_utilization, cpu_kv_cache_gib=g.cpu_kv_cache_gib,
+            enforce_eager=g.enforce_eager,
+            verify_workers=v.workers, verify_timeout_s=v.timeout_s,
+            sandbox={"cpu_s": v.cpu_s, "memory_bytes": v.memory_mib * 2**20,
+                     "open_files": v.open_files, "file_bytes": v.file_bytes,
+                     "output_bytes": v.output_bytes},
+            zero_stage=t.zero_stage, dtype=t.dtype, weight_decay=t.weight_decay,
+            adam_betas=(t.adam_beta1, t.adam_beta2), adam_eps=t.adam_eps,
+            max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps,
+            checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
+        )
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -421,10 +503,15 @@ def read_yaml_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, 
         raise ParamsError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}.")
-    parent = raw.pop("extends", None)
-    if parent is None:
-        return raw
-    return _deep_merge(read_yaml_tree(path.parent / parent, (*_seen, path)), raw)
+    parents = raw.pop("extends", None) or []
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+        raise ParamsError(f"{path}: `extends` must be a file name or a list of them, got {parents!r}.")
+    tree: dict[str, Any] = {}
+    for parent in parents:  # later parents override earlier ones, this file overrides all
+        tree = _deep_merge(tree, read_yaml_tree(path.parent / parent, (*_seen, path)))
+    return _deep_merge(tree, raw)
 
 
 def apply_override(tree: dict[str, Any], override: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ _DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "TORCH_EXTENSIONS_DIR": str(_ROOT / ".cache" / "torch_extensions"),  # DeepSpeed's JIT ops
 }
 for _key, _value in _DEFAULTS.items():
     os.environ.setdefault(_key, _value)

@@ -1,0 +1,152 @@
+"""Trainer-side log-probabilities and the gradient-accumulated PPO mini-batch.
+
+The trainer's policy is the sampling distribution at the rollout temperature without top-p
+(verl and OpenRLHF do the same): log pi(y_t) = log_softmax(logits / temperature)[y_t]. Top-p
+differences between engine and trainer are left to truncated importance sampling.
+
+A mini-batch (rows of the step's B x N rollouts) is processed in micro-batches of at most
+`micro_batch_rollouts` rows: forward, `policy_loss` with the mini-batch's token count as
+normaliser, `backward(loss)`. The gradients therefore sum to the mini-batch gradient whatever the
+split (tested), and peak memory is bounded by the micro-batch, not by N.
+
+Deliberately ignored: sequence packing / padding removal (rows are right-padded to the longest
+prompt + response of the micro-batch), logit chunking for very large vocabularies.
+Paper: spec §4.2 (token-level PPO, clip-higher, TIS), §8 (fixed mini-batch count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from brorl.algorithm.losses import policy_loss, token_entropy
+from brorl.types import RolloutBatch
+
+
+def _inputs(batch: RolloutBatch, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Right-padded prompt+response ids `[M, L]`, attention mask, prompt lengths `[M]`, T."""
+    t = int(batch.response_lengths[rows].max()) if rows.numel() else 0
+    prompts = [batch.prompt_ids[int(batch.prompt_index[r])] for r in rows.tolist()]
+    prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    width = int(prompt_lens.max()) + t
+    ids = torch.full((len(prompts), width), batch.pad_id, dtype=torch.long)
+    for i, (r, p) in enumerate(zip(rows.tolist(), prompts)):
+        ids[i, : len(p)] = torch.tensor(p)
+        ids[i, len(p) : len(p) + t] = batch.response_ids[r, :t]
+    lengths = prompt_lens + batch.response_lengths[rows]
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    return ids, mask, prompt_lens, t
+
+
+def response_logprobs(
+    model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, temperature: float,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs `[M, T]` of rows' response tokens (0 on padding), and their entropy if asked.
+
+    T is the longest response among `rows` (callers slice their `[.., T_batch]` tensors to it).
+    Gradients flow when called outside `torch.no_grad()`.
+    """
+    ids, mask, prompt_lens, t = _inputs(batch, rows)
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    positions = (prompt_lens[:, None] - 1 + torch.arange(t)[None, :]).to(device)
+    picked = logits[torch.arange(len(rows), device=device)[:, None], positions].float()
+    if temperature > 0:
+        picked = picked / temperature
+    logp_all = torch.log_softmax(picked, dim=-1)
+    tokens = batch.response_ids[rows, :t].to(device)
+    logp = logp_all.gather(-1, tokens[..., None]).squeeze(-1)
+    valid = (torch.arange(t)[None, :] < batch.response_lengths[rows][:, None]).to(device)
+    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    entropy = None
+    if with_entropy:
+        entropy = torch.where(valid, token_entropy(picked), torch.zeros_like(logp))
+    return logp, entropy
+
+
+@torch.no_grad()
+def score_batch(
+    model: torch.nn.Module, batch: RolloutBatch, temperature: float, micro_batch_rollouts: int,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """Log-probs `[B*N, T]` float32 under `model`, `micro_batch_rollouts` rows at a time.
+
+    Only `rows` (default: all) are scored; the other rows stay 0.
+    """
+    total, t = batch.response_ids.shape
+    rows = torch.arange(total) if rows is None else rows
+    out = torch.zeros(total, t, dtype=torch.float32)
+    for start in range(0, len(rows), micro_batch_rollouts):
+        index = rows[start : start + micro_batch_rollouts]
+        logp, _ = response_logprobs(model, batch, index, temperature)
+        out[index, : logp.shape[1]] = logp.float().cpu()
+    return out
+
+
+def accumulate_mini_batch(
+    model: torch.nn.Module,
+    backward: Callable[[Tensor], Any],
+    batch: RolloutBatch,
+    rows: Tensor,
+    *,
+    advantages: Tensor,
+    old_logp: Tensor,
+    engine_logp: Tensor | None,
+    ref_logp: Tensor | None,
+    temperature: float,
+    micro_batch_rollouts: int,
+    normaliser: float,
+    loss_scale: float = 1.0,
+    num_micro_batches: int | None = None,
+    loss_options: dict[str, Any],
+) -> dict[str, float]:
+    """Forward/backward `rows` in micro-batches; return the mini-batch's `update/*` metrics.
+
+    `advantages`, `old_logp`, `engine_logp`, `ref_logp` are `[B*N, T]` over the whole batch
+    (token advantages; log-probs as from `score_batch`). `normaliser` is the valid-token count
+    of the whole mini-batch (over all ranks); `loss_scale` multiplies the loss handed to
+    `backward` (the data-parallel world size, when the backend averages gradients over ranks).
+    Metrics are sums of per-micro-batch metrics, i.e. this rank's share of the mini-batch values.
+
+    `num_micro_batches` (default: as many as `micro_batch_rollouts` needs) fixes the number of
+    backward calls, so every data-parallel rank makes the same number (ZeRO-2 reduces gradients
+    inside each backward); an empty micro-batch backpropagates a zero loss.
+    """
+    needed = -(-len(rows) // micro_batch_rollouts)
+    count = needed if num_micro_batches is None else num_micro_batches
+    if count < needed:
+        raise ValueError(
+            f"{len(rows)} rows need {needed} micro-batches of <= {micro_batch_rollouts} rollouts, "
+            f"got num_micro_batches={count}."
+        )
+    totals: dict[str, float] = {}
+    for index in torch.tensor_split(rows, max(count, 1)):
+        if index.numel() == 0:
+            backward(_zero_loss(model))
+            continue
+        logp, entropy = response_logprobs(model, batch, index, temperature, with_entropy=True)
+        t = logp.shape[1]
+        device = logp.device
+
+        def part(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x[index, :t].to(device)
+
+        mask = (torch.arange(t)[None, :] < batch.response_lengths[index][:, None]).to(device)
+        loss, metrics = policy_loss(
+            logp, part(old_logp), part(advantages), mask, normaliser=normaliser,
+            engine_logp=part(engine_logp), ref_logp=part(ref_logp), entropy=entropy,
+            **loss_options,
+        )
+        backward(loss * loss_scale)
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + value
+    return totals
+
+
+def _zero_loss(model: torch.nn.Module) -> Tensor:
+    """0 * (sum of all trainable parameters): a backward that adds zero to every gradient."""
+    return sum((p.sum() * 0.0 for p in model.parameters() if p.requires_grad), torch.tensor(0.0))

@@ -1,0 +1,115 @@
+"""Scored rollout groups: one step's problems, their B x N rollouts and rewards, as one record.
+
+`ScoredGroups` is what generation plus verification returns and what dynamic sampling filters
+(`brorl.algorithm.filtering.GroupBatch`): `select` keeps whole groups, `concat` joins the pieces
+of several refill rounds (right-padding responses to the widest). Rows stay prompt-major:
+row i is rollout i % N of problem i // N.
+
+Deliberately ignored: variable N per prompt (every group has the same N).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from brorl.types import Problem, RolloutBatch
+
+
+@dataclass(frozen=True)
+class ScoredGroups:
+    """b problems, their rollouts `batch` (b*N rows) and rewards `[b, N]` with verdict reasons."""
+
+    problems: tuple[Problem, ...]
+    batch: RolloutBatch
+    rewards: Tensor
+    reasons: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        b, n = len(self.problems), self.batch.rollouts_per_prompt
+        if self.batch.num_prompts != b or tuple(self.rewards.shape) != (b, n):
+            raise ValueError(
+                f"{b} problems, {self.batch.num_prompts} prompts in the batch and rewards of shape "
+                f"{tuple(self.rewards.shape)}: all must describe the same {b} groups of N={n}."
+            )
+        if len(self.reasons) != b * n:
+            raise ValueError(f"{len(self.reasons)} verdict reasons for {b * n} rollouts.")
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.problems)
+
+    def select(self, index: Tensor) -> ScoredGroups:
+        """The groups at `index` (`[k]` long), whole, in the order given."""
+        return ScoredGroups(
+            problems=tuple(self.problems[i] for i in index.tolist()),
+            batch=select_groups(self.batch, index),
+            rewards=self.rewards[index],
+            reasons=tuple(self.reasons[r] for r in group_rows(index, self.batch.rollouts_per_prompt).tolist()),
+        )
+
+
+def group_rows(index: Tensor, n: int) -> Tensor:
+    """Row indices `[k*n]` of the groups at `index` `[k]` in a prompt-major batch."""
+    return (index.to(torch.long)[:, None] * n + torch.arange(n)[None, :]).reshape(-1)
+
+
+def select_groups(batch: RolloutBatch, index: Tensor) -> RolloutBatch:
+    """The sub-batch of the prompts at `index` `[k]`, with all their rollouts, re-indexed 0..k-1."""
+    n = batch.rollouts_per_prompt
+    rows = group_rows(index, n)
+    width = int(batch.response_lengths[rows].max()) if rows.numel() else 0
+    row_list = rows.tolist()
+    return RolloutBatch(
+        prompt_index=torch.arange(len(index)).repeat_interleave(n),
+        prompt_ids=tuple(batch.prompt_ids[i] for i in index.tolist()),
+        response_ids=batch.response_ids[rows, :width],
+        response_lengths=batch.response_lengths[rows],
+        logprobs=batch.logprobs[rows, :width],
+        texts=tuple(batch.texts[r] for r in row_list),
+        finish_reasons=tuple(batch.finish_reasons[r] for r in row_list),
+        rollouts_per_prompt=n,
+        pad_id=batch.pad_id,
+    )
+
+
+def _pad_to(x: Tensor, width: int, value: float) -> Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def concat(pieces: Sequence[ScoredGroups]) -> ScoredGroups:
+    """One `ScoredGroups` from several (same N), groups in the order given."""
+    if not pieces:
+        raise ValueError("concat needs at least one piece; check that some group was kept.")
+    ns = {p.batch.rollouts_per_prompt for p in pieces}
+    if len(ns) != 1:
+        raise ValueError(f"pieces have different rollouts per prompt {sorted(ns)}; N must be equal.")
+    n, pad = ns.pop(), pieces[0].batch.pad_id
+    width = max(p.batch.response_ids.shape[1] for p in pieces)
+    num_prompts = sum(p.num_groups for p in pieces)
+    batch = RolloutBatch(
+        prompt_index=torch.arange(num_prompts).repeat_interleave(n),
+        prompt_ids=tuple(ids for p in pieces for ids in p.batch.prompt_ids),
+        response_ids=torch.cat([_pad_to(p.batch.response_ids, width, pad) for p in pieces]),
+        response_lengths=torch.cat([p.batch.response_lengths for p in pieces]),
+        logprobs=torch.cat([_pad_to(p.batch.logprobs, width, 0.0) for p in pieces]),
+        texts=tuple(t for p in pieces for t in p.batch.texts),
+        finish_reasons=tuple(f for p in pieces for f in p.batch.finish_reasons),
+        rollouts_per_prompt=n,
+        pad_id=pad,
+    )
+    return ScoredGroups(
+        problems=tuple(q for p in pieces for q in p.problems),
+        batch=batch,
+        rewards=torch.cat([p.rewards for p in pieces]),
+        reasons=tuple(r for p in pieces for r in p.reasons),
+    )
+
+
+def response_mask(batch: RolloutBatch) -> Tensor:
+    """bool `[B*N, T]`: True on each rollout's response tokens (EOS included), False on padding."""
+    t = batch.response_ids.shape[1]
+    return torch.arange(t)[None, :] < batch.response_lengths[:, None]

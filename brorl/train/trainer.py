@@ -1,0 +1,391 @@
+"""The RL trainer: one step = generate, verify, filter, score, PPO mini-batches; on DeepSpeed.
+
+One `Trainer.step()` (spec §4.2, §7.2, §8):
+1. `collect`: draw prompts from the seeded cursor, generate N rollouts each (`brorl.engines`),
+   verify them (`brorl.verifiers.verify_batch`), keep the informative groups
+   (`brorl.algorithm.filtering.collect_informative`), refilling up to `filter_max_draws` rounds;
+2. `update`: advantages over the kept groups (REINFORCE++-baseline or GRPO), old and reference
+   log-probs, then `mini_batches_per_step` PPO mini-batches per epoch, each accumulated from
+   micro-batches of `micro_batch_rollouts` rows and applied with one optimizer step;
+3. reference reset on schedule (optionally clearing the optimizer), engine weight sync, and a
+   checkpoint every `checkpoint_every` steps.
+Each part is a public method, so the pipeline can run them as separate tasks; `step()` composes them.
+
+Data parallelism: DeepSpeed ZeRO 0-2 over all ranks (gloo on CPU, NCCL on GPU). Rank 0 generates
+and verifies; the scored groups are broadcast, and every rank trains on its share (`rank::world`)
+of each mini-batch, with the same number of backward calls on every rank. The loss is normalised
+by the mini-batch's token count over all ranks and multiplied by the world size, because DeepSpeed
+averages gradients over ranks: the update equals one process on the whole mini-batch.
+
+Exact resume: every random choice comes from (seed, step, round) or from the saved cursor, and a
+checkpoint holds weights, optimizer, scheduler, reference, RNG states, cursor and step; resuming
+at step k and running m steps gives the weights and metrics of k + m uninterrupted steps.
+
+Deliberately ignored: generation sharded over ranks (rank 0 generates: right for one vLLM engine
+per node, wasteful for the hf engine on many ranks), ZeRO-3 (whole parameters are needed for the
+engine and HF saves), sequence packing, asynchronous (off-policy) rollouts.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from brorl.algorithm.advantages import compute_advantages, token_advantages
+from brorl.algorithm.filtering import FilterStats, collect_informative
+from brorl.algorithm.schedule import mini_batch_bounds, reset_plan
+from brorl.engines import SamplingConfig, build_engine
+from brorl.policy import load_policy
+from brorl.prompts import render_prompt
+from brorl.train import checkpoint as ckpt
+from brorl.train.config import TrainerConfig
+from brorl.train.ppo import accumulate_mini_batch, score_batch
+from brorl.train.rollouts import ScoredGroups, concat, response_mask
+from brorl.train.sampler import PromptSampler, SamplerState
+from brorl.types import Problem
+from brorl.verifiers import Verdict, verify_batch
+from brorl.verifiers.sandbox import SandboxLimits
+
+RewardFn = Callable[[Sequence[Problem], Sequence[str]], list[Verdict]]
+"""(problems, responses) -> one verdict per pair, in order (`verify_batch` by default)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world size), initialising torch.distributed through DeepSpeed if needed.
+
+    Launched by `torchrun` or `deepspeed`, the environment names the ranks; run as a plain
+    process, this becomes a world of one on 127.0.0.1.
+    """
+    import deepspeed
+
+    if not dist.is_initialized():
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                           ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        deepspeed.init_distributed(verbose=False)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def draw_seed(seed: int, step: int, draw: int) -> int:
+    """The sampling seed of refill round `draw` of step `step` (distinct for every pair)."""
+    return (seed * 1_000_003 + step * 1_009 + draw) % (2**31 - 1)
+
+
+def deepspeed_config(config: TrainerConfig) -> dict[str, Any]:
+    """DeepSpeed's config: ZeRO stage, precision, clipping; the trainer owns accumulation."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,  # one step() per mini-batch, any micro count
+        "gradient_clipping": config.max_grad_norm,
+        "zero_optimization": {"stage": config.zero_stage},
+        "bf16": {"enabled": config.dtype == "bfloat16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+    }
+
+
+@dataclass
+class Collected:
+    """What `collect` returns: the kept groups (None if none), filter stats, generation figures."""
+
+    groups: ScoredGroups | None
+    stats: FilterStats
+    metrics: dict[str, float]
+
+
+class Trainer:
+    """ProRL / BroRL training of a causal LM on verifiable problems (see the module docstring)."""
+
+    def __init__(self, config: TrainerConfig, problems: Sequence[Problem], *,
+                 reward_fn: RewardFn | None = None, resume: bool = True) -> None:
+        import deepspeed
+
+        self.config = config
+        self.rank, self.world = init_distributed()
+        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
+            if torch.cuda.is_available() else torch.device("cpu")
+        self.reward_fn = reward_fn or partial(
+            verify_batch, workers=config.verify_workers, timeout_s=config.verify_timeout_s,
+            limits=SandboxLimits(**config.sandbox))
+        self.resumed_from = ckpt.latest_checkpoint(config.checkpoint_dir) if resume else None
+        start = self.resumed_from / "policy" if self.resumed_from else Path(config.init_checkpoint)
+        model, self.tokenizer = load_policy(start, device=self.device)
+        if self.resumed_from:
+            self.reference, _ = load_policy(self.resumed_from / "reference", device=self.device)
+        else:
+            self.reference = copy.deepcopy(model)
+        self.reference.requires_grad_(False).eval()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
+                                      betas=config.adam_betas, eps=config.adam_eps,
+                                      weight_decay=config.weight_decay)
+        warmup = config.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler,
+            config=deepspeed_config(config))
+        self.step_count = 0
+        self.history: list[dict[str, float]] = []
+        sampler_state = SamplerState()
+        if self.resumed_from:
+            self.engine.load_checkpoint(str(self.resumed_from / "deepspeed"), tag="state",
+                                        load_optimizer_states=True, load_lr_scheduler_states=True)
+            state = ckpt.read_state(self.resumed_from)
+            self.step_count, self.history = state["step"], state["history"]
+            sampler_state = SamplerState(**state["sampler"])
+            ckpt.load_rng(self.resumed_from, self.rank)
+        self.sampler = PromptSampler(problems, config.seed, sampler_state)
+        self.rollout_engine = None
+        if self.rank == 0:  # rank 0 generates for everyone
+            self.rollout_engine = build_engine(
+                config.engine, model=self.engine.module, tokenizer=self.tokenizer,
+                model_path=start, max_concurrent_rollouts=config.max_concurrent_rollouts,
+                max_model_len=self.engine.module.config.max_position_embeddings,
+                seed=config.seed, dtype=config.generate_dtype,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                cpu_kv_cache_gib=config.cpu_kv_cache_gib, enforce_eager=config.enforce_eager)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy being trained (DeepSpeed's module)."""
+        return self.engine.module
+
+    # -- 1. rollouts ------------------------------------------------------------------------
+    def generate_and_verify(self, problems: Sequence[Problem], seed: int) -> ScoredGroups:
+        """N rollouts per problem from the current policy, verified (rank 0 only)."""
+        if self.rollout_engine is None:
+            raise RuntimeError("only rank 0 generates; other ranks receive the groups by broadcast.")
+        n = self.config.rollouts_per_prompt
+        sampling = SamplingConfig(temperature=self.config.temperature, top_p=self.config.top_p,
+                                  max_response_tokens=self.config.max_response_tokens, seed=seed)
+        prompts = [render_prompt(p, self.tokenizer) for p in problems]
+        batch = self.rollout_engine.generate(prompts, n, sampling)
+        expanded = [p for p in problems for _ in range(n)]
+        verdicts = self.reward_fn(expanded, batch.texts)
+        rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float64).view(-1, n)
+        return ScoredGroups(tuple(problems), batch, rewards, tuple(v.reason for v in verdicts))
+
+    def collect(self) -> Collected:
+        """Dynamic sampling for this step on rank 0, broadcast to all ranks."""
+        result: list[Any] = [None]
+        if self.rank == 0:
+            result[0] = self._collect_local()
+        if self.world > 1:
+            dist.broadcast_object_list(result, src=0)
+        return result[0]
+
+    def _collect_local(self) -> Collected:
+        config, totals = self.config, {"seconds_generate": 0.0, "seconds_verify": 0.0,
+                                       "tokens": 0.0, "reward_sum": 0.0, "truncated": 0.0}
+        draws = 0
+
+        def draw(count: int) -> ScoredGroups:
+            nonlocal draws
+            problems = self.sampler.take(count)
+            started = time.perf_counter()
+            groups = self.generate_and_verify(problems, draw_seed(config.seed, self.step_count,
+                                                                  draws))
+            draws += 1
+            totals["seconds_generate"] += time.perf_counter() - started
+            totals["tokens"] += float(groups.batch.response_lengths.sum())
+            totals["reward_sum"] += float(groups.rewards.sum())
+            totals["truncated"] += sum(r == "length" for r in groups.batch.finish_reasons)
+            return groups
+
+        kept = collect_informative(
+            draw, config.prompts_per_step, config.filter_max_draws if config.filter_enabled else 1,
+            oversample=config.filter_oversample, correct_reward=config.correct_reward,
+            wrong_reward=config.wrong_reward, keep_uniform=not config.filter_enabled)
+        stats, rollouts = kept.stats, max(kept.stats.rollouts_generated, 1)
+        gen_s = totals["seconds_generate"]
+        metrics = {
+            "generate/rollouts": float(stats.rollouts_generated),
+            "generate/seconds": gen_s,
+            "generate/rollouts_per_s": stats.rollouts_generated / gen_s if gen_s else 0.0,
+            "generate/tokens_per_s": totals["tokens"] / gen_s if gen_s else 0.0,
+            "generate/response_length_mean": totals["tokens"] / rollouts,
+            "generate/truncated_frac": totals["truncated"] / rollouts,
+            "verify/reward_mean": totals["reward_sum"] / rollouts,
+            **stats.as_metrics(),
+        }
+        return Collected(concat(kept.pieces) if kept.pieces else None, stats, metrics)
+
+    # -- 2. the update ----------------------------------------------------------------------
+    def _permutations(self, rows: int) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(draw_seed(self.config.seed, self.step_count, 10_007))
+        return [torch.randperm(rows, generator=gen) for _ in range(self.config.epochs_per_step)]
+
+    def update(self, groups: ScoredGroups) -> dict[str, float]:
+        """PPO on the kept groups: `epochs_per_step` x `mini_batches_per_step` optimizer steps."""
+        config, batch = self.config, groups.batch
+        started = time.perf_counter()
+        mask = response_mask(batch)
+        advantages = compute_advantages(groups.rewards, config.advantage_estimator)
+        token_adv = token_advantages(advantages, mask).float()
+        perms = self._permutations(batch.num_rollouts)
+        plan = [[perm[lo:hi] for lo, hi in mini_batch_bounds(len(perm), config.mini_batches_per_step)]
+                for perm in perms]
+        mine = torch.cat([mb[self.rank :: self.world] for epoch in plan for mb in epoch]).unique()
+        self.model.eval()
+        old_logp = score_batch(self.model, batch, config.temperature, config.micro_batch_rollouts,
+                               mine)
+        ref_logp = None
+        if config.loss.kl_coef > 0:
+            ref_logp = score_batch(self.reference, batch, config.temperature,
+                                   config.micro_batch_rollouts, mine)
+        self.model.train()
+        sums: dict[str, float] = {}
+        grad_norms, steps = [], 0
+        for epoch in plan:
+            for mb in epoch:
+                share = mb[self.rank :: self.world]
+                per_rank = -(-len(mb) // self.world)
+                metrics = accumulate_mini_batch(
+                    self.model, partial(self.engine.backward, scale_wrt_gas=False), batch, share,
+                    advantages=token_adv, old_logp=old_logp, engine_logp=batch.logprobs,
+                    ref_logp=ref_logp, temperature=config.temperature,
+                    micro_batch_rollouts=config.micro_batch_rollouts,
+                    normaliser=float(mask[mb].sum()), loss_scale=float(self.world),
+                    num_micro_batches=-(-per_rank // config.micro_batch_rollouts),
+                    loss_options=config.loss.options())
+                self.engine.step()
+                steps += 1
+                grad_norms.append(float(self.engine.get_global_grad_norm() or 0.0))
+                for key, value in self._all_reduce(metrics).items():
+                    sums[key] = sums.get(key, 0.0) + value
+        self.model.eval()
+        out = {key: value / steps for key, value in sums.items()}
+        out.update({
+            "update/optimizer_steps": float(steps),
+            "update/grad_norm": sum(grad_norms) / len(grad_norms),
+            "update/lr": float(self.scheduler.get_last_lr()[0]),
+            "update/advantage_abs_mean": float(advantages.abs().mean()),
+            "update/reward_mean": float(groups.rewards.mean()),
+            "update/seconds": time.perf_counter() - started,
+        })
+        return out
+
+    def _all_reduce(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Sum each rank's share of the mini-batch metrics (keys are equal on every rank)."""
+        if self.world == 1:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(values)
+        return dict(zip(keys, values.tolist()))
+
+    # -- 3. after the update ----------------------------------------------------------------
+    def after_update(self) -> dict[str, float]:
+        """Reference reset / optimizer clear on schedule; push the weights to the engine."""
+        plan = reset_plan(self.step_count, self.config.reference_reset_every,
+                          self.config.reset_optimizer_on_reference_reset)
+        if plan.reset_reference:
+            self.reference.load_state_dict(self.model.state_dict())
+        if plan.reset_optimizer:
+            inner = getattr(self.optimizer, "optimizer", self.optimizer)
+            inner.state.clear()
+        if self.rollout_engine is not None:
+            self.rollout_engine.sync_weights(self.model)
+        return {"reference/reset": float(plan.reset_reference),
+                "reference/optimizer_reset": float(plan.reset_optimizer)}
+
+    def step(self) -> dict[str, float]:
+        """One RL step; returns its metrics (also appended to `history`)."""
+        started = time.perf_counter()
+        collected = self.collect()
+        metrics = dict(collected.metrics)
+        if collected.groups is None:  # the budget ran out with nothing kept: report, don't crash
+            metrics["update/skipped"] = 1.0
+        else:
+            metrics.update(self.update(collected.groups))
+            metrics["update/skipped"] = 0.0
+        self.step_count += 1
+        metrics.update(self.after_update())
+        metrics["train/step"] = float(self.step_count)
+        metrics["train/seconds"] = time.perf_counter() - started
+        self.history.append(metrics)
+        if self.step_count % self.config.checkpoint_every == 0:
+            self.save_checkpoint()
+        return metrics
+
+    def train(self, steps: int | None = None,
+              on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict]:
+        """Run until `steps` more steps (default: until `config.steps` in total); save at the end."""
+        target = self.step_count + steps if steps is not None else self.config.steps
+        while self.step_count < target:
+            metrics = self.step()
+            if on_step is not None:
+                on_step(self.step_count, metrics)
+        if not self.history or self.latest_saved_step() != self.step_count:
+            self.save_checkpoint()
+        return self.history
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def latest_saved_step(self) -> int | None:
+        folder = ckpt.latest_checkpoint(self.config.checkpoint_dir)
+        return ckpt.read_state(folder)["step"] if folder else None
+
+    def save_checkpoint(self) -> Path:
+        """Write `step_<step>/` atomically on all ranks (see `brorl.train.checkpoint`)."""
+        root = Path(self.config.checkpoint_dir)
+        staged = ckpt.staging_dir(root, self.step_count)
+        if self.rank == 0:
+            if staged.exists():
+                shutil.rmtree(staged)
+            staged.mkdir(parents=True)
+        self._barrier()
+        self.engine.save_checkpoint(str(staged / "deepspeed"), tag="state", save_latest=False)
+        ckpt.save_rng(staged, self.rank)
+        self._barrier()
+        final = root / ckpt.step_name(self.step_count)
+        if self.rank == 0:
+            self.model.save_pretrained(staged / "policy")
+            self.tokenizer.save_pretrained(staged / "policy")
+            self.reference.save_pretrained(staged / "reference")
+            self.tokenizer.save_pretrained(staged / "reference")
+            ckpt.write_state(staged, {"step": self.step_count, "history": self.history,
+                                      "sampler": vars(self.sampler.state), "world_size": self.world})
+            final = ckpt.commit(root, self.step_count, self.config.keep_checkpoints)
+        self._barrier()
+        return final
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def policy_path(self) -> Path | None:
+        """The newest checkpoint's HF policy folder."""
+        folder = ckpt.latest_checkpoint(self.config.checkpoint_dir)
+        return folder / "policy" if folder else None
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """A hash of every parameter's bytes (equal weights, equal digest), for rank checks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+

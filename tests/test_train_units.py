@@ -1,0 +1,177 @@
+"""Trainer building blocks without DeepSpeed: groups, cursor, log-probs, accumulation, checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from brorl.engines import SamplingConfig
+from brorl.engines.hf import HfEngine
+from brorl.params import load_params
+from brorl.policy import build_policy, build_tokenizer
+from brorl.train import checkpoint as ckpt
+from brorl.train.ppo import accumulate_mini_batch, response_logprobs, score_batch
+from brorl.train.rollouts import ScoredGroups, concat, response_mask
+from brorl.train.sampler import PromptSampler, SamplerState
+from brorl.types import Problem
+
+PROBLEMS = [Problem(id=f"p{i}", family="math", task="t", prompt=f"{i}+{i}=", answer=str(2 * i))
+            for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    tokenizer = build_tokenizer()
+    model = build_policy(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2,
+                         num_kv_heads=1, intermediate_size=128, max_position_embeddings=128)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def groups(policy):
+    """3 prompts x 4 rollouts from the hf engine, with made-up rewards per rollout."""
+    model, tokenizer = policy
+    engine = HfEngine(model, tokenizer, max_concurrent_rollouts=5)
+    batch = engine.generate([p.prompt for p in PROBLEMS[:3]], 4,
+                            SamplingConfig(temperature=1.0, max_response_tokens=12, seed=3))
+    rewards = torch.tensor([[1.0, 0, 0, 1], [0, 0, 0, 0], [0.5, 1, 0, 0]], dtype=torch.float64)
+    reasons = tuple(f"r{i}" for i in range(12))
+    return ScoredGroups(tuple(PROBLEMS[:3]), batch, rewards, reasons)
+
+
+def test_select_then_concat_restores_the_groups(groups):
+    first, rest = groups.select(torch.tensor([0])), groups.select(torch.tensor([1, 2]))
+    assert first.reasons == ("r0", "r1", "r2", "r3") and rest.problems == tuple(PROBLEMS[1:3])
+    joined = concat([first, rest])
+    assert joined.problems == groups.problems and joined.reasons == groups.reasons
+    assert torch.equal(joined.rewards, groups.rewards)
+    assert joined.batch.texts == groups.batch.texts
+    mask = response_mask(groups.batch)
+    t = joined.batch.response_ids.shape[1]
+    assert torch.equal(joined.batch.response_ids[:, :t] * response_mask(joined.batch),
+                       groups.batch.response_ids[:, :t] * mask[:, :t])
+    assert torch.equal(joined.batch.prompt_index, torch.arange(3).repeat_interleave(4))
+
+
+def test_scored_groups_reject_mismatched_shapes(groups):
+    with pytest.raises(ValueError, match="same 3 groups"):
+        ScoredGroups(groups.problems, groups.batch, groups.rewards[:2], groups.reasons)
+
+
+def test_sampler_is_seeded_resumable_and_covers_each_epoch_once():
+    a = PromptSampler(PROBLEMS, seed=1)
+    first = a.take(4) + a.take(6)
+    assert sorted(p.id for p in first) == sorted(p.id for p in PROBLEMS)  # one epoch, no repeat
+    assert [p.id for p in first] != [p.id for p in PROBLEMS]  # shuffled
+    state = SamplerState(**vars(a.state))
+    after = [p.id for p in a.take(13)]  # crosses into epochs 1 and 2
+    b = PromptSampler(PROBLEMS, seed=1, state=state)
+    assert [p.id for p in b.take(13)] == after
+    assert [p.id for p in PromptSampler(PROBLEMS, seed=2).take(10)] != [p.id for p in first]
+
+
+def test_trainer_logprobs_equal_the_engines_sampling_logprobs(policy, groups):
+    """At top_p = 1 the trainer's log pi(y_t) is the engine's (same model, same temperature)."""
+    model, _ = policy
+    scored = score_batch(model, groups.batch, temperature=1.0, micro_batch_rollouts=5)
+    assert torch.allclose(scored, groups.batch.logprobs, atol=1e-5)
+    some = torch.tensor([2, 7])
+    partial = score_batch(model, groups.batch, 1.0, 5, rows=some)
+    assert torch.equal(partial[some], scored[some]) and partial[[0, 1, 3]].abs().sum() == 0
+
+
+def _grads_after(model, groups, micro: int, count: int | None = None) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    batch = groups.batch
+    mask = response_mask(batch)
+    adv = (groups.rewards - groups.rewards.mean(1, keepdim=True)).float().reshape(-1, 1) * mask
+    with torch.no_grad():
+        old = score_batch(model, batch, 1.0, 64) - 0.05 * mask  # ratios != 1: clipping is live
+    rows = torch.tensor([0, 3, 5, 6, 8, 9, 11])
+    accumulate_mini_batch(
+        model, lambda loss: loss.backward(), batch, rows, advantages=adv, old_logp=old,
+        engine_logp=old + 0.1 * mask, ref_logp=old, temperature=1.0, micro_batch_rollouts=micro,
+        normaliser=float(mask[rows].sum()), num_micro_batches=count,
+        loss_options=dict(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.1, tis_cap=1.05))
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_gradients_do_not_depend_on_the_micro_batch_split(policy, groups):
+    model, _ = policy
+    model.train()
+    whole = _grads_after(model, groups, micro=64)
+    assert sum(float(g.abs().sum()) for g in whole) > 0
+    for micro, count in ((1, None), (3, None), (2, 6)):  # (2, 6): two empty micro-batches
+        split = _grads_after(model, groups, micro, count)
+        for a, b in zip(whole, split):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    with pytest.raises(ValueError, match="need 3 micro-batches"):
+        _grads_after(model, groups, micro=3, count=2)
+
+
+def test_a_positive_advantage_raises_its_responses_log_probability(policy, groups):
+    """One SGD step on the PPO loss moves log pi up where A > 0 and down where A < 0."""
+    model, _ = policy
+    import copy
+
+    model = copy.deepcopy(model).train()
+    batch = groups.batch
+    mask = response_mask(batch)
+    adv = torch.tensor([1.0, -1.0] * 6).reshape(-1, 1) * mask
+    old = score_batch(model, batch, 1.0, 64)
+    rows = torch.arange(12)
+    accumulate_mini_batch(model, lambda loss: loss.backward(), batch, rows, advantages=adv,
+                          old_logp=old, engine_logp=None, ref_logp=None, temperature=1.0,
+                          micro_batch_rollouts=4, normaliser=float(mask.sum()),
+                          loss_options={})
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.05 * p.grad
+    new = score_batch(model, batch, 1.0, 64)
+    change = ((new - old) * mask).sum(1)
+    assert (change[0::2] > 0).all() and (change[1::2] < 0).all(), change
+
+
+def test_response_logprobs_carry_gradients_and_zero_padding(policy, groups):
+    model, _ = policy
+    logp, entropy = response_logprobs(model, groups.batch, torch.arange(12), 1.2, with_entropy=True)
+    assert logp.requires_grad and entropy is not None
+    mask = response_mask(groups.batch)[:, : logp.shape[1]]
+    assert (logp[~mask] == 0).all() and (entropy[~mask] == 0).all() and (logp[mask] < 0).all()
+
+
+def test_checkpoint_commit_points_latest_and_prunes(tmp_path):
+    root = tmp_path / "ck"
+    for step in (1, 2, 3):
+        staged = ckpt.staging_dir(root, step)
+        staged.mkdir(parents=True)
+        ckpt.write_state(staged, {"step": step})
+        ckpt.commit(root, step, keep=2)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000002", "step_000003"]
+    assert (root / "latest").read_text().strip() == "step_000003"
+    assert ckpt.latest_checkpoint(root) == root / "step_000003"
+    ckpt.staging_dir(root, 4).mkdir()  # a crash while writing step 4: nothing changes
+    assert ckpt.latest_checkpoint(root) == root / "step_000003"
+    with pytest.raises(RuntimeError, match="not fully written"):
+        ckpt.commit(root, 4, keep=2)
+    (root / "latest").write_text("step_000009\n")  # a pointer to a missing folder falls back
+    assert ckpt.latest_checkpoint(root) == root / "step_000003"
+    assert json.loads((root / "step_000003" / ckpt.STATE_FILE).read_text()) == {"step": 3}
+
+
+def test_arms_differ_only_in_batch_shape_and_lr():
+    """params/brorl.yaml = params/prorl.yaml with B/4 prompts, N=512, lr x sqrt(8) (spec §4.1)."""
+    prorl, brorl = load_params("params/prorl.yaml"), load_params("params/brorl.yaml")
+    a, b = prorl.trainer_config(), brorl.trainer_config()
+    assert b.prompts_per_step * 4 == a.prompts_per_step
+    assert (a.rollouts_per_prompt, b.rollouts_per_prompt) == (16, 512)
+    assert b.lr == pytest.approx(a.lr * 8**0.5)
+    assert a.mini_batches_per_step == b.mini_batches_per_step
+    different = {k for k in vars(a) if getattr(a, k) != getattr(b, k)}
+    assert different == {"prompts_per_step", "rollouts_per_prompt", "lr", "checkpoint_dir"}
+    assert brorl.model_dump(exclude={"name", "update", "train"}) == \
+        prorl.model_dump(exclude={"name", "update", "train"})
