@@ -1,0 +1,171 @@
+"""The DeepSpeed trainer end to end on CPU: ProRL and BroRL steps, learning, exact resume, ZeRO-2 x 2.
+
+The policy is a tiny Qwen2 warmed up for a few seconds on one easy generated task (`compare`:
+the larger of two numbers), so that rollouts are sometimes right: groups are informative and the
+update has a signal. Rewards come from the real math verifier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from brorl.base import warm_up
+from brorl.data import save_splits
+from brorl.data.math import generate_math
+from brorl.evaluate import evaluate_policy
+from brorl.params import load_params
+from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
+from brorl.train import Trainer, TrainerConfig, parameter_digest
+from brorl.verifiers import Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBLEMS = generate_math(200, seed=0, tasks=("compare",))
+TRAIN, HELD_OUT = PROBLEMS[:150], PROBLEMS[150:]
+
+
+@pytest.fixture(scope="module")
+def easy_base(tmp_path_factory) -> Path:
+    """An HF folder: tiny policy after 300 warm-up steps on `compare` (about 10 s, pass@1 ~0.2)."""
+    tokenizer = build_tokenizer()
+    model = build_policy(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2,
+                         num_kv_heads=1, intermediate_size=128, max_position_embeddings=256)
+    warm_up(model, tokenizer, TRAIN, HELD_OUT[:8], max_steps=300, eval_every=300, batch_size=16,
+            lr=3e-3, seed=0, target_pass_low=1.1, max_new_tokens=24)
+    path = tmp_path_factory.mktemp("easy") / "base"
+    save_policy(model, tokenizer, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def easy_data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "problems"
+    save_splits({"train": TRAIN, "validation": HELD_OUT[:10], "test": HELD_OUT}, path)
+    return path
+
+
+def _config(base: Path, ckpt_dir: Path, **changes) -> TrainerConfig:
+    config = TrainerConfig(
+        init_checkpoint=str(base), checkpoint_dir=str(ckpt_dir), prompts_per_step=4,
+        rollouts_per_prompt=8, lr=1e-3, mini_batches_per_step=2, micro_batch_rollouts=8,
+        temperature=1.0, max_response_tokens=24, filter_max_draws=3, verify_workers=1,
+        checkpoint_every=1, keep_checkpoints=2, reference_reset_every=2)
+    return replace(config, **changes)
+
+
+def _stable(history: list[dict]) -> list[dict]:
+    """Metrics without wall-clock figures (timings differ between runs, nothing else may)."""
+    return [{k: v for k, v in m.items() if "seconds" not in k and "per_s" not in k}
+            for m in history]
+
+
+@pytest.mark.parametrize("arm", ["prorl", "brorl"])
+def test_one_step_of_each_arm_through_the_python_api(arm, easy_base, easy_data, tmp_path):
+    params = load_params(ROOT / f"params/{arm}_ci.yaml", [
+        f"data.path={easy_data}", f"train.init_checkpoint={easy_base}",
+        f"train.checkpoint_dir={tmp_path / 'ck'}", "generate.max_response_tokens=24",
+        "verify.workers=1"])
+    config = params.trainer_config()
+    trainer = Trainer(config, TRAIN, resume=False)
+    before = parameter_digest(trainer.model)
+    metrics = trainer.step()
+    b, n = config.prompts_per_step, config.rollouts_per_prompt
+    assert metrics["generate/rollouts"] >= b * n
+    assert metrics["update/skipped"] == 0.0 and metrics["filter/groups_kept"] >= 1
+    assert metrics["update/optimizer_steps"] == config.mini_batches_per_step
+    assert metrics["update/lr"] == pytest.approx(params.update.lr)
+    assert parameter_digest(trainer.model) != before
+    saved = trainer.save_checkpoint()
+    assert (saved / "policy" / "config.json").is_file() and (saved / "reference").is_dir()
+
+
+def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, tmp_path):
+    trainer = Trainer(_config(easy_base, tmp_path / "ck", prompts_per_step=8,
+                              rollouts_per_prompt=16, reference_reset_every=None,
+                              checkpoint_every=100), TRAIN, resume=False)
+    _, tokenizer = load_policy(easy_base)
+    before, _ = evaluate_policy(trainer.reference, tokenizer, HELD_OUT, n=8, max_new_tokens=24,
+                                temperature=1.0, seed=1, workers=1)
+    history = [trainer.step() for _ in range(16)]
+    after, _ = evaluate_policy(trainer.model, tokenizer, HELD_OUT, n=8, max_new_tokens=24,
+                               temperature=1.0, seed=1, workers=1)
+    rewards = [m["verify/reward_mean"] for m in history]
+    first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
+    assert last > first + 0.03, rewards
+    held_before = before["family"]["math"]["reward_mean"]
+    held_after = after["family"]["math"]["reward_mean"]
+    assert held_after > held_before + 0.03, (held_before, held_after)
+
+
+def test_resume_after_k_steps_gives_the_weights_and_metrics_of_k_plus_m(easy_base, tmp_path):
+    whole = Trainer(_config(easy_base, tmp_path / "whole"), TRAIN, resume=False)
+    whole.train(3)
+    first = Trainer(_config(easy_base, tmp_path / "split"), TRAIN, resume=False)
+    first.train(2)
+    del first
+    second = Trainer(_config(easy_base, tmp_path / "split"), TRAIN, resume=True)
+    assert second.step_count == 2 and second.resumed_from.name == "step_000002"
+    second.train(1)
+    assert sum(m["update/skipped"] == 0 for m in whole.history) >= 2  # updates really happened
+    assert whole.history[1]["reference/reset"] == 1.0  # and a reference reset at step 2
+    assert parameter_digest(second.model) == parameter_digest(whole.model)
+    assert parameter_digest(second.reference) == parameter_digest(whole.reference)
+    assert _stable(second.history) == _stable(whole.history)
+    assert sorted(p.name for p in (tmp_path / "split").glob("step_*")) == \
+        ["step_000002", "step_000003"]  # keep_checkpoints = 2
+
+
+def test_a_step_with_nothing_informative_is_reported_not_fatal(easy_base, tmp_path):
+    def all_wrong(problems, responses):
+        return [Verdict(0.0, "wrong")] * len(problems)
+
+    trainer = Trainer(_config(easy_base, tmp_path / "ck"), TRAIN, reward_fn=all_wrong,
+                      resume=False)
+    before = parameter_digest(trainer.model)
+    metrics = trainer.step()
+    assert metrics["update/skipped"] == 1.0 and metrics["filter/budget_exhausted"] == 1.0
+    assert metrics["filter/rounds"] == 3 and metrics["filter/groups_all_wrong"] >= 4
+    assert parameter_digest(trainer.model) == before and trainer.step_count == 1
+
+
+def _launch(args: list[str], report: Path, extra_env: dict | None = None) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    done = subprocess.run(args + ["--report-dir", str(report)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
+
+
+def test_two_process_zero2_keeps_ranks_identical_and_equals_one_process(
+        easy_base, easy_data, tmp_path):
+    common = ["--params", "params/prorl_ci.yaml", "-S", f"data.path={easy_data}",
+              "-S", f"train.init_checkpoint={easy_base}", "-S", "train.zero_stage=2",
+              "-S", "generate.max_response_tokens=24", "-S", "verify.workers=1",
+              "--steps", "2", "--fresh"]
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "brorl.train"]
+    ranks = _launch(torchrun + common + ["-S", f"train.checkpoint_dir={tmp_path / 'two'}"],
+                    tmp_path / "two_report")
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["world_size"] == 2
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    assert ranks[0]["metrics"]["update/skipped"] == 0.0
+    one = _launch([sys.executable, "-m", "brorl.train"] + common
+                  + ["-S", f"train.checkpoint_dir={tmp_path / 'one'}"], tmp_path / "one_report")
+    assert one[0]["world_size"] == 1
+    two_model, _ = load_policy(tmp_path / "two" / "step_000002" / "policy")
+    one_model, _ = load_policy(tmp_path / "one" / "step_000002" / "policy")
+    start, _ = load_policy(easy_base)
+    for a, b, s in zip(two_model.parameters(), one_model.parameters(), start.parameters()):
+        assert torch.allclose(a, b, atol=1e-5)  # gloo sums in another order: not bit-equal
+    assert any(not torch.equal(a, s) for a, s in zip(one_model.parameters(), start.parameters()))
