@@ -19,6 +19,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export HF_HOME := $(CURDIR)/.cache/hf
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export TOKENIZERS_PARALLELISM := false
