@@ -156,6 +156,7 @@ class Trainer:
             ckpt.load_rng(self.resumed_from, self.rank)
         self.sampler = PromptSampler(problems, config.seed, sampler_state)
         self.rollout_engine = None
+        self.last_seconds: dict[str, float] = {}
         if self.rank == 0:  # rank 0 generates for everyone
             self.rollout_engine = build_engine(
                 config.engine, model=self.engine.module, tokenizer=self.tokenizer,
@@ -179,9 +180,13 @@ class Trainer:
         sampling = SamplingConfig(temperature=self.config.temperature, top_p=self.config.top_p,
                                   max_response_tokens=self.config.max_response_tokens, seed=seed)
         prompts = [render_prompt(p, self.tokenizer) for p in problems]
+        started = time.perf_counter()
         batch = self.rollout_engine.generate(prompts, n, sampling)
+        generated = time.perf_counter()
         expanded = [p for p in problems for _ in range(n)]
         verdicts = self.reward_fn(expanded, batch.texts)
+        self.last_seconds = {"generate": generated - started,
+                             "verify": time.perf_counter() - generated}
         rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float64).view(-1, n)
         return ScoredGroups(tuple(problems), batch, rewards, tuple(v.reason for v in verdicts))
 
@@ -202,11 +207,11 @@ class Trainer:
         def draw(count: int) -> ScoredGroups:
             nonlocal draws
             problems = self.sampler.take(count)
-            started = time.perf_counter()
             groups = self.generate_and_verify(problems, draw_seed(config.seed, self.step_count,
                                                                   draws))
             draws += 1
-            totals["seconds_generate"] += time.perf_counter() - started
+            totals["seconds_generate"] += self.last_seconds["generate"]
+            totals["seconds_verify"] += self.last_seconds["verify"]
             totals["tokens"] += float(groups.batch.response_lengths.sum())
             totals["reward_sum"] += float(groups.rewards.sum())
             totals["truncated"] += sum(r == "length" for r in groups.batch.finish_reasons)
@@ -226,6 +231,7 @@ class Trainer:
             "generate/response_length_mean": totals["tokens"] / rollouts,
             "generate/truncated_frac": totals["truncated"] / rollouts,
             "verify/reward_mean": totals["reward_sum"] / rollouts,
+            "verify/seconds": totals["seconds_verify"],
             **stats.as_metrics(),
         }
         return Collected(concat(kept.pieces) if kept.pieces else None, stats, metrics)
