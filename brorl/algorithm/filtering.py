@@ -119,6 +119,80 @@ def _count_uniform(
     stats.groups_uniform_other += int(((uniform > wrong) & (uniform < correct)).sum())
 
 
+class InformativeCollector(Generic[G]):
+    """The refill loop of `collect_informative` one draw at a time, for callers that own the loop
+    (a pipeline running generation and verification as separate tasks):
+
+        collector = InformativeCollector(target_groups, max_draws)
+        while not collector.done:
+            collector.add(draw(collector.request()))
+        kept = collector.result()
+    """
+
+    def __init__(self, target_groups: int, max_draws: int, oversample: float = 1.0,
+                 correct_reward: float = 1.0, wrong_reward: float = 0.0,
+                 keep_uniform: bool = False) -> None:
+        if target_groups < 1:
+            raise ValueError(
+                f"target_groups must be >= 1, got {target_groups}; it is prompts per step.")
+        if max_draws < 1:
+            raise ValueError(f"max_draws must be >= 1, got {max_draws}; it bounds the refill rounds.")
+        if not oversample >= 1.0:
+            raise ValueError(
+                f"oversample must be >= 1, got {oversample}; 1 asks for exactly the missing groups."
+            )
+        self.target_groups, self.max_draws, self.oversample = target_groups, max_draws, oversample
+        self.correct_reward, self.wrong_reward = correct_reward, wrong_reward
+        self.keep_uniform = keep_uniform
+        self.out: Collected[G] = Collected()
+
+    @property
+    def stats(self) -> FilterStats:
+        return self.out.stats
+
+    @property
+    def done(self) -> bool:
+        """True once the target is met, the draw budget is spent or the source ran dry."""
+        s = self.out.stats
+        return (s.groups_kept >= self.target_groups or s.rounds >= self.max_draws
+                or s.source_exhausted)
+
+    def request(self) -> int:
+        """How many prompts' groups the next draw should bring: ceil(missing * oversample)."""
+        return math.ceil((self.target_groups - self.out.stats.groups_kept) * self.oversample)
+
+    def add(self, batch: G) -> None:
+        """Count one draw's groups and keep its informative ones, up to the target."""
+        if self.done:
+            raise RuntimeError("the collector is done; call result() instead of drawing again.")
+        stats = self.out.stats
+        stats.rounds += 1
+        rewards = batch.rewards
+        if rewards.shape[0] == 0:
+            stats.source_exhausted = True
+            return
+        informative = informative_groups(rewards)
+        _count_uniform(stats, rewards, informative, self.correct_reward, self.wrong_reward)
+        keep = torch.ones_like(informative) if self.keep_uniform else informative
+        index = keep.nonzero().flatten()
+        stats.groups_generated += rewards.shape[0]
+        stats.rollouts_generated += rewards.numel()
+        stats.groups_informative += int(informative.sum())
+        room = self.target_groups - stats.groups_kept
+        stats.groups_surplus += max(index.numel() - room, 0)
+        index = index[:room]
+        if index.numel():
+            self.out.pieces.append(batch.select(index))
+            stats.groups_kept += index.numel()
+            stats.rollouts_kept += index.numel() * rewards.shape[1]
+
+    def result(self) -> Collected[G]:
+        """The kept groups and stats (`budget_exhausted` set when the target was missed)."""
+        stats = self.out.stats
+        stats.budget_exhausted = stats.groups_kept < self.target_groups and not stats.source_exhausted
+        return self.out
+
+
 def collect_informative(
     draw: Callable[[int], G],
     target_groups: int,
@@ -138,36 +212,8 @@ def collect_informative(
     group, so one draw normally suffices, with the same stats. Never raises for lack of groups: check
     `stats.budget_exhausted` (and `source_exhausted`); at most `max_draws` calls are made.
     """
-    if target_groups < 1:
-        raise ValueError(f"target_groups must be >= 1, got {target_groups}; it is prompts per step.")
-    if max_draws < 1:
-        raise ValueError(f"max_draws must be >= 1, got {max_draws}; it bounds the refill rounds.")
-    if not oversample >= 1.0:
-        raise ValueError(
-            f"oversample must be >= 1, got {oversample}; 1 asks for exactly the missing groups."
-        )
-    out: Collected[G] = Collected()
-    stats = out.stats
-    while stats.groups_kept < target_groups and stats.rounds < max_draws:
-        batch = draw(math.ceil((target_groups - stats.groups_kept) * oversample))
-        stats.rounds += 1
-        rewards = batch.rewards
-        if rewards.shape[0] == 0:
-            stats.source_exhausted = True
-            break
-        informative = informative_groups(rewards)
-        _count_uniform(stats, rewards, informative, correct_reward, wrong_reward)
-        keep = torch.ones_like(informative) if keep_uniform else informative
-        index = keep.nonzero().flatten()
-        stats.groups_generated += rewards.shape[0]
-        stats.rollouts_generated += rewards.numel()
-        stats.groups_informative += int(informative.sum())
-        room = target_groups - stats.groups_kept
-        stats.groups_surplus += max(index.numel() - room, 0)
-        index = index[:room]
-        if index.numel():
-            out.pieces.append(batch.select(index))
-            stats.groups_kept += index.numel()
-            stats.rollouts_kept += index.numel() * rewards.shape[1]
-    stats.budget_exhausted = stats.groups_kept < target_groups and not stats.source_exhausted
-    return out
+    collector: InformativeCollector[G] = InformativeCollector(
+        target_groups, max_draws, oversample, correct_reward, wrong_reward, keep_uniform)
+    while not collector.done:
+        collector.add(draw(collector.request()))
+    return collector.result()

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from brorl.algorithm.advantages import compute_advantages, token_advantages
-from brorl.algorithm.filtering import FilterStats, collect_informative
+from brorl.algorithm.filtering import FilterStats, InformativeCollector
 from brorl.algorithm.schedule import mini_batch_bounds, reset_plan
 from brorl.engines import SamplingConfig, build_engine
 from brorl.policy import load_policy
@@ -53,7 +53,7 @@ from brorl.train.config import TrainerConfig
 from brorl.train.ppo import accumulate_mini_batch, score_batch
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState
-from brorl.types import Problem
+from brorl.types import Problem, RolloutBatch
 from brorl.verifiers import Verdict, verify_batch
 from brorl.verifiers.sandbox import SandboxLimits
 
@@ -111,6 +111,53 @@ class Collected:
     groups: ScoredGroups | None
     stats: FilterStats
     metrics: dict[str, float]
+
+
+class Collection:
+    """One step's dynamic sampling, a draw at a time: the filter plus generation figures."""
+
+    def __init__(self, collector: InformativeCollector) -> None:
+        self.collector = collector
+        self.totals = {"generate": 0.0, "verify": 0.0, "tokens": 0.0, "reward_sum": 0.0,
+                       "truncated": 0.0}
+
+    @property
+    def done(self) -> bool:
+        return self.collector.done
+
+    @property
+    def rounds(self) -> int:
+        return self.collector.stats.rounds
+
+    def request(self) -> int:
+        """Prompts to draw next."""
+        return self.collector.request()
+
+    def add(self, groups: ScoredGroups, seconds: dict[str, float] | None = None) -> None:
+        """Filter one draw's verified groups; `seconds` adds its generate / verify times."""
+        for key, value in (seconds or {}).items():
+            self.totals[key] += value
+        self.totals["tokens"] += float(groups.batch.response_lengths.sum())
+        self.totals["reward_sum"] += float(groups.rewards.sum())
+        self.totals["truncated"] += sum(r == "length" for r in groups.batch.finish_reasons)
+        self.collector.add(groups)
+
+    def finish(self) -> Collected:
+        kept = self.collector.result()
+        stats, totals = kept.stats, self.totals
+        rollouts, gen_s = max(stats.rollouts_generated, 1), totals["generate"]
+        metrics = {
+            "generate/rollouts": float(stats.rollouts_generated),
+            "generate/seconds": gen_s,
+            "generate/rollouts_per_s": stats.rollouts_generated / gen_s if gen_s else 0.0,
+            "generate/tokens_per_s": totals["tokens"] / gen_s if gen_s else 0.0,
+            "generate/response_length_mean": totals["tokens"] / rollouts,
+            "generate/truncated_frac": totals["truncated"] / rollouts,
+            "verify/reward_mean": totals["reward_sum"] / rollouts,
+            "verify/seconds": totals["verify"],
+            **stats.as_metrics(),
+        }
+        return Collected(concat(kept.pieces) if kept.pieces else None, stats, metrics)
 
 
 class Trainer:
@@ -172,69 +219,54 @@ class Trainer:
         return self.engine.module
 
     # -- 1. rollouts ------------------------------------------------------------------------
-    def generate_and_verify(self, problems: Sequence[Problem], seed: int) -> ScoredGroups:
-        """N rollouts per problem from the current policy, verified (rank 0 only)."""
+    def sample_prompts(self, count: int) -> list[Problem]:
+        """The next `count` problems from the seeded cursor."""
+        return self.sampler.take(count)
+
+    def generate_rollouts(self, problems: Sequence[Problem], draw: int) -> RolloutBatch:
+        """N rollouts per problem from the current policy (rank 0), seeded by (step, draw)."""
         if self.rollout_engine is None:
             raise RuntimeError("only rank 0 generates; other ranks receive the groups by broadcast.")
-        n = self.config.rollouts_per_prompt
-        sampling = SamplingConfig(temperature=self.config.temperature, top_p=self.config.top_p,
-                                  max_response_tokens=self.config.max_response_tokens, seed=seed)
+        sampling = SamplingConfig(
+            temperature=self.config.temperature, top_p=self.config.top_p,
+            max_response_tokens=self.config.max_response_tokens,
+            seed=draw_seed(self.config.seed, self.step_count, draw))
         prompts = [render_prompt(p, self.tokenizer) for p in problems]
         started = time.perf_counter()
-        batch = self.rollout_engine.generate(prompts, n, sampling)
-        generated = time.perf_counter()
-        expanded = [p for p in problems for _ in range(n)]
-        verdicts = self.reward_fn(expanded, batch.texts)
-        self.last_seconds = {"generate": generated - started,
-                             "verify": time.perf_counter() - generated}
+        batch = self.rollout_engine.generate(prompts, self.config.rollouts_per_prompt, sampling)
+        self.last_seconds["generate"] = time.perf_counter() - started
+        return batch
+
+    def verify(self, problems: Sequence[Problem], batch: RolloutBatch) -> ScoredGroups:
+        """Rewards `[b, N]` of a batch from the reward function (the family verifiers)."""
+        n = batch.rollouts_per_prompt
+        started = time.perf_counter()
+        verdicts = self.reward_fn([p for p in problems for _ in range(n)], batch.texts)
+        self.last_seconds["verify"] = time.perf_counter() - started
         rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float64).view(-1, n)
         return ScoredGroups(tuple(problems), batch, rewards, tuple(v.reason for v in verdicts))
+
+    def start_collection(self) -> Collection:
+        """An empty dynamic-sampling collection for this step (see `Collection`)."""
+        c = self.config
+        return Collection(InformativeCollector(
+            c.prompts_per_step, c.filter_max_draws if c.filter_enabled else 1,
+            oversample=c.filter_oversample, correct_reward=c.correct_reward,
+            wrong_reward=c.wrong_reward, keep_uniform=not c.filter_enabled))
 
     def collect(self) -> Collected:
         """Dynamic sampling for this step on rank 0, broadcast to all ranks."""
         result: list[Any] = [None]
         if self.rank == 0:
-            result[0] = self._collect_local()
+            collection = self.start_collection()
+            while not collection.done:
+                problems = self.sample_prompts(collection.request())
+                batch = self.generate_rollouts(problems, collection.rounds)
+                collection.add(self.verify(problems, batch), self.last_seconds)
+            result[0] = collection.finish()
         if self.world > 1:
             dist.broadcast_object_list(result, src=0)
         return result[0]
-
-    def _collect_local(self) -> Collected:
-        config, totals = self.config, {"seconds_generate": 0.0, "seconds_verify": 0.0,
-                                       "tokens": 0.0, "reward_sum": 0.0, "truncated": 0.0}
-        draws = 0
-
-        def draw(count: int) -> ScoredGroups:
-            nonlocal draws
-            problems = self.sampler.take(count)
-            groups = self.generate_and_verify(problems, draw_seed(config.seed, self.step_count,
-                                                                  draws))
-            draws += 1
-            totals["seconds_generate"] += self.last_seconds["generate"]
-            totals["seconds_verify"] += self.last_seconds["verify"]
-            totals["tokens"] += float(groups.batch.response_lengths.sum())
-            totals["reward_sum"] += float(groups.rewards.sum())
-            totals["truncated"] += sum(r == "length" for r in groups.batch.finish_reasons)
-            return groups
-
-        kept = collect_informative(
-            draw, config.prompts_per_step, config.filter_max_draws if config.filter_enabled else 1,
-            oversample=config.filter_oversample, correct_reward=config.correct_reward,
-            wrong_reward=config.wrong_reward, keep_uniform=not config.filter_enabled)
-        stats, rollouts = kept.stats, max(kept.stats.rollouts_generated, 1)
-        gen_s = totals["seconds_generate"]
-        metrics = {
-            "generate/rollouts": float(stats.rollouts_generated),
-            "generate/seconds": gen_s,
-            "generate/rollouts_per_s": stats.rollouts_generated / gen_s if gen_s else 0.0,
-            "generate/tokens_per_s": totals["tokens"] / gen_s if gen_s else 0.0,
-            "generate/response_length_mean": totals["tokens"] / rollouts,
-            "generate/truncated_frac": totals["truncated"] / rollouts,
-            "verify/reward_mean": totals["reward_sum"] / rollouts,
-            "verify/seconds": totals["seconds_verify"],
-            **stats.as_metrics(),
-        }
-        return Collected(concat(kept.pieces) if kept.pieces else None, stats, metrics)
 
     # -- 2. the update ----------------------------------------------------------------------
     def _permutations(self, rows: int) -> list[torch.Tensor]:
@@ -320,19 +352,26 @@ class Trainer:
         started = time.perf_counter()
         collected = self.collect()
         metrics = dict(collected.metrics)
-        if collected.groups is None:  # the budget ran out with nothing kept: report, don't crash
-            metrics["update/skipped"] = 1.0
-        else:
+        if collected.groups is not None:  # else the budget ran out with nothing kept: report it
             metrics.update(self.update(collected.groups))
-            metrics["update/skipped"] = 0.0
+        metrics = self.finish_step(metrics, time.perf_counter() - started)
+        if self.checkpoint_due():
+            self.save_checkpoint()
+        return metrics
+
+    def finish_step(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        """Close the step: count it, reset the reference on schedule, sync the engine, record."""
+        metrics = dict(metrics)
+        metrics["update/skipped"] = 0.0 if "update/optimizer_steps" in metrics else 1.0
         self.step_count += 1
         metrics.update(self.after_update())
         metrics["train/step"] = float(self.step_count)
-        metrics["train/seconds"] = time.perf_counter() - started
+        metrics["train/seconds"] = seconds
         self.history.append(metrics)
-        if self.step_count % self.config.checkpoint_every == 0:
-            self.save_checkpoint()
         return metrics
+
+    def checkpoint_due(self) -> bool:
+        return self.step_count % self.config.checkpoint_every == 0
 
     def train(self, steps: int | None = None,
               on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict]:
