@@ -172,3 +172,22 @@ def test_math_check_that_hangs_gives_timeout(monkeypatch):
     [verdict] = verify_batch([math_problem("1")], ["<answer>1</answer>"], timeout_s=0.5)
     assert verdict == Verdict(0.0, "timeout")
     assert time.monotonic() - start < 5.0
+
+
+def test_repeated_pairs_are_judged_once(monkeypatch):
+    """N rollouts of one prompt often repeat: each distinct (problem, response) is verified once."""
+    import brorl.verifiers as verifiers
+
+    seen: list[int] = []
+    real = verifiers._verify_family
+
+    def counting(family, indices, problems, responses, options):
+        seen.extend(indices)
+        return real(family, indices, problems, responses, options)
+
+    monkeypatch.setattr(verifiers, "_verify_family", counting)
+    a, b = math_problem("3"), math_problem("4")
+    responses = ["\\boxed{3}", "\\boxed{3}", "\\boxed{5}", "\\boxed{3}", "\\boxed{4}"]
+    verdicts = verify_batch([a, a, a, b, b], responses, workers=1)
+    assert [v.reward for v in verdicts] == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert sorted(seen) == [0, 2, 3, 4]

@@ -106,16 +106,22 @@ def verify_batch(
             f"verify_batch got {len(problems)} problems but {len(responses)} responses: "
             "pass one response per problem (repeat a problem for each of its rollouts)"
         )
+    # Verifiers are deterministic: judge each distinct (problem, response) pair once. At large N
+    # a tiny policy repeats itself often, and the code sandbox costs a process per judgement.
+    first: dict[tuple[str, str], int] = {}
+    source = [first.setdefault((p.id, r), i) for i, (p, r) in enumerate(zip(problems, responses))]
     verdicts: list[Verdict | None] = [None] * len(problems)
     by_family: dict[str, list[int]] = {}
     for i, problem in enumerate(problems):
-        by_family.setdefault(problem.family, []).append(i)
+        if source[i] == i:
+            by_family.setdefault(problem.family, []).append(i)
     for family, indices in by_family.items():
         family_verdicts = _verify_family(family, indices, problems, responses,
                                          dict(workers=workers, timeout_s=timeout_s, limits=limits))
         for i, verdict in zip(indices, family_verdicts):
             verdicts[i] = verdict
-    return [v if v is not None else Verdict(0.0, "error:missing verdict") for v in verdicts]
+    out = [verdicts[j] for j in source]
+    return [v if v is not None else Verdict(0.0, "error:missing verdict") for v in out]
 
 
 def _verify_family(family, indices, problems, responses, options: dict) -> list[Verdict]:
