@@ -408,6 +408,49 @@ class TrainParams(_Section):
     """Steps between checkpoints; the last step is always saved."""
     keep_checkpoints: PositiveInt = 2
     """Checkpoints kept on disk (oldest removed first)."""
+    algorithm: Literal["prorl", "brorl"] = "prorl"
+    """The arm's label: the MLflow tag `algorithm` and the comparison report's row name."""
+    run_dir: str = "outputs/train"
+    """Folder of the run's other outputs: rollouts (Parquet), evaluations, summary, MLflow run id."""
+    save_rollouts: bool = True
+    """Write every verified draw's rollouts to `<run_dir>/rollouts/step_XXXXXX_drawK.parquet`."""
+    max_rollouts: PositiveInt | None = None
+    """Budget: stop once this many rollouts were generated (refills included); None: no limit."""
+    max_seconds: float | None = Field(None, gt=0)
+    """Budget: stop once the run's steps took this long (s, summed over sessions); None: none."""
+    plateau_patience: PositiveInt | None = None
+    """Stop after this many evaluations without a new best held-out mean pass@1 (the
+    `prorl_warmup` stage's saturation rule); None: never stop early."""
+    eval_every: PositiveInt = 5
+    """Steps between held-out evaluations (also at step 0 and at the end)."""
+    eval_per_family: PositiveInt = 20
+    """Held-out test problems per family in each evaluation (the same instances every time)."""
+    eval_samples: PositiveInt = 4
+    """Samples per problem for pass@1 (spec §5.2 uses 16; 4 on CPU)."""
+    eval_temperature: float = Field(0.6, ge=0)
+    """Evaluation sampling temperature (spec §5.2: 0.6)."""
+    eval_top_p: float = Field(0.95, gt=0, le=1)
+    """Evaluation nucleus top-p (spec §5.2: 0.95)."""
+
+
+class CompareParams(_Section):
+    """The ProRL-vs-BroRL comparison (`flows/compare.py`): arms, shared start, equal budget."""
+
+    arms: dict[str, str] = {"prorl": "params/prorl.yaml", "brorl": "params/brorl.yaml"}
+    """Arm name -> its params file (relative to the repository root)."""
+    train_arms: bool = False
+    """True: the flow trains each arm (resuming any earlier progress) before the report; False:
+    it reports on the arms' finished runs (the DVC `prorl` and `brorl` stages train them)."""
+    init_checkpoint: str | None = None
+    """Start of both arms (set as their `train.init_checkpoint`); None: the arms' own, which
+    must then be equal."""
+    budget_rollouts: PositiveInt | None = None
+    """Each arm's budget in generated rollouts (set as `train.max_rollouts`); None: the arms'
+    own, which must then be equal."""
+    budget_seconds: float | None = Field(None, gt=0)
+    """Each arm's wall-clock budget (set as `train.max_seconds`); None: the arms' own."""
+    report_dir: str = "outputs/compare"
+    """Folder of the report (Markdown, JSON, PNG plots)."""
 
 
 class TrackingParams(_Section):
@@ -440,6 +483,7 @@ class ExperimentParams(_Section):
     generate: GenerateParams = GenerateParams()
     verify: VerifyParams = VerifyParams()
     train: TrainParams = TrainParams()
+    compare: CompareParams = CompareParams()
     tracking: TrackingParams = TrackingParams()
 
     def trainer_config(self) -> TrainerConfig:

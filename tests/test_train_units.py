@@ -175,3 +175,18 @@ def test_arms_differ_only_in_batch_shape_and_lr():
     assert different == {"prompts_per_step", "rollouts_per_prompt", "lr", "checkpoint_dir"}
     assert brorl.model_dump(exclude={"name", "update", "train"}) == \
         prorl.model_dump(exclude={"name", "update", "train"})
+
+
+def test_rollouts_round_trip_through_parquet(groups, tmp_path):
+    from datasets import Dataset
+
+    from brorl.train.rollouts import save_groups
+
+    path = save_groups(groups, tmp_path / "r" / "step_000001_draw0.parquet")
+    table = Dataset.from_parquet(str(path))
+    assert len(table) == 12 and table["problem_id"][:5] == ["p0"] * 4 + ["p1"]
+    assert table["reward"] == groups.rewards.reshape(-1).tolist()
+    lengths = groups.batch.response_lengths.tolist()
+    assert [len(x) for x in table["response_ids"]] == lengths
+    assert table["response_ids"][5] == groups.batch.response_ids[5, : lengths[5]].tolist()
+    assert not list(path.parent.glob(".*"))  # no temporary file left

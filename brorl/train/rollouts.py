@@ -10,8 +10,10 @@ Deliberately ignored: variable N per prompt (every group has the same N).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -113,3 +115,33 @@ def response_mask(batch: RolloutBatch) -> Tensor:
     """bool `[B*N, T]`: True on each rollout's response tokens (EOS included), False on padding."""
     t = batch.response_ids.shape[1]
     return torch.arange(t)[None, :] < batch.response_lengths[:, None]
+
+
+def groups_table(groups: ScoredGroups) -> dict[str, list]:
+    """One row per rollout: problem, rollout index, response text and tokens, log-probs, reward."""
+    batch, n = groups.batch, groups.batch.rollouts_per_prompt
+    lengths = batch.response_lengths.tolist()
+    return {
+        "problem_id": [p.id for p in groups.problems for _ in range(n)],
+        "family": [p.family for p in groups.problems for _ in range(n)],
+        "task": [p.task for p in groups.problems for _ in range(n)],
+        "rollout": [i for _ in groups.problems for i in range(n)],
+        "response": list(batch.texts),
+        "response_ids": [batch.response_ids[r, :k].tolist() for r, k in enumerate(lengths)],
+        "logprobs": [batch.logprobs[r, :k].tolist() for r, k in enumerate(lengths)],
+        "finish_reason": list(batch.finish_reasons),
+        "reward": groups.rewards.reshape(-1).tolist(),
+        "reason": list(groups.reasons),
+    }
+
+
+def save_groups(groups: ScoredGroups, path: str | Path) -> Path:
+    """Write `groups_table(groups)` as Parquet at `path` (a temporary sibling, then a rename)."""
+    from datasets import Dataset
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    Dataset.from_dict(groups_table(groups)).to_parquet(str(tmp))
+    os.replace(tmp, path)
+    return path

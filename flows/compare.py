@@ -1,0 +1,38 @@
+"""Flow `compare`: ProRL and BroRL from the same start at an equal budget, then the report.
+
+`python -m flows.compare --params params/compare.yaml`. Composition only: resolve the arms
+(shared start and budget applied and checked), train each arm as a `train-arm` subflow when
+`compare.train_arms` (resuming earlier progress; their MLflow runs are children of the
+comparison's run), then write the report (Markdown, JSON, PNG) and attach it in MLflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from brorl.params import load_params
+from flows.entry import run_flow_cli
+from flows.train import train_arm
+from tasks import compare as c
+
+
+@flow(name="compare")
+def compare(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Train (optionally) and compare the arms of `compare.arms`."""
+    params = load_params(params_path, overrides or [])
+    dumped = params.model_dump(mode="json")
+    arms = c.resolve_arms(dumped)
+    run_id = None
+    if params.compare.train_arms:
+        run_id = c.open_run(dumped)
+        for name, arm in arms.items():
+            train_arm(arm, arm["name"], parent_run_id=run_id)
+    result = c.report(arms, params.compare.report_dir)
+    result["mlflow_run_id"] = c.log_report(dumped, result, run_id)
+    return result
+
+
+if __name__ == "__main__":
+    run_flow_cli(compare)

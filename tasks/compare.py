@@ -1,0 +1,87 @@
+"""Prefect tasks of the comparison: resolve the arms' params, build the report, record it in MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from brorl.compare import ArmResult, build_report
+from brorl.params import ExperimentParams, load_params
+from tasks import tracking
+
+_TASK = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+@task(name="resolve-arms", **_TASK)
+def resolve_arms(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each arm's resolved params, with the comparison's shared start and budget applied.
+
+    Fails, naming the arms and values, if the arms would not start from the same checkpoint
+    with the same budget: the comparison is only fair at equal start and budget (spec §4.2.2).
+    """
+    c = ExperimentParams.model_validate(params).compare
+    shared = []
+    if c.init_checkpoint is not None:
+        shared.append(f"train.init_checkpoint={c.init_checkpoint}")
+    if c.budget_rollouts is not None:
+        shared.append(f"train.max_rollouts={c.budget_rollouts}")
+    if c.budget_seconds is not None:
+        shared.append(f"train.max_seconds={c.budget_seconds}")
+    arms = {name: load_params(tracking.ROOT / path, shared) for name, path in c.arms.items()}
+    for key in ("init_checkpoint", "max_rollouts", "max_seconds", "steps"):
+        values = {name: getattr(p.train, key) for name, p in arms.items()}
+        if len(set(values.values())) > 1:
+            raise ValueError(f"compare: arms differ in train.{key} {values}; set compare."
+                             f"{'init_checkpoint' if key == 'init_checkpoint' else 'budget_rollouts'}"
+                             " or make the arms' params equal.")
+    return {name: p.model_dump(mode="json") for name, p in arms.items()}
+
+
+@task(name="report", **_TASK)
+def report(arm_params: dict[str, dict[str, Any]], report_dir: str) -> dict[str, Any]:
+    """The Markdown/JSON/PNG report from the arms' run folders."""
+    arms = [ArmResult.load(name, tracking.ROOT / p["train"]["run_dir"])
+            for name, p in arm_params.items()]
+    out = build_report(arms, tracking.ROOT / report_dir)
+    return {**out, "report_dir": str(tracking.ROOT / report_dir)}
+
+
+@task(name="compare-mlflow", **_TASK)
+def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | None = None) -> str:
+    """The comparison's MLflow run (the arms' parent when they were trained here): report attached."""
+    p = ExperimentParams.model_validate(params)
+    uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
+    client = MlflowClient(uri)
+    if run_id is None:
+        run_id = open_run(params)
+    tracking.log_params(uri, run_id, p.model_dump(mode="json", include={"name", "compare"}))
+    final = result["final_pass_at_1"]
+    metrics = {f"compare/pass_at_1_{fam}_{arm}": [v] for arm, row in final.items()
+               for fam, v in row.items()}
+    metrics.update({f"compare/pass_rate_{a}": [v] for a, v in result["pass_rate"].items()})
+    test = result.get("paired_test") or {}
+    if test:
+        metrics["compare/paired_delta"] = [test["delta"]]
+        metrics["compare/paired_p"] = [test["p_one_tailed"]]
+    tracking.log_metric_series(uri, run_id, [0], metrics)
+    folder = Path(result["report_dir"])
+    for name in ("report.md", "report.json", "pass_at_1.png"):
+        client.log_artifact(run_id, str(folder / name), artifact_path="report")
+    client.set_terminated(run_id, status="FINISHED")
+    return run_id
+
+
+@task(name="open-compare-run", **_TASK)
+def open_run(params: dict[str, Any]) -> str:
+    """A new MLflow run for the comparison (status RUNNING until the report is logged)."""
+    p = ExperimentParams.model_validate(params)
+    uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
+    experiment_id = tracking.ensure_experiment(p.tracking.experiment, uri)
+    tags = {"stage": "compare", "git_commit": tracking.git_commit(),
+            "arms": ",".join(p.compare.arms)}
+    return MlflowClient(uri).create_run(experiment_id, run_name=f"{p.name}-compare",
+                                        tags=tags).info.run_id
