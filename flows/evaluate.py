@@ -1,0 +1,29 @@
+"""Flow `evaluate`: a checkpoint's held-out pass@1 per family (`python -m flows.evaluate --params F`).
+
+Composition only. The checkpoint is `checkpoint` (any local HF folder) or, by default, the run's
+final policy / newest checkpoint / starting point (`tasks.evaluate.default_checkpoint`). Served as
+a scheduled deployment by `flows/deploy.py` (nightly evaluation of the newest checkpoint).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from brorl.params import load_params
+from flows.entry import run_flow_cli
+from tasks import evaluate as e
+
+
+@flow(name="evaluate")
+def evaluate(params_path: str, overrides: list[str] | None = None,
+             checkpoint: str | None = None) -> dict[str, Any]:
+    """Score `checkpoint` (default: the params' run) on the test split; record it in MLflow."""
+    params = load_params(params_path, overrides or [])
+    dumped = params.model_dump(mode="json")
+    return e.record(dumped, e.evaluate_checkpoint(dumped, checkpoint))
+
+
+if __name__ == "__main__":
+    run_flow_cli(evaluate)

@@ -1,0 +1,65 @@
+"""Prefect tasks of the `evaluate` flow: score a checkpoint on the held-out problems, record it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from brorl.base import sample_per_family
+from brorl.data import load_split
+from brorl.evaluate import evaluate_policy
+from brorl.params import ExperimentParams
+from brorl.policy import load_policy
+from brorl.train.checkpoint import latest_checkpoint
+from tasks import tracking
+
+_TASK = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+def default_checkpoint(p: ExperimentParams) -> Path:
+    """The run's final policy, else its newest checkpoint's policy, else its starting point."""
+    run_policy = tracking.ROOT / p.train.run_dir / "policy"
+    if (run_policy / "config.json").is_file():
+        return run_policy
+    latest = latest_checkpoint(tracking.ROOT / p.train.checkpoint_dir)
+    return latest / "policy" if latest else tracking.ROOT / p.train.init_checkpoint
+
+
+@task(name="evaluate-checkpoint", **_TASK)
+def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[str, Any]:
+    """Held-out pass@1 per task and family of `checkpoint` (HF folder) on the test split."""
+    p = ExperimentParams.model_validate(params)
+    path = Path(checkpoint) if checkpoint else default_checkpoint(p)
+    model, tokenizer = load_policy(path)
+    problems = sample_per_family(load_split(tracking.ROOT / p.data.path, "test"),
+                                 p.train.eval_per_family, p.train.seed)
+    scores, rewards = evaluate_policy(
+        model, tokenizer, problems, n=p.train.eval_samples,
+        max_new_tokens=p.generate.max_response_tokens, temperature=p.train.eval_temperature,
+        top_p=p.train.eval_top_p, seed=p.train.seed, workers=p.verify.workers)
+    return {"checkpoint": str(path), "scores": scores, "problem_ids": [q.id for q in problems],
+            "pass_at_1": [float((r >= 1.0).mean()) for r in rewards]}
+
+
+@task(name="evaluate-record", **_TASK)
+def record(params: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Write `<tracking.output_dir>/evaluate/<name>.json` and one MLflow run with the scores."""
+    p = ExperimentParams.model_validate(params)
+    out = tracking.ROOT / p.tracking.output_dir / "evaluate" / f"{p.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
+    metrics = {f"eval/{q}_{fam}": [v] for fam, row in result["scores"]["family"].items()
+               for q, v in row.items()}
+    tags = {"stage": "evaluate", "algorithm": p.train.algorithm, "checkpoint": result["checkpoint"]}
+    with tracking.mlflow_run(p.tracking.experiment, uri, f"{p.name}-evaluate", tags) as run_id:
+        tracking.log_params(uri, run_id, p.model_dump(mode="json", include={"name", "train"}))
+        tracking.log_metric_series(uri, run_id, [0], metrics)
+        MlflowClient(uri).log_artifact(run_id, str(out))
+    return {"path": str(out), "mlflow_run_id": run_id,
+            "pass_at_1": {f: r["pass_at_1"] for f, r in result["scores"]["family"].items()}}
