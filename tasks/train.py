@@ -298,6 +298,7 @@ def finish_run(handle: str) -> dict[str, Any]:
                "history": trainer.history}
     path = s.run_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=1) + "\n")
+    write_dvc_files(s)
     client = MlflowClient(s.tracking_uri)
     for artifact in (path, s.run_dir / "evals.jsonl"):
         if artifact.is_file():
@@ -306,6 +307,38 @@ def finish_run(handle: str) -> dict[str, Any]:
     client.set_terminated(s.run_id, status="FINISHED")
     del SESSIONS[handle]
     return {k: v for k, v in summary.items() if k not in ("history", "params")}
+
+
+def write_dvc_files(s: Session) -> None:
+    """`<metrics_dir>/<name>.json` (last evaluation, budget used) and `<plots_dir>/<name>/eval.csv`."""
+    evals_path = s.run_dir / "evals.jsonl"
+    evals = [json.loads(x) for x in evals_path.read_text().splitlines()] if evals_path.is_file() else []
+    by_step = {e["step"]: e for e in evals}
+    rows = [by_step[k] for k in sorted(by_step)]
+    families = sorted(rows[-1]["scores"]["family"]) if rows else []
+    history = [m for m in s.trainer.history if m.get("train/step", 0) > 0]
+    metrics: dict[str, float] = {
+        "steps": float(s.trainer.step_count), "seconds": round(s.seconds_total, 1),
+        "rollouts": sum(m.get("generate/rollouts", 0.0) for m in history),
+        "pass_rate": (sum(m.get("filter/pass_rate", 0.0) for m in history) / len(history)
+                      if history else 0.0),
+    }
+    for fam in families:
+        metrics[f"pass_at_1_{fam}"] = rows[-1]["scores"]["family"][fam]["pass_at_1"]
+    root = tracking.ROOT
+    out = root / s.params.tracking.metrics_dir / f"{s.params.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    lines = ["step,rollouts,seconds," + ",".join(f"pass_at_1_{f}" for f in families)
+             + ",pass_at_1_mean"]
+    for r in rows:
+        passes = [r["scores"]["family"][f]["pass_at_1"] for f in families]
+        mean = sum(passes) / len(passes) if passes else 0.0
+        lines.append(f"{r['step']},{int(r['rollouts'])},{r['seconds']:.2f},"
+                     + ",".join(f"{v:.4f}" for v in passes) + f",{mean:.4f}")
+    plots = root / s.params.tracking.plots_dir / s.params.name / "eval.csv"
+    plots.parent.mkdir(parents=True, exist_ok=True)
+    plots.write_text("\n".join(lines) + "\n")
 
 
 @task(name="fail-run", **_TASK)
