@@ -237,6 +237,9 @@ def evaluate(handle: str) -> dict[str, float]:
     s.run_dir.mkdir(parents=True, exist_ok=True)
     with (s.run_dir / "evals.jsonl").open("a") as out:
         out.write(json.dumps(record) + "\n")
+    history = s.trainer.history
+    if history and history[-1].get("train/step") == s.trainer.step_count:
+        history[-1].update(metrics)  # before the checkpoint, so a resume keeps it
     return metrics
 
 
@@ -276,8 +279,7 @@ def log_step(handle: str, metrics: dict[str, float]) -> dict[str, float]:
     tracking.log_metric_series(s.tracking_uri, s.run_id, [s.trainer.step_count],
                                {"time/mlflow": [out["time/mlflow"]]})
     if s.trainer.history and s.trainer.history[-1].get("train/step") == s.trainer.step_count:
-        s.trainer.history[-1].update({k: v for k, v in out.items()
-                                      if k.startswith(("eval/", "time/"))})
+        s.trainer.history[-1].update({k: v for k, v in out.items() if k.startswith("time/")})
     return out
 
 
