@@ -24,7 +24,7 @@ export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-all simulate ui bench lock clean-venv
+.PHONY: install run test test-all simulate serve ui bench lock clean-venv
 
 install: $(STAMP)
 
@@ -60,6 +60,13 @@ test-all: install
 
 simulate: install
 	$(PY) -m flows.simulate --params params/simulate.yaml
+
+# Prefect server on 127.0.0.1:$(PORT) in the background, the scheduled deployments of
+# flows/deploy.py in the foreground; Ctrl-C stops both. E.g. make serve SERVE_ARGS='--train-cron "0 3 * * *"'
+PORT ?= 4200
+PARAMS ?= params/prorl.yaml
+serve: install
+	$(PY) -m flows.server --port $(PORT) -- $(PY) -m flows.deploy --params $(PARAMS) $(SERVE_ARGS)
 
 ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1

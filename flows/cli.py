@@ -1,0 +1,126 @@
+"""The `brorl` command: `brorl run | simulate | train | compare | evaluate | serve`.
+
+Each command takes `--params FILE` and repeated `-S key=value` (`--set`), checks them against the
+schema before anything starts (a bad key or value prints the key and exits with code 2), then calls
+one flow function; `run` is the whole pipeline (`dvc repro`, as `make run`) and `serve` the
+scheduled deployments on a local Prefect server (as `make serve`). It lives in `flows/` because it
+calls flows (brorl never imports prefect); flows are imported inside the commands, so `--help` is
+fast and a flow this checkout lacks fails only its own command.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(help="BroRL: simulate, train, compare and evaluate RLVR runs (Prefect flows).",
+                  no_args_is_help=True, add_completion=False)
+
+Params = Annotated[str, typer.Option("--params", help="YAML params file, e.g. params/prorl.yaml")]
+Sets = Annotated[list[str] | None, typer.Option(
+    "--set", "-S", metavar="KEY=VALUE", help="override one params key (repeatable)")]
+
+
+def _check(params: str, overrides: list[str]) -> None:
+    """Validate the params now: exit 2 naming the bad key or value instead of a traceback later."""
+    from brorl.params import ParamsError, load_params
+
+    try:
+        load_params(params, overrides)
+    except ParamsError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _flow(name: str) -> Any:
+    """`flows.<name>.<name>`, or exit 1 saying this checkout does not have it yet."""
+    module_name = f"flows.{name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name:
+            raise
+        typer.echo(f"error: the {name} flow is not available: no flows/{name}.py in this checkout.",
+                   err=True)
+        raise typer.Exit(1) from None
+    return getattr(module, name)
+
+
+def _run_flow(name: str, params: str, overrides: list[str] | None, **extra: Any) -> None:
+    overrides = list(overrides or [])
+    _check(params, overrides)
+    summary = _flow(name)(params_path=params, overrides=overrides, **extra)
+    typer.echo(json.dumps(summary, indent=2, default=str))
+
+
+@app.command()
+def run(stages: Annotated[list[str] | None, typer.Argument(
+            help="DVC stages to reproduce (default: all)")] = None,
+        params: Annotated[str | None, typer.Option(
+            "--params", help="params file the -S overrides apply to (needed with -S)")] = None,
+        overrides: Sets = None) -> None:
+    """The whole pipeline: `dvc repro` (with -S: `dvc exp run -S FILE:KEY=VALUE`)."""
+    overrides = list(overrides or [])
+    if overrides and params is None:
+        typer.echo("error: -S needs --params FILE: DVC sets a key in one params file.", err=True)
+        raise typer.Exit(2)
+    if params is not None:
+        _check(params, overrides)
+    command = [sys.executable, "-m", "dvc"]
+    if overrides:
+        command += ["exp", "run", *(a for o in overrides for a in ("-S", f"{params}:{o}"))]
+    else:
+        command += ["repro"]
+    raise typer.Exit(subprocess.run([*command, *(stages or [])]).returncode)
+
+
+@app.command()
+def simulate(params: Params, overrides: Sets = None) -> None:
+    """The paper's token-level simulator sweep (BroRL §4.1)."""
+    _run_flow("simulate", params, overrides)
+
+
+@app.command()
+def train(params: Params, overrides: Sets = None) -> None:
+    """One RL run (a ProRL or BroRL arm); resumes from its newest checkpoint."""
+    _run_flow("train", params, overrides)
+
+
+@app.command()
+def compare(params: Params, overrides: Sets = None) -> None:
+    """ProRL and BroRL from the same start at an equal budget, then the report."""
+    _run_flow("compare", params, overrides)
+
+
+@app.command()
+def evaluate(params: Params, overrides: Sets = None,
+             checkpoint: Annotated[str | None, typer.Option(
+                 help="checkpoint folder to evaluate (default: the params' own)")] = None) -> None:
+    """Held-out evaluation of a checkpoint (pass@k per family)."""
+    _run_flow("evaluate", params, overrides, checkpoint=checkpoint)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(ctx: typer.Context, params: Params, overrides: Sets = None,
+          port: Annotated[int, typer.Option(help="port of the local Prefect server")] = 4200) -> None:
+    """Scheduled deployments on a local Prefect server (Ctrl-C stops both).
+
+    Other options go to `python -m flows.deploy` (--flow NAME, --train-cron EXPR,
+    --evaluate-interval SECONDS, --limit N; see `python -m flows.deploy --help`).
+    """
+    overrides = list(overrides or [])
+    _check(params, overrides)
+    from flows import server
+
+    deploy = [sys.executable, "-m", "flows.deploy", "--params", params,
+              *(a for o in overrides for a in ("-S", o)), *ctx.args]
+    raise typer.Exit(server.main(["--port", str(port), "--", *deploy]))
+
+
+if __name__ == "__main__":
+    app()

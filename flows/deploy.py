@@ -1,0 +1,116 @@
+"""Serve flows as scheduled Prefect deployments (Prefect 3 `serve` of `flow.to_deployment`).
+
+`python -m flows.deploy --params params/prorl.yaml --train-cron "0 2 * * *" --evaluate-interval 3600`
+registers one deployment per served flow with the server at $PREFECT_API_URL and runs their flow
+runs as child processes until Ctrl-C; stopping pauses the schedules. `make serve` starts a local
+server first (`flows/server.py`). Each deployment is named after the params file (`train/prorl`)
+and its parameters are that file and the `-S` overrides, validated here so that a typo fails now,
+not at 2 AM. A flow module is imported only when served, so the table may name flows that a
+checkout lacks; serving one of those fails with a clear message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from brorl.params import ParamsError, load_params
+
+# Served flows: deployment prefix -> (flow "module:function", default schedule).
+# A schedule is ("cron", "MIN HOUR DAY MONTH WEEKDAY") or ("interval", seconds).
+SERVED: dict[str, tuple[str, tuple[str, str | float]]] = {
+    "train":    ("flows.train:train",       ("cron", "0 2 * * *")),   # nightly at 02:00
+    "evaluate": ("flows.evaluate:evaluate", ("cron", "0 6 * * *")),   # daily, after training
+    "simulate": ("flows.simulate:simulate", ("cron", "0 3 * * 0")),   # Sundays at 03:00
+}
+DEFAULT_FLOWS = ("train", "evaluate")
+
+
+class DeployError(RuntimeError):
+    """A served flow cannot be built (missing module, bad schedule)."""
+
+
+def load_flow(name: str) -> Any:
+    """Import the flow `name` of SERVED; a module this checkout lacks raises DeployError."""
+    module_name, _, function = SERVED[name][0].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name:
+            raise
+        raise DeployError(f"flow {name!r} is not available: no module {module_name} "
+                          f"({module_name.replace('.', '/')}.py) in this checkout.") from None
+    return getattr(module, function)
+
+
+def schedule_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`to_deployment` keyword for the flow's schedule: the command line's, else the table's."""
+    cron, interval = getattr(args, f"{name}_cron"), getattr(args, f"{name}_interval")
+    if cron is not None:
+        return {"cron": cron}
+    if interval is not None:
+        return {"interval": interval}
+    kind, value = SERVED[name][1]
+    return {kind: value}
+
+
+def build_deployments(args: argparse.Namespace) -> list[Any]:
+    """One RunnerDeployment per flow in `args.flow`, parameters checked against the schema."""
+    load_params(args.params, args.overrides)
+    from prefect.types.entrypoint import EntrypointType  # after the check: a typo fails fast
+
+    params_path = str(Path(args.params).resolve())  # flow runs start in the serving process's cwd
+    deployments = []
+    for name in args.flow or DEFAULT_FLOWS:
+        flow = load_flow(name)
+        try:
+            deployments.append(flow.to_deployment(
+                name=Path(args.params).stem, **schedule_of(name, args),
+                parameters={"params_path": params_path, "overrides": list(args.overrides)},
+                tags=["brorl"], description=f"{name} with {args.params}",
+                entrypoint_type=EntrypointType.MODULE_PATH))  # `flows.train.train`, any cwd
+        except ValueError as err:  # an invalid cron string or interval
+            raise DeployError(f"{name}: {err}") from None
+    return deployments
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: which flows, their params and one schedule option pair per SERVED row."""
+    p = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__.split("\n")[0])
+    p.add_argument("--params", required=True, help="YAML params file passed to every served flow")
+    p.add_argument("-S", "--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override one params key, e.g. train.steps=5")
+    p.add_argument("--flow", action="append", choices=sorted(SERVED), metavar="NAME",
+                   help=f"serve this flow (repeatable; default: {' and '.join(DEFAULT_FLOWS)}); "
+                        f"one of {', '.join(SERVED)}")
+    p.add_argument("--limit", type=int, default=1,
+                   help="most flow runs at once (default 1: the CPU flows would share the cores)")
+    for name, (_, (kind, value)) in SERVED.items():
+        group = p.add_mutually_exclusive_group()
+        group.add_argument(f"--{name}-cron", metavar="EXPR",
+                           help=f"cron schedule of {name} (default {kind} {value})")
+        group.add_argument(f"--{name}-interval", type=float, metavar="SECONDS",
+                           help=f"interval schedule of {name}, in seconds")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        deployments = build_deployments(args)
+    except ParamsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except DeployError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    from prefect import serve
+
+    serve(*deployments, limit=args.limit)
+
+
+if __name__ == "__main__":
+    main()

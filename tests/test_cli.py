@@ -1,0 +1,82 @@
+"""The `brorl` command (`flows/cli.py`): commands, params errors, one real flow, run and serve."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flows import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CI_PARAMS = "params/simulate_ci.yaml"
+runner = CliRunner()
+
+
+def test_help_lists_every_command():
+    result = runner.invoke(cli.app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("run", "simulate", "train", "compare", "evaluate", "serve"):
+        assert f" {command} " in result.output, command
+
+
+def test_installed_script_exits_2_naming_a_misspelt_key_without_a_traceback():
+    script = Path(sys.executable).parent / "brorl"
+    out = subprocess.run([str(script), "simulate", "--params", CI_PARAMS, "-S", "simulate.bogus=1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "simulate.bogus: unknown key" in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+def test_a_value_out_of_range_exits_2_naming_key_and_value():
+    result = runner.invoke(cli.app, ["train", "--params", CI_PARAMS, "--set", "simulate.steps=-3"])
+    assert result.exit_code == 2
+    assert "simulate.steps: Input should be greater than 0 (got -3)" in result.output
+
+
+def test_a_flow_missing_from_the_checkout_fails_with_a_clear_message(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flows.compare", None)  # as if flows/compare.py were absent
+    result = runner.invoke(cli.app, ["compare", "--params", CI_PARAMS])
+    assert result.exit_code == 1
+    assert "the compare flow is not available: no flows/compare.py" in result.output
+
+
+def test_simulate_command_runs_the_flow_into_the_given_folders(prefect_harness, mlflow_uri, tmp_path):
+    sets = [a for key in ("output_dir", "metrics_dir", "plots_dir")
+            for a in ("-S", f"tracking.{key}={tmp_path / key}")]
+    result = runner.invoke(cli.app, ["simulate", "--params", CI_PARAMS, *sets])
+    assert result.exit_code == 0, result.output
+    assert '"mlflow_run_id"' in result.output  # the flow's summary, printed as JSON
+    assert (tmp_path / "output_dir" / "simulate" / "results.md").is_file()
+    assert (tmp_path / "metrics_dir" / "simulate.json").is_file()
+
+
+def test_run_is_dvc_repro_and_with_overrides_dvc_exp_run(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "run",
+                        lambda command: calls.append(command) or subprocess.CompletedProcess(command, 0))
+    assert runner.invoke(cli.app, ["run"]).exit_code == 0
+    result = runner.invoke(cli.app, ["run", "simulate", "--params", CI_PARAMS,
+                                     "-S", "simulate.num_seeds=4"])
+    assert result.exit_code == 0, result.output
+    dvc = [sys.executable, "-m", "dvc"]
+    assert calls == [[*dvc, "repro"],
+                     [*dvc, "exp", "run", "-S", f"{CI_PARAMS}:simulate.num_seeds=4", "simulate"]]
+    assert runner.invoke(cli.app, ["run", "-S", "simulate.num_seeds=4"]).exit_code == 2
+
+
+def test_serve_starts_server_then_deploy_with_the_schedule_options_passed_on(monkeypatch):
+    seen = []
+    monkeypatch.setattr("flows.server.main", lambda argv: seen.append(argv) or 0)
+    result = runner.invoke(cli.app, ["serve", "--params", CI_PARAMS, "-S", "simulate.num_seeds=1",
+                                     "--port", "4321", "--train-cron", "0 2 * * *",
+                                     "--evaluate-interval", "3600"])
+    assert result.exit_code == 0, result.output
+    assert seen == [["--port", "4321", "--", sys.executable, "-m", "flows.deploy",
+                     "--params", CI_PARAMS, "-S", "simulate.num_seeds=1",
+                     "--train-cron", "0 2 * * *", "--evaluate-interval", "3600"]]
+    bad = runner.invoke(cli.app, ["serve", "--params", CI_PARAMS, "-S", "simulate.bogus=1"])
+    assert bad.exit_code == 2 and len(seen) == 1

@@ -1,0 +1,159 @@
+"""Scheduled deployments (`flows/deploy.py`) served against a real local server (`flows/server.py`).
+
+The end-to-end test starts `prefect server start` on a free port, serves the table's flows from a
+`python -m flows.deploy` child process, triggers one run of the simulate deployment and checks its
+state, its files, its MLflow run and the schedules; every process is stopped even on failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from flows import deploy, server
+
+ROOT = Path(__file__).resolve().parents[1]
+CI_PARAMS = "params/simulate_ci.yaml"
+NEVER = "0 0 1 1 *"  # 1 January, midnight: registered, but no run fires during the test
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((server.HOST, 0))
+        return sock.getsockname()[1]
+
+
+def into(tmp_path: Path) -> list[str]:
+    """-S overrides that keep the simulate flow's files under tmp_path."""
+    return [f"tracking.{key}={tmp_path / key}" for key in ("output_dir", "metrics_dir", "plots_dir")]
+
+
+def test_schedule_options_override_the_table_and_parameters_carry_params_and_overrides():
+    args = deploy.parser().parse_args(["--params", CI_PARAMS, "--flow", "simulate",
+                                       "--simulate-interval", "3600", "-S", "simulate.num_seeds=1"])
+    [served] = deploy.build_deployments(args)
+    assert (served.flow_name, served.name) == ("simulate", "simulate_ci")
+    assert served.schedules[0].schedule.interval == timedelta(hours=1)
+    assert served.parameters == {"params_path": str(ROOT / CI_PARAMS),
+                                 "overrides": ["simulate.num_seeds=1"]}
+    assert served.entrypoint == "flows.simulate.simulate"
+
+    [default] = deploy.build_deployments(deploy.parser().parse_args(
+        ["--params", CI_PARAMS, "--flow", "simulate"]))
+    assert default.schedules[0].schedule.cron == deploy.SERVED["simulate"][1][1]
+
+
+def test_a_misspelt_params_key_exits_2_naming_it_before_anything_is_served(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        deploy.main(["--params", CI_PARAMS, "--flow", "simulate", "-S", "simulate.bogus=1"])
+    assert exit_info.value.code == 2
+    assert "simulate.bogus: unknown key" in capsys.readouterr().err
+
+
+def test_an_invalid_cron_and_a_flow_missing_from_the_checkout_are_named(monkeypatch):
+    args = deploy.parser().parse_args(["--params", CI_PARAMS, "--flow", "simulate",
+                                       "--simulate-cron", "61 * * * *"])
+    with pytest.raises(deploy.DeployError, match="Invalid cron string"):
+        deploy.build_deployments(args)
+    monkeypatch.setitem(deploy.SERVED, "simulate", ("flows.not_written_yet:flow", ("cron", NEVER)))
+    with pytest.raises(deploy.DeployError, match="no module flows.not_written_yet"):
+        deploy.load_flow("simulate")
+
+
+def test_foreground_command_sees_the_server_api_url():
+    code = "import os, sys; sys.exit(0 if os.environ['PREFECT_API_URL'] == 'http://x/api' else 3)"
+    assert server._run_foreground([sys.executable, "-c", code], "http://x/api") == 0
+
+
+def _available() -> list[str]:
+    """The SERVED flows whose module this checkout has (train/evaluate may still be missing)."""
+    return [n for n, (target, _) in deploy.SERVED.items()
+            if importlib.util.find_spec(target.partition(":")[0]) is not None]
+
+
+async def _wait_for_deployments(names: list[str], serving: subprocess.Popen, log: Path,
+                                timeout_s: float = 150) -> dict:
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + timeout_s
+    async with get_client() as client:
+        while True:
+            assert serving.poll() is None, f"flows.deploy exited:\n{log.read_text()[-3000:]}"
+            try:
+                return {n: await client.read_deployment_by_name(n) for n in names}
+            except ObjectNotFound:
+                assert time.monotonic() < deadline, f"not served in time:\n{log.read_text()[-3000:]}"
+                await asyncio.sleep(1)
+
+
+async def _read_deployment(name: str):
+    from prefect import get_client
+
+    async with get_client() as client:
+        return await client.read_deployment_by_name(name)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM (prefect's runner shuts down and pauses its schedules), then SIGKILL the group."""
+    process.terminate()
+    try:
+        process.wait(45)
+    except subprocess.TimeoutExpired:
+        server.stop(process, grace_s=0)
+
+
+@pytest.mark.timeout(360)
+def test_served_simulate_deployment_runs_to_completion_on_a_real_server_with_its_schedule(
+        tmp_path, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    port, log = free_port(), tmp_path / "serve.log"
+    flows_served = _available()
+    command = [sys.executable, "-m", "flows.deploy", "--params", CI_PARAMS, "--limit", "1",
+               *(a for name in flows_served for a in ("--flow", name, f"--{name}-cron", NEVER)),
+               *(a for o in into(tmp_path) for a in ("-S", o))]
+    with (tmp_path / "server.log").open("w") as server_log, log.open("w") as out, \
+            server.running(port, home=tmp_path / "server", log=server_log) as url:
+        env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client"),
+               "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+        serving = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            with temporary_settings({PREFECT_API_URL: url}):
+                names = [f"{n}/simulate_ci" for n in flows_served]
+                deployments = asyncio.run(_wait_for_deployments(names, serving, log))
+                run = run_deployment("simulate/simulate_ci", timeout=180, poll_interval=1)
+                assert run.state.is_completed(), f"{run.state}\n{log.read_text()[-3000:]}"
+                _stop(serving)
+                paused = asyncio.run(_read_deployment("simulate/simulate_ci")).paused
+        finally:
+            if serving.poll() is None:
+                server.stop(serving, grace_s=0)
+
+    for deployment in deployments.values():
+        [schedule] = deployment.schedules
+        assert schedule.schedule.cron == NEVER and schedule.active
+        assert deployment.parameters["params_path"] == str(ROOT / CI_PARAMS)
+    assert paused, "stopping the serving process pauses its schedules"
+    assert (tmp_path / "output_dir" / "simulate" / "results.md").is_file()
+    metrics = json.loads((tmp_path / "metrics_dir" / "simulate.json").read_text())
+    assert {"N=4", "N=4096"} <= set(metrics)
+    client = MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("brorl-simulate-ci")
+    runs = client.search_runs([experiment.experiment_id])
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["tracking.output_dir"] == str(tmp_path / "output_dir")
