@@ -80,6 +80,12 @@ def init_distributed() -> tuple[int, int]:
                            ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        if os.environ["WORLD_SIZE"] == "1" and not torch.cuda.is_available():
+            # DeepSpeed's CPU shared-memory all-reduce only speeds up multi-process collectives;
+            # a world of one has none, so skip its JIT build (75 s or more, platform notes).
+            import deepspeed.ops
+
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(verbose=False)
     return dist.get_rank(), dist.get_world_size()
 

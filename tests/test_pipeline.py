@@ -1,0 +1,165 @@
+"""The whole pipeline at CI size: `dvc repro` in a temporary clone, its flows reporting to Prefect's
+test harness; then what it left in MLflow and on disk; then an interrupted `train` flow resumed.
+
+The clone is `git clone` of this repository plus the working tree's uncommitted files, with
+`params/pipeline_ci.yaml` copied over `params/pipeline.yaml` (the switch dvc.yaml reads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from brorl.policy import load_policy
+from brorl.train import parameter_digest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("data", "base", "prorl_warmup", "prorl", "brorl", "compare")
+FAMILIES = ("math", "code", "reasoning")
+
+
+def clone_repository(dest: Path) -> Path:
+    """`git clone` of this checkout plus its uncommitted (tracked or new, not ignored) files."""
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True, timeout=120)
+    changed = subprocess.run(["git", "ls-files", "-m", "-o", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    for name in changed:
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def ci_pipeline(tmp_path_factory, prefect_harness) -> Path:
+    """The clone after `dvc repro compare` with CI params (about 4 minutes on 2 cores)."""
+    from prefect.settings import PREFECT_API_URL
+
+    clone = clone_repository(tmp_path_factory.mktemp("pipeline") / "repo")
+    shutil.copy(clone / "params" / "pipeline_ci.yaml", clone / "params" / "pipeline.yaml")
+    venv_bin = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
+           "PREFECT_API_URL": PREFECT_API_URL.value(), "OMP_NUM_THREADS": "1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}",
+           "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
+    done = subprocess.run([str(venv_bin / "dvc"), "repro", "compare"], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    return clone
+
+
+def _runs(clone: Path) -> list:
+    client = MlflowClient(f"sqlite:///{clone / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("brorl")
+    return client.search_runs([experiment.experiment_id]), client
+
+
+def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
+    clone = ci_pipeline
+    lock = (clone / "dvc.lock").read_text()
+    assert all(f"  {stage}:" in lock for stage in STAGES)
+    assert "params/prorl_ci.yaml" in lock and "params/brorl_ci.yaml" in lock
+    status = subprocess.run([str(Path(sys.executable).parent / "dvc"), "status", "compare"],
+                            cwd=clone, capture_output=True, text=True, timeout=120)
+    assert "up to date" in status.stdout  # a second repro would rerun nothing
+    metrics = {arm: json.loads((clone / "metrics" / f"{arm}-ci.json").read_text())
+               for arm in ("prorl", "brorl")}
+    for m in metrics.values():
+        assert m["steps"] >= 1 and m["rollouts"] >= 256
+        assert all(0.0 <= m[f"pass_at_1_{f}"] <= 1.0 for f in FAMILIES)
+    for arm in ("prorl-ci", "brorl-ci", "prorl-warmup-ci"):
+        assert (clone / "plots" / arm / "eval.csv").read_text().startswith("step,rollouts")
+
+
+def test_the_checkpoints_changed_along_the_pipeline(ci_pipeline):
+    out = ci_pipeline / "outputs" / "ci"
+    digests = {name: parameter_digest(load_policy(path)[0]) for name, path in {
+        "base": out / "base" / "checkpoint", "warmup": out / "prorl_warmup" / "policy",
+        "prorl": out / "prorl" / "policy", "brorl": out / "brorl" / "policy"}.items()}
+    assert len(set(digests.values())) == 4, digests
+    report = json.loads((out / "compare" / "report.json").read_text())
+    assert set(report["final_pass_at_1"]) == {"prorl", "brorl"}
+    assert report["paired_test"]["instances"] == 3 * 4  # eval_per_family x families
+    text = (out / "compare" / "report.md").read_text()
+    assert "| prorl | 0 |" in text and "| brorl | 1 |" in text and "pass rate" in text
+    assert (out / "compare" / "pass_at_1.png").stat().st_size > 10_000
+
+
+def test_both_arms_mlflow_runs_hold_metrics_artifacts_and_tags(ci_pipeline):
+    runs, client = _runs(ci_pipeline)
+    by_name = {r.info.run_name: r for r in runs}
+    assert {"data", "base", "prorl-warmup-ci", "prorl-ci", "brorl-ci"} <= set(by_name), sorted(by_name)
+    for name, algorithm, n in (("prorl-ci", "prorl", "16"), ("brorl-ci", "brorl", "256")):
+        run = by_name[name]
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["algorithm"] == algorithm
+        assert run.data.tags["rollouts_per_prompt"] == n and len(run.data.tags["git_commit"]) == 40
+        for key in ("verify/reward_mean", "filter/pass_rate", "generate/rollouts_per_s",
+                    "eval/pass_at_1_math", "eval/pass_at_1_reasoning", "time/iteration",
+                    "time/orchestration_share"):
+            assert key in run.data.metrics, (name, key)
+        assert run.data.params["update.rollouts_per_prompt"] == n
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"params.json", "summary.json", "evals.jsonl", "policy"} <= artifacts
+        history = client.get_metric_history(run.info.run_id, "eval/pass_at_1_math")
+        assert [m.step for m in history][0] == 0 and len(history) >= 2
+    compare = [r for r in runs if r.data.tags.get("stage") == "compare"]
+    assert len(compare) == 1
+    reported = {a.path for a in client.list_artifacts(compare[0].info.run_id, "report")}
+    assert {"report/report.md", "report/pass_at_1.png", "report/report.json"} <= reported
+
+
+def _train(clone: Path, run: str, extra: list[str]) -> dict:
+    from flows.train import train
+
+    overrides = [f"train.run_dir={clone / run}", f"train.checkpoint_dir={clone / run / 'ck'}",
+                 f"train.init_checkpoint={clone / 'outputs/ci/prorl_warmup/policy'}",
+                 f"data.path={clone / 'outputs/ci/data/problems'}", "train.max_rollouts=null",
+                 "train.steps=4", "train.eval_every=2", f"tracking.metrics_dir={clone / run}",
+                 f"tracking.plots_dir={clone / run}", *extra]
+    return train(str(ROOT / "params" / "prorl_ci.yaml"), overrides)
+
+
+def _stable(summary: dict) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith("time/") and "seconds" not in k
+             and "per_s" not in k} for m in summary["history"]]
+
+
+def test_an_interrupted_train_flow_resumes_into_the_same_mlflow_run(ci_pipeline, monkeypatch):
+    clone = ci_pipeline
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{clone / 'mlflow.db'}")
+    whole = _train(clone, "whole", [])
+
+    from brorl.train.trainer import Trainer
+
+    real_update = Trainer.update
+
+    def crash_at_step_3(self, groups):
+        if self.step_count == 2:
+            raise RuntimeError("simulated interruption after the step-2 checkpoint")
+        return real_update(self, groups)
+
+    monkeypatch.setattr(Trainer, "update", crash_at_step_3)
+    with pytest.raises(RuntimeError, match="simulated interruption"):
+        _train(clone, "split", [])
+    run_id = json.loads((clone / "split" / "mlflow_run.json").read_text())["run_id"]
+    client = MlflowClient(f"sqlite:///{clone / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "FAILED"
+    monkeypatch.setattr(Trainer, "update", real_update)
+    resumed = _train(clone, "split", [])
+    assert resumed["mlflow_run_id"] == run_id and client.get_run(run_id).info.status == "FINISHED"
+    assert client.get_run(run_id).data.tags["resumed_at_step"] == "2"
+    assert resumed["steps"] == whole["steps"] == 4
+    a, b = (json.loads((clone / r / "summary.json").read_text()) for r in ("whole", "split"))
+    assert _stable(a) == _stable(b)
+    assert parameter_digest(load_policy(clone / "whole" / "policy")[0]) == \
+        parameter_digest(load_policy(clone / "split" / "policy")[0])
+    steps = [m.step for m in client.get_metric_history(run_id, "verify/reward_mean")]
+    assert sorted(set(steps)) == [1, 2, 3, 4]
