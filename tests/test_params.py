@@ -8,7 +8,10 @@ import pytest
 
 from brorl.params import ExperimentParams, ParamsError, load_params
 
-PARAMS = sorted((Path(__file__).resolve().parents[1] / "params").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINES = sorted((ROOT / "params").glob("pipeline*.yaml"))
+"""dvc.yaml's `vars` files: which params file each stage runs, not experiment params."""
+PARAMS = sorted(set((ROOT / "params").glob("*.yaml")) - set(PIPELINES))
 
 
 def test_there_are_params_files():
@@ -62,3 +65,24 @@ def test_extends_cycle_and_missing_file_are_reported(tmp_path):
         load_params(tmp_path / "a.yaml")
     with pytest.raises(ParamsError, match="not found"):
         load_params(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.name)
+def test_pipeline_vars_agree_with_the_params_files_they_name(path):
+    """The outs dvc.yaml declares are where the named params files make the flows write."""
+    import yaml
+
+    stages = yaml.safe_load(path.read_text())
+    assert set(stages) == {"data", "base", "prorl_warmup", "prorl", "brorl", "compare"}
+    p = {name: load_params(ROOT / s["params"]) for name, s in stages.items()}
+    assert Path(p["data"].data.path).parent == Path(stages["data"]["out"])
+    assert Path(p["base"].base.path).parent == Path(stages["base"]["out"])
+    for arm in ("prorl_warmup", "prorl", "brorl"):
+        assert p[arm].train.run_dir == stages[arm]["out"] and p[arm].name == stages[arm]["name"]
+        assert p[arm].data.path == p["data"].data.path
+    assert p["prorl_warmup"].train.init_checkpoint == p["base"].base.path
+    for arm in ("prorl", "brorl"):
+        assert p[arm].train.init_checkpoint == f"{stages['prorl_warmup']['out']}/policy"
+    assert p["compare"].compare.report_dir == stages["compare"]["out"]
+    arms = {name: load_params(ROOT / f) for name, f in p["compare"].compare.arms.items()}
+    assert [a.train.run_dir for a in arms.values()] == [stages["prorl"]["out"], stages["brorl"]["out"]]
