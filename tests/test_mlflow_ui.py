@@ -1,0 +1,103 @@
+"""The MLflow server on 127.0.0.1 lists both arms and headless Chromium renders their metric charts.
+
+Needs Debian's `chromium` (scripts/install_chromium.sh, run by `make test`); without it the test
+fails and says so. About 40 s: the server starts in 10-20 s, each page renders in 5-15 s.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tasks.mlflow_ui import (capture_run_comparison, find_chromium, line_colours, pixels_near, search_runs,
+                             serve)
+from tasks.tracking import ensure_experiment, log_metric_series, log_params, mlflow_run
+
+EXPERIMENT = "compare"
+ARMS = {"prorl": (16, 8), "brorl": (512, 2)}  # rollouts_per_prompt N, prompts_per_step B
+METRICS = ("verify/reward_mean", "eval/pass_at_1_math")
+STEPS = list(range(6))
+WINDOW = (1600, 2000)  # capture_page's default screenshot size
+
+
+def _log_arms(tracking_uri: str) -> tuple[str, dict[str, str]]:
+    """One experiment with the two arms as the compare flow names them; returns ids."""
+    experiment_id = ensure_experiment(EXPERIMENT, tracking_uri)
+    run_ids = {}
+    for offset, (arm, (n, b)) in enumerate(ARMS.items()):
+        tags = {"algorithm": arm, "rollouts_per_prompt": str(n), "prompts_per_step": str(b)}
+        with mlflow_run(EXPERIMENT, tracking_uri, arm, tags) as run_id:
+            log_params(tracking_uri, run_id, {"sample": {"rollouts_per_prompt": n, "prompts_per_step": b}})
+            # Different curves per arm so both lines stay visible in each chart.
+            log_metric_series(tracking_uri, run_id, STEPS, {
+                "verify/reward_mean": [0.1 + 0.1 * s + 0.05 * offset for s in STEPS],
+                "eval/pass_at_1_math": [0.2 + 0.02 * s + 0.1 * offset for s in STEPS],
+            })
+        run_ids[arm] = run_id
+    return experiment_id, run_ids
+
+
+def _assert_real_screenshot(png: Path) -> None:
+    """A PNG of the window's size that is not a blank page."""
+    assert png.exists() and png.stat().st_size > 20_000, f"{png} is missing or tiny"
+    image = Image.open(png)
+    image.load()
+    assert image.size == WINDOW
+    assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 200, f"{png} looks blank"
+
+
+def test_chromium_is_installed() -> None:
+    try:
+        find_chromium()
+    except FileNotFoundError as error:
+        pytest.fail(str(error))
+
+
+def test_server_lists_both_arms_and_renders_their_metric_charts(mlflow_uri: str, tmp_path: Path) -> None:
+    experiment_id, run_ids = _log_arms(mlflow_uri)
+
+    with serve(mlflow_uri, log_path=tmp_path / "mlflow-server.log") as server:
+        assert server.url.startswith("http://127.0.0.1:")
+        runs = search_runs(server.url, [experiment_id])
+        assert {run["info"]["run_name"]: run["info"]["run_id"] for run in runs} == run_ids
+        run_names = {run_id: arm for arm, run_id in run_ids.items()}
+        pages = capture_run_comparison(server.url, experiment_id, run_names, METRICS, tmp_path / "ui")
+
+    # The server's whole process group is gone and the port no longer answers.
+    assert server.process.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.process.pid, 0)
+    with pytest.raises((urllib.error.URLError, OSError)):
+        urllib.request.urlopen(f"{server.url}/health", timeout=5)
+
+    compare, charts = pages["compare"], pages["charts"]
+    assert compare.png.parent == tmp_path / "ui" and charts.png.parent == tmp_path / "ui"
+    # Compare-runs page: header, both run names, every metric in the metrics table, and the
+    # parallel-coordinates chart (plotly) with a metric axis.
+    assert "Comparing 2 Runs from 1 Experiment" in compare.text
+    for arm in ARMS:
+        assert arm in compare.text.split()
+    for metric in METRICS:
+        assert metric in compare.text
+    assert "pcp-plot" in compare.html
+    axes = re.findall(r'class="axis-title"[^>]*data-unformatted="([^"]+)"', compare.html)
+    assert set(METRICS) & set(axes), f"no metric axis in the parallel-coordinates chart: {axes}"
+    # Chart view: one line chart per metric, whose legend names each arm's trace "arm (metric)".
+    for arm in ARMS:
+        for metric in METRICS:
+            assert f"{arm} ({metric})" in charts.text, f"no {arm} trace in the {metric} chart: {charts.text}"
+    assert charts.html.count("js-plotly-plot") >= len(METRICS)
+
+    _assert_real_screenshot(compare.png)
+    _assert_real_screenshot(charts.png)
+    # Each arm's line colour (drawn at full opacity in the SVG) is painted in the screenshot.
+    colours = line_colours(charts.html)
+    assert len(colours) >= len(ARMS), f"expected one line colour per arm, found {colours}"
+    for rgb in colours:
+        assert pixels_near(charts.png, rgb) > 50, f"no pixels of line colour rgb{rgb} in {charts.png}"
