@@ -19,7 +19,6 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export HF_HOME := $(CURDIR)/.cache/hf
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
-export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export TOKENIZERS_PARALLELISM := false
@@ -43,14 +42,15 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 run: install
 	dvc repro
 	@echo
+	@grep -v '^!\[' outputs/compare/report.md
+	@echo
 	@echo "Results:"
-	@echo "  simulator table   outputs/simulate/results.md"
-	@echo "  simulator figure  outputs/simulate/simulate.png"
-	@echo "  metrics           metrics/simulate.json   (dvc metrics show)"
-	@echo "  curves            plots/simulate/curves.csv (dvc plots show)"
-	@echo "  problems          outputs/data/problems (metrics/data.json)"
-	@echo "  base checkpoint   outputs/base/checkpoint (metrics/base.json: held-out pass@1 per family)"
-	@echo "  MLflow runs       make ui, then open http://127.0.0.1:5000"
+	@echo "  comparison report outputs/compare/report.md (+ report.json, pass_at_1.png)"
+	@echo "  arms              outputs/prorl, outputs/brorl (policy/, checkpoints/, rollouts/*.parquet, evals.jsonl)"
+	@echo "  metrics and plots dvc metrics show; dvc plots show (metrics/*.json, plots/*/eval.csv)"
+	@echo "  warm-up and base  outputs/prorl_warmup, outputs/base (metrics/base.json: base pass@1 per family)"
+	@echo "  simulator         outputs/simulate/results.md, outputs/simulate/simulate.png"
+	@echo "  MLflow runs       make ui, then open http://127.0.0.1:5000 (experiment brorl: prorl vs brorl)"
 
 # Debian's chromium for tests/test_mlflow_ui.py (headless screenshots of the MLflow UI): instant
 # when present; if it cannot install (no root, no apt mirror) the other tests still run and that

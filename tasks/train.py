@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.tracking import MlflowClient
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from brorl.base import sample_per_family
@@ -280,7 +280,24 @@ def log_step(handle: str, metrics: dict[str, float]) -> dict[str, float]:
                                {"time/mlflow": [out["time/mlflow"]]})
     if s.trainer.history and s.trainer.history[-1].get("train/step") == s.trainer.step_count:
         s.trainer.history[-1].update({k: v for k, v in out.items() if k.startswith("time/")})
+    get_run_logger().info(progress_line(s.params.name, s.trainer.step_count, out))
     return out
+
+
+def progress_line(name: str, step: int, m: dict[str, float]) -> str:
+    """One human line per step: reward, pass rate, throughput, held-out pass@1 when evaluated."""
+    parts = [f"{name} step {step}"]
+    if "generate/rollouts" in m:
+        parts.append(f"{m['generate/rollouts_per_s']:.0f} rollouts/s "
+                     f"({int(m['generate/rollouts'])} rollouts, {int(m['generate/rollouts_total'])} total)")
+        parts.append(f"reward {m['verify/reward_mean']:.3f}")
+        parts.append(f"pass rate {100 * m['filter/pass_rate']:.0f}%")
+    evals = [f"{k.removeprefix('eval/pass_at_1_')} {v:.2f}" for k, v in sorted(m.items())
+             if k.startswith("eval/pass_at_1_") and k != "eval/pass_at_1_mean"]
+    if evals:
+        parts.append("held-out pass@1 " + " ".join(evals))
+    parts.append(f"{m['time/iteration']:.1f} s")
+    return " | ".join(parts)
 
 
 @task(name="finish-run", **_TASK)

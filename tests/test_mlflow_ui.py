@@ -1,5 +1,6 @@
 """The MLflow server on 127.0.0.1 lists both arms and headless Chromium renders their metric charts.
 
+The runs are the CI pipeline's (`ci_pipeline` in conftest.py: dvc repro in a temporary clone).
 Needs Debian's `chromium` (scripts/install_chromium.sh, run by `make test`); without it the test
 fails and says so. About 40 s: the server starts in 10-20 s, each page renders in 5-15 s.
 """
@@ -13,34 +14,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from tasks.mlflow_ui import (capture_run_comparison, find_chromium, line_colours, pixels_near, search_runs,
                              serve)
-from tasks.tracking import ensure_experiment, log_metric_series, log_params, mlflow_run
 
-EXPERIMENT = "compare"
-ARMS = {"prorl": (16, 8), "brorl": (512, 2)}  # rollouts_per_prompt N, prompts_per_step B
-METRICS = ("verify/reward_mean", "eval/pass_at_1_math")
-STEPS = list(range(6))
+ARMS = ("prorl-ci", "brorl-ci")  # the CI pipeline's arm runs (params/prorl_ci.yaml, brorl_ci.yaml)
+METRICS = ("eval/pass_at_1_math", "eval/pass_at_1_reasoning")  # early in the chart view's order
 WINDOW = (1600, 2000)  # capture_page's default screenshot size
-
-
-def _log_arms(tracking_uri: str) -> tuple[str, dict[str, str]]:
-    """One experiment with the two arms as the compare flow names them; returns ids."""
-    experiment_id = ensure_experiment(EXPERIMENT, tracking_uri)
-    run_ids = {}
-    for offset, (arm, (n, b)) in enumerate(ARMS.items()):
-        tags = {"algorithm": arm, "rollouts_per_prompt": str(n), "prompts_per_step": str(b)}
-        with mlflow_run(EXPERIMENT, tracking_uri, arm, tags) as run_id:
-            log_params(tracking_uri, run_id, {"sample": {"rollouts_per_prompt": n, "prompts_per_step": b}})
-            # Different curves per arm so both lines stay visible in each chart.
-            log_metric_series(tracking_uri, run_id, STEPS, {
-                "verify/reward_mean": [0.1 + 0.1 * s + 0.05 * offset for s in STEPS],
-                "eval/pass_at_1_math": [0.2 + 0.02 * s + 0.1 * offset for s in STEPS],
-            })
-        run_ids[arm] = run_id
-    return experiment_id, run_ids
 
 
 def _assert_real_screenshot(png: Path) -> None:
@@ -59,14 +41,21 @@ def test_chromium_is_installed() -> None:
         pytest.fail(str(error))
 
 
-def test_server_lists_both_arms_and_renders_their_metric_charts(mlflow_uri: str, tmp_path: Path) -> None:
-    experiment_id, run_ids = _log_arms(mlflow_uri)
+def test_server_lists_both_arms_and_renders_their_metric_charts(ci_pipeline: Path,
+                                                               tmp_path: Path) -> None:
+    """The CI pipeline's own runs (conftest `ci_pipeline`), served from its MLflow store."""
+    mlflow_uri = f"sqlite:///{ci_pipeline / 'mlflow.db'}"
+    experiment_id = MlflowClient(mlflow_uri).get_experiment_by_name("brorl").experiment_id
 
     with serve(mlflow_uri, log_path=tmp_path / "mlflow-server.log") as server:
         assert server.url.startswith("http://127.0.0.1:")
         runs = search_runs(server.url, [experiment_id])
-        assert {run["info"]["run_name"]: run["info"]["run_id"] for run in runs} == run_ids
-        run_names = {run_id: arm for arm, run_id in run_ids.items()}
+        run_ids = {run["info"]["run_name"]: run["info"]["run_id"] for run in runs}
+        assert set(ARMS) <= set(run_ids), sorted(run_ids)  # both arms, among the pipeline's runs
+        run_names = {run_ids[arm]: arm for arm in ARMS}
+        shared = set.intersection(*({m["key"] for m in run["data"].get("metrics", [])}
+                                    for run in runs if run["info"]["run_name"] in ARMS))
+        assert set(METRICS) <= shared
         pages = capture_run_comparison(server.url, experiment_id, run_names, METRICS, tmp_path / "ui")
 
     # The server's whole process group is gone and the port no longer answers.
@@ -87,7 +76,7 @@ def test_server_lists_both_arms_and_renders_their_metric_charts(mlflow_uri: str,
         assert metric in compare.text
     assert "pcp-plot" in compare.html
     axes = re.findall(r'class="axis-title"[^>]*data-unformatted="([^"]+)"', compare.html)
-    assert set(METRICS) & set(axes), f"no metric axis in the parallel-coordinates chart: {axes}"
+    assert shared & set(axes), f"no metric axis in the parallel-coordinates chart: {axes}"
     # Chart view: one line chart per metric, whose legend names each arm's trace "arm (metric)".
     for arm in ARMS:
         for metric in METRICS:

@@ -1,15 +1,11 @@
-"""The whole pipeline at CI size: `dvc repro` in a temporary clone, its flows reporting to Prefect's
-test harness; then what it left in MLflow and on disk; then an interrupted `train` flow resumed.
-
-The clone is `git clone` of this repository plus the working tree's uncommitted files, with
-`params/pipeline_ci.yaml` copied over `params/pipeline.yaml` (the switch dvc.yaml reads).
+"""The whole pipeline at CI size: `dvc repro` in a temporary clone (the `ci_pipeline` fixture of
+conftest.py), its flows reporting to Prefect's test harness; then what it left in MLflow and on
+disk; then an interrupted `train` flow resumed. tests/test_mlflow_ui.py views the same runs.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,36 +19,6 @@ from brorl.train import parameter_digest
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("data", "base", "prorl_warmup", "prorl", "brorl", "compare")
 FAMILIES = ("math", "code", "reasoning")
-
-
-def clone_repository(dest: Path) -> Path:
-    """`git clone` of this checkout plus its uncommitted (tracked or new, not ignored) files."""
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True, timeout=120)
-    changed = subprocess.run(["git", "ls-files", "-m", "-o", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout.split()
-    for name in changed:
-        if (ROOT / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
-    return dest
-
-
-@pytest.fixture(scope="module")
-def ci_pipeline(tmp_path_factory, prefect_harness) -> Path:
-    """The clone after `dvc repro compare` with CI params (about 4 minutes on 2 cores)."""
-    from prefect.settings import PREFECT_API_URL
-
-    clone = clone_repository(tmp_path_factory.mktemp("pipeline") / "repo")
-    shutil.copy(clone / "params" / "pipeline_ci.yaml", clone / "params" / "pipeline.yaml")
-    venv_bin = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
-           "PREFECT_API_URL": PREFECT_API_URL.value(), "OMP_NUM_THREADS": "1",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}",
-           "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
-    done = subprocess.run([str(venv_bin / "dvc"), "repro", "compare"], cwd=clone, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    return clone
 
 
 def _runs(clone: Path) -> list:
