@@ -144,6 +144,24 @@ def _launch(args: list[str], report: Path, extra_env: dict | None = None) -> lis
     return [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
 
 
+def test_a_world_of_one_neither_reuses_nor_leaks_master_port():
+    """A child process inherits its parent's environment: a MASTER_PORT there belongs to the
+    parent's own rendezvous store (CI once failed with EADDRINUSE this way)."""
+    code = ("import os; from brorl.train import init_distributed; "
+            "print(*init_distributed(), os.environ.get('MASTER_PORT', '-'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "WORLD_SIZE")}
+    with socket.socket() as busy:  # a port in use, as the parent's store would be
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        for extra, expect_port in (({"MASTER_PORT": port, "WORLD_SIZE": "1"}, port), ({}, "-")):
+            done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, **extra},
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr[-3000:]
+            # rank 0 of a world of one; the environment's MASTER_PORT untouched (or still unset)
+            assert done.stdout.split()[-3:] == ["0", "1", expect_port]
+
+
 def test_two_process_zero2_keeps_ranks_identical_and_equals_one_process(
         easy_base, easy_data, tmp_path):
     common = ["--params", "params/prorl_ci.yaml", "-S", f"data.path={easy_data}",

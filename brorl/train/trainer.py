@@ -70,23 +70,27 @@ def _free_port() -> int:
 def init_distributed() -> tuple[int, int]:
     """(rank, world size), initialising torch.distributed through DeepSpeed if needed.
 
-    Launched by `torchrun` or `deepspeed`, the environment names the ranks; run as a plain
-    process, this becomes a world of one on 127.0.0.1.
+    Launched by `torchrun` or `deepspeed` (WORLD_SIZE > 1 in the environment), the environment
+    names the ranks and the rendezvous. Otherwise this is a world of one on a fresh port of
+    127.0.0.1, passed as an explicit `tcp://` address: writing it into MASTER_PORT would leak it
+    to child processes, whose own rendezvous then finds that port taken (EADDRINUSE).
     """
     import deepspeed
 
-    if not dist.is_initialized():
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                           ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        if os.environ["WORLD_SIZE"] == "1" and not torch.cuda.is_available():
-            # DeepSpeed's CPU shared-memory all-reduce only speeds up multi-process collectives;
-            # a world of one has none, so skip its JIT build (75 s or more, platform notes).
-            import deepspeed.ops
-
-            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         deepspeed.init_distributed(verbose=False)
+        return dist.get_rank(), dist.get_world_size()
+    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
+    if not torch.cuda.is_available():
+        # DeepSpeed's CPU shared-memory all-reduce only speeds up multi-process collectives;
+        # a world of one has none, so skip its JIT build (75 s or more, platform notes).
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(verbose=False, auto_mpi_discovery=False, rank=0, world_size=1,
+                               init_method=f"tcp://127.0.0.1:{_free_port()}")
     return dist.get_rank(), dist.get_world_size()
 
 
