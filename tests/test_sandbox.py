@@ -1,8 +1,12 @@
 """The code sandbox against a hostile-code corpus (issue 3, item 3).
 
 Each hostile candidate must get reward 0 within its time limit and leave the test process (the
-verifier's parent) unharmed. Isolation that needs root (the uid drop) or a network namespace is
-asserted where `capabilities()` says it holds, and skipped, with the reason, where it does not.
+verifier's parent) unharmed: the issue's corpus is an infinite loop, a fork bomb, a memory bomb,
+huge output, writing outside its directory, reading environment variables, opening a socket and
+killing its parent, each a candidate that would pass its trivial test only if the attack worked.
+Isolation that needs root (the uid drop, the mount namespace) or a network namespace is asserted
+where `capabilities()` says it holds (as root, on this project's machines, all of it), and
+skipped, with the reason, where it does not.
 """
 
 from __future__ import annotations
@@ -94,15 +98,50 @@ def test_secrets_in_the_environment_do_not_leak(monkeypatch):
         assert "blocked PermissionError" in result.stdout
 
 
-@pytest.mark.skipif(not CAPS["uid_dropped"], reason="needs root to drop the candidate to nobody")
-def test_candidate_cannot_write_outside_its_directory(tmp_path):
-    targets = [tmp_path / "pwned", Path.cwd() / "pwned_by_sandbox", Path("/etc/pwned_by_sandbox")]
-    code = "\n".join(
-        f"try:\n    open({str(t)!r}, 'w').write('x')\nexcept OSError:\n    pass" for t in targets
-    ) + "\nopen('own_file', 'w').write('fine')\nimport os\nassert os.path.exists('own_file')"
-    reward, reason, _ = reward_of(code)
-    assert (reward, reason) == (1.0, "correct")  # ran to the end; its own directory is writable
-    assert not any(t.exists() for t in targets)
+OUTSIDE = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/etc", ".."]
+"""Places outside the candidate's directory: the world-writable ones, a system one, its parent."""
+
+
+@pytest.mark.skipif(not (CAPS["uid_dropped"] and CAPS["filesystem_isolated"]),
+                    reason="needs root for the uid drop and the mount namespace")
+@pytest.mark.parametrize("where", OUTSIDE)
+def test_writing_outside_its_directory_gets_zero_and_leaves_nothing(where, tmp_path):
+    name = f"brorl-pwned-{tmp_path.name}"
+    reward, reason, seconds = reward_of(f"open({where!r} + '/{name}', 'w').write('x')")
+    assert (reward, reason) == (0.0, "runtime_error")  # PermissionError at the top level
+    assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
+    assert not list(Path("/").glob(f"*/{name}")) + list(Path("/").glob(f"*/*/{name}"))
+
+
+def test_its_own_directory_is_writable():
+    code = "open('own_file', 'w').write('fine')\nimport os\nassert os.path.exists('own_file')"
+    assert reward_of(code)[:2] == (1.0, "correct")
+
+
+def test_reading_the_verifiers_environment_gets_zero(monkeypatch):
+    monkeypatch.setenv("BRORL_TEST_SECRET", "s3cr3t-value")
+    code = ("import os\n"
+            "found = os.environ.get('BRORL_TEST_SECRET', '')\n"
+            "for pid in (os.getppid(), os.getpgid(0), 1):\n"
+            "    try:\n        found += open(f'/proc/{pid}/environ').read()\n"
+            "    except OSError:\n        pass\n"
+            "assert 's3cr3t' in found")
+    reward, reason, seconds = reward_of(code)
+    assert (reward, reason) == (0.0, "runtime_error")  # AssertionError: nothing found
+    assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
+
+
+@pytest.mark.skipif(not CAPS["network_isolated"], reason="no network namespace on this machine")
+def test_opening_a_socket_to_the_host_gets_zero():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        server.settimeout(0.2)
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)"
+        reward, reason, seconds = reward_of(code)
+        with pytest.raises(TimeoutError):
+            server.accept()  # nothing reached the test process's listener
+    assert (reward, reason) == (0.0, "runtime_error")  # no interface: the connect raises
+    assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
 
 
 @pytest.mark.skipif(not CAPS["uid_dropped"], reason="without the uid drop a candidate can kill us")
@@ -125,24 +164,13 @@ def test_signalling_every_process_reaches_only_nobodys():
     assert reward_of("x = 1", ["assert x == 1"])[:2] == (1.0, "correct")
 
 
-@pytest.mark.skipif(not CAPS["network_isolated"], reason="no network namespace on this machine")
-def test_candidate_cannot_reach_the_network():
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
-        server.settimeout(0.2)
-        code = (
-            "import socket\n"
-            f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-            "    connected = True\nexcept OSError:\n    connected = False\n"
-        )
-        result = run_tests(code, ("assert connected",), timeout_s=TIMEOUT_S)
-        with pytest.raises(TimeoutError):
-            server.accept()  # nothing connected to the test process's listener
-    assert (result.status, result.passed) == ("ok", 0)
-
-
 def test_uid_drop_holds_when_running_as_root():
     assert CAPS["uid_dropped"] == IS_ROOT
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="namespaces need root (CAP_SYS_ADMIN)")
+def test_network_and_mount_namespaces_hold_as_root():
+    assert CAPS["network_isolated"] and CAPS["filesystem_isolated"]
 
 
 def test_partial_solution_gets_the_fraction_of_tests_passed():

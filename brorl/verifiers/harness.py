@@ -3,7 +3,7 @@
 It reads a JSON payload on stdin (`nonce`, `fd`, `code`, `tests`, `limits`, `uid`), locks itself
 down (see `brorl.verifiers.sandbox` for what and why), then runs the candidate code once and each
 test snippet in a copy of the candidate's globals, reporting on fd 3 one line per event, each
-starting with the nonce: `ISO netns=<0|1>,uid=<uid>`, `SYNTAX`, `CANDIDATE_RAISED <type>`,
+starting with the nonce: `ISO netns=<0|1>,fs=<0|1>,uid=<uid>`, `SYNTAX`, `CANDIDATE_RAISED <type>`,
 `T<i> <0|1>`, `DONE`. It imports nothing outside the standard library and runs without `site`.
 Before dropping privileges it imports every module that the candidate's and the tests' import
 statements name (a line scan), because after the drop the stdlib may be unreadable.
@@ -45,7 +45,30 @@ def imported_names(sources):
     return [name for name in names if name in PREIMPORTABLE]
 
 
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 262144
+# the places an unprivileged uid may write on a usual Linux (world-writable, sticky)
+SHADOWED = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
+def isolate():
+    """New network and mount namespaces: no interfaces; an empty root-owned tmpfs over each
+    world-writable place (the cwd, opened before, stays the candidate's own directory).
+    Returns (netns, fs): 1 where that isolation holds."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+    except Exception:
+        return 0, 0
+    netns = int(libc.unshare(CLONE_NEWNET) == 0)
+    fs = int(libc.unshare(CLONE_NEWNS) == 0
+             and libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0)
+    if fs:
+        mounted = [libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                              b"size=16k,mode=0755") == 0
+                   for path in SHADOWED if os.path.isdir(path)]
+        fs = int(all(mounted))
+    return netns, fs
 
 
 def lock_down(payload):
@@ -55,12 +78,7 @@ def lock_down(payload):
             __import__(name)
         except Exception:
             pass
-    netns = 0
-    try:
-        import ctypes
-        netns = int(ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) == 0)
-    except Exception:
-        pass
+    netns, fs = isolate()
     limits = payload["limits"]
     R = resource
     R.setrlimit(R.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
@@ -73,7 +91,7 @@ def lock_down(payload):
         os.setgid(payload["uid"])
         os.setuid(payload["uid"])
     R.setrlimit(R.RLIMIT_NPROC, (0, 0))
-    return netns
+    return netns, fs
 
 
 def main():
@@ -92,8 +110,8 @@ def main():
         except OSError:
             pass
 
-    netns = lock_down(payload)
-    emit("ISO", "netns=%d,uid=%d" % (netns, os.getuid()))
+    netns, fs = lock_down(payload)
+    emit("ISO", "netns=%d,fs=%d,uid=%d" % (netns, fs, os.getuid()))
     try:
         code = compile(payload["code"], "<candidate>", "exec")
     except (SyntaxError, ValueError):

@@ -1,12 +1,16 @@
 """Run untrusted candidate code against test snippets in a locked-down child process.
 
 Each run is one fresh interpreter (`python -I -S -c HARNESS`) with:
-- a fresh temporary directory as cwd (removed afterwards) and an empty environment;
+- a fresh temporary directory as cwd, inside a folder only the verifier may write (both removed
+  afterwards), and an empty environment;
 - a new session and process group (`start_new_session`), killed whole at the wall-clock limit;
 - stdout and stderr to files capped by RLIMIT_FSIZE (a process writing past it dies of
   SIGXFSZ), read back truncated to `SandboxLimits.output_bytes`;
 - before any candidate code runs, the harness (trusted, still root) moves into a new network
-  namespace (`unshare(CLONE_NEWNET)`: no interfaces, so no network), sets RLIMIT_CPU, RLIMIT_AS,
+  namespace (`unshare(CLONE_NEWNET)`: no interfaces, so no network) and a new mount namespace
+  with an empty root-owned tmpfs over `/tmp`, `/var/tmp`, `/dev/shm` and `/run/lock` (the
+  world-writable places: nothing written there outlives the run or reaches other processes),
+  sets RLIMIT_CPU, RLIMIT_AS,
   RLIMIT_NOFILE and RLIMIT_FSIZE, drops to the unprivileged `nobody` uid/gid with no
   supplementary groups, then sets RLIMIT_NPROC to 0 (so fork and threads fail) and closes stdin.
 
@@ -18,15 +22,15 @@ Results come back on a private pipe (fd 3) as lines tagged with a random nonce, 
 What holds depends on the OS; `capabilities()` reports it. Measured on the development machine
 (root in a container, Linux): the network namespace and the uid drop both hold. As `nobody` the
 candidate cannot signal the verifier (EPERM), cannot read `/proc/<ppid>/environ`, cannot write
-outside world-writable places (its own directory, `/tmp`, `/dev/shm`), and cannot fork. Run as
-a non-root user, the uid drop and the network namespace are skipped (the harness carries on):
+anywhere but its own directory, and cannot fork. Run as a non-root user, the uid drop and the
+network and mount namespaces are skipped (the harness carries on):
 RLIMIT_NPROC still stops forks, but the candidate then runs as the verifier's own user and could
 signal it. The pyenv stdlib under `/root` is unreadable to `nobody`, so before dropping the
 harness imports the modules the code's import statements name, from an allow-list of common
 side-effect-free stdlib modules (`harness.PREIMPORTABLE`); other imports fail (reward 0).
 A candidate as `nobody` can still signal other sandboxes running as `nobody` (`kill(-1)`).
 
-Deliberately ignored: a filesystem namespace or chroot, seccomp, and hostile code that reads the
+Deliberately ignored: a chroot (the candidate can still read world-readable files), seccomp, and hostile code that reads the
 nonce out of the harness's own frames (deliberate reward hacking, not an accident).
 """
 
@@ -79,7 +83,7 @@ class SandboxResult:
     returncode: int
     elapsed_s: float
     isolation: str = ""
-    """What the harness reported before running the candidate: `netns=<0|1>,uid=<uid>`."""
+    """What the harness reported before running the candidate: `netns=<0|1>,fs=<0|1>,uid=<uid>`."""
 
 
 def run_tests(
@@ -90,15 +94,16 @@ def run_tests(
 
     A test passes when it runs to the end without raising. `timeout_s` bounds the whole run.
     """
-    workdir = tempfile.mkdtemp(prefix="brorl-sandbox-")
-    logdir = tempfile.mkdtemp(prefix="brorl-sandbox-log-")
+    root = tempfile.mkdtemp(prefix="brorl-sandbox-")  # 0700, the verifier's own
+    workdir, logdir = os.path.join(root, "work"), os.path.join(root, "log")
+    os.mkdir(workdir)
+    os.mkdir(logdir)
     try:
         if os.geteuid() == 0:
-            os.chown(workdir, NOBODY, NOBODY)
+            os.chown(workdir, NOBODY, NOBODY)  # `..` stays the verifier's: no writing beside it
         return _run(code, list(tests), workdir, logdir, timeout_s, limits)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(logdir, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _run(code, tests, workdir, logdir, timeout_s, limits) -> SandboxResult:
@@ -173,9 +178,11 @@ def _result(lines, nonce, total, timed_out, returncode, stdout, stderr, elapsed)
 
 
 def capabilities() -> dict[str, bool]:
-    """What isolation holds here, as the harness reports it: network namespace and uid drop."""
+    """What isolation holds here, as the harness reports it: network and mount namespaces and
+    the uid drop."""
     iso = dict(kv.split("=") for kv in run_tests("", ()).isolation.split(",") if "=" in kv)
     return {
         "network_isolated": iso.get("netns") == "1",
+        "filesystem_isolated": iso.get("fs") == "1",
         "uid_dropped": iso.get("uid") == str(NOBODY),
     }
