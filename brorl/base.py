@@ -5,20 +5,32 @@ The paper continues RL from a checkpoint that plateaued under ProRLv2 (spec §5.
 pairs: `render_prompt(problem, tokenizer)` then `render_target(problem)` + EOS, loss on the
 response tokens only. Training runs in rounds of `eval_every` steps; after each round the policy
 is scored on a validation sample per family (`brorl.evaluate.evaluate_policy`, the RL reward's
-own verifiers) and training stops once every family's pass@1 reaches `target_pass_low`
-(default 0.2), or at `max_steps`. Stopping at the low end of the 20-60% band leaves room for RL.
+own verifiers, one sample per problem at the test's temperature and top-p, so the rule and the
+reported band measure the same thing) and training stops once every family's pass@1 reaches
+`target_pass_low` (default 0.2), or at `max_steps`. Stopping at the low end of the 20-60% band
+leaves room for RL.
 
-Batches draw problems family-balanced (each family equally likely, then uniform within it) from
-a seeded generator: the same seed gives the same checkpoint on the same machine and thread count.
+Batches draw problems by family share (`family_shares`, equal by default; then uniform within
+the family) from a seeded generator: the same seed gives the same checkpoint on the same machine
+and thread count. After each check a family whose validation pass@1 already reached the low end
+trains at `reached_share` x its share (`round_shares`): the families learn at different speeds
+(code's copy-the-constant skill jumps from 0.2 to 0.9 within a few hundred steps), so without it
+the fast ones leave the band while the slow ones are still below it.
+A batch runs as `micro_batches` length-sorted micro-batches with token-weighted losses: the
+gradient of one padded batch at a third less compute (code pairs are twice as long as the rest).
+The learning rate warms up linearly, then follows a cosine down to `min_lr_ratio` x lr at
+`max_steps` (`lr_at`): at a constant 3e-3 the tiny policy's validation pass@1 swung by 20 points
+between checks; the decay lets it settle within the CPU budget.
 
-Deliberately ignored: learning-rate schedules beyond a linear warm-up, gradient accumulation,
-mixed precision, early stopping on loss. Paper: spec §5.1 / §7.2 (plateaued starting point).
+Deliberately ignored: accumulation over several batches, mixed precision, early stopping on loss.
+Paper: spec §5.1 / §7.2 (plateaued starting point).
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -56,72 +68,171 @@ def collate(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def family_weights(problems: Sequence[Problem]) -> torch.Tensor:
-    """Sampling weight per problem `[B]`: 1 / (problems in its family), so families are equal."""
+def family_weights(problems: Sequence[Problem],
+                   shares: Mapping[str, float] | None = None) -> torch.Tensor:
+    """Sampling weight per problem `[B]`: share of its family / (problems in its family).
+
+    `shares` None gives every family the same share; a family missing from `shares` gets 1.
+    Within a family problems are equally likely.
+    """
     counts: dict[str, int] = {}
     for p in problems:
         counts[p.family] = counts.get(p.family, 0) + 1
-    return torch.tensor([1.0 / counts[p.family] for p in problems], dtype=torch.float64)
+    shares = shares or {}
+    return torch.tensor([shares.get(p.family, 1.0) / counts[p.family] for p in problems],
+                        dtype=torch.float64)
+
+
+def round_shares(passes: Mapping[str, float], *, target_pass_low: float, reached_share: float,
+                 family_shares: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Each family's batch share for the next round: its `family_shares` entry (default 1),
+    times `reached_share` once its validation pass@1 has reached `target_pass_low`.
+
+    A family that is already in the band trains less while the others catch up, so the stop
+    (every family at the low end) comes before the fast ones run past the high end.
+    """
+    base = family_shares or {}
+    return {f: base.get(f, 1.0) * (reached_share if passes[f] >= target_pass_low else 1.0)
+            for f in sorted(passes)}
+
+
+def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int,
+          min_lr_ratio: float) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warm-up, then cosine decay.
+
+    (step + 1) / warmup_steps x lr during warm-up; then lr x (r + (1 - r)(1 + cos(pi f)) / 2)
+    with r = `min_lr_ratio` and f = (step - warmup_steps) / (total_steps - warmup_steps), so lr at
+    the first step after warm-up and r x lr at `total_steps`; r = 1 keeps it constant.
+    """
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    frac = min(1.0, (step - warmup_steps) / max(total_steps - warmup_steps, 1))
+    return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
 @dataclass
 class WarmUpState:
-    """Optimizer, batch generator and step count carried across training rounds."""
+    """Optimizer, batch generator, schedule and step count carried across training rounds."""
 
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     lr: float
+    total_steps: int
+    warmup_steps: int = 20
+    min_lr_ratio: float = 1.0
     step: int = 0
     losses: list[float] = field(default_factory=list)
 
 
-def start_warm_up(model, *, lr: float, seed: int, weight_decay: float = 0.0) -> WarmUpState:
-    """AdamW over the model's parameters and a batch generator seeded with `seed`."""
+def start_warm_up(model, *, lr: float, seed: int, total_steps: int, warmup_steps: int = 20,
+                  min_lr_ratio: float = 1.0, weight_decay: float = 0.0) -> WarmUpState:
+    """AdamW over the model's parameters, the `lr_at` schedule and a generator seeded with `seed`."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    return WarmUpState(optimizer, torch.Generator().manual_seed(seed), lr)
+    return WarmUpState(optimizer, torch.Generator().manual_seed(seed), lr, total_steps,
+                       warmup_steps, min_lr_ratio)
+
+
+def length_sorted_chunks(pairs: Sequence[tuple[list[int], list[int]]],
+                         chunks: int) -> list[list[int]]:
+    """Positions of `pairs` sorted by length (P + T, ties by position), cut into `chunks` runs
+    of near-equal size (empty runs dropped): micro-batches that pad little."""
+    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]) + len(pairs[i][1]), i))
+    cuts = [round(c * len(order) / chunks) for c in range(chunks + 1)]
+    return [order[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def batch_loss_backward(model, batch: Sequence[tuple[list[int], list[int]]], *, pad_id: int,
+                        micro_batches: int = 1) -> float:
+    """Backpropagate the batch's mean response-token loss through length-sorted micro-batches.
+
+    Each micro-batch's mean loss is weighted by its share of the batch's response tokens, so
+    the accumulated gradient equals that of one padded batch `[B, max(P + T)]` while padding
+    only to each micro-batch's own longest pair. Returns the batch's mean loss.
+    """
+    total = sum(len(target) for _, target in batch)
+    loss_sum = 0.0
+    for chunk in length_sorted_chunks(batch, micro_batches):
+        part = [batch[i] for i in chunk]
+        share = sum(len(target) for _, target in part) / total
+        loss = model(**collate(part, pad_id)).loss * share
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum
 
 
 def train_steps(model, state: WarmUpState, pairs, weights: torch.Tensor, *, steps: int,
-                batch_size: int, pad_id: int, warmup_steps: int = 20) -> None:
+                batch_size: int, pad_id: int, micro_batches: int = 1) -> None:
     """`steps` teacher-forced AdamW steps on family-balanced batches of `pairs` (in place)."""
     model.train()
     for _ in range(steps):
-        for group in state.optimizer.param_groups:  # linear warm-up, then constant
-            group["lr"] = state.lr * min(1.0, (state.step + 1) / max(warmup_steps, 1))
+        rate = lr_at(state.step, lr=state.lr, warmup_steps=state.warmup_steps,
+                     total_steps=state.total_steps, min_lr_ratio=state.min_lr_ratio)
+        for group in state.optimizer.param_groups:
+            group["lr"] = rate
         idx = torch.multinomial(weights, batch_size, replacement=True, generator=state.generator)
-        loss = model(**collate([pairs[i] for i in idx.tolist()], pad_id)).loss
         state.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = batch_loss_backward(model, [pairs[i] for i in idx.tolist()], pad_id=pad_id,
+                                   micro_batches=micro_batches)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         state.optimizer.step()
-        state.losses.append(loss.item())
+        state.losses.append(loss)
         state.step += 1
     model.eval()
 
 
+def band_distance(passes: Mapping[str, float], low: float, high: float) -> float:
+    """How far pass@1 per family lies outside [low, high], summed: 0 when every family is in."""
+    return sum(max(0.0, low - v) + max(0.0, v - high) for v in passes.values())
+
+
 def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Problem], *,
             max_steps: int, eval_every: int, batch_size: int, lr: float, seed: int,
-            target_pass_low: float = 0.2, max_new_tokens: int = 64, eval_temperature: float = 0.0,
+            warmup_steps: int = 20, min_lr_ratio: float = 1.0, micro_batches: int = 1,
+            family_shares: Mapping[str, float] | None = None, reached_share: float = 1.0,
+            target_pass_low: float = 0.2, target_pass_high: float = 1.0,
+            max_new_tokens: int = 64, eval_temperature: float = 0.0, eval_top_p: float = 1.0,
             workers: int | None = None) -> list[dict]:
-    """Train in rounds until every family's validation pass@1 >= `target_pass_low`.
+    """Train in rounds until every family's validation pass@1 >= `target_pass_low`, then keep
+    the weights of the check closest to the band.
 
-    Returns the history: one dict per evaluation (step, loss of the last batch, seconds, pass@1
-    per family), the first at step 0 (the untrained model). The model is trained in place.
+    Returns the history: one dict per evaluation (step, mean loss of the round's batches,
+    seconds, pass@1 per family, `band_distance` to [low, high], the shares of the next round
+    from `round_shares`), the first at step 0 (the untrained model, loss NaN). The learning rate
+    follows `lr_at` over `max_steps`. The model is trained in place and ends with the weights of
+    the check of least band distance (the latest on ties), marked `selected` in the history:
+    families learn at different speeds, and one may jump past the band (code from 0.2 to 0.8 in
+    200 steps) while another is still below it; selection on validation is early stopping.
     """
-    pairs, weights = encode_pairs(train, tokenizer), family_weights(train)
-    state = start_warm_up(model, lr=lr, seed=seed)
+    pairs = encode_pairs(train, tokenizer)
+    state = start_warm_up(model, lr=lr, seed=seed, total_steps=max_steps,
+                          warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
+    round_start, best, best_weights = 0, None, None
     started, history = time.perf_counter(), []
     while True:
         scores, _ = evaluate_policy(model, tokenizer, validation, n=1, max_new_tokens=max_new_tokens,
-                                    temperature=eval_temperature, seed=seed, workers=workers)
+                                    temperature=eval_temperature, top_p=eval_top_p, seed=seed,
+                                    workers=workers)
         passes = {f: s["pass_at_1"] for f, s in scores["family"].items()}
+        shares = round_shares(passes, target_pass_low=target_pass_low,
+                              reached_share=reached_share, family_shares=family_shares)
+        losses = state.losses[round_start:]
         history.append({"step": state.step, "seconds": time.perf_counter() - started,
-                        "loss": state.losses[-1] if state.losses else float("nan"),
-                        "pass_at_1": passes})
+                        "loss": sum(losses) / len(losses) if losses else float("nan"),
+                        "pass_at_1": passes, "shares": shares,
+                        "band_distance": band_distance(passes, target_pass_low, target_pass_high),
+                        "selected": False})
+        if best is None or history[-1]["band_distance"] <= history[best]["band_distance"]:
+            best = len(history) - 1
+            best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if state.step >= max_steps or min(passes.values()) >= target_pass_low:
+            model.load_state_dict(best_weights)
+            history[best]["selected"] = True
             return history
+        round_start = len(state.losses)
+        weights = family_weights(train, shares)
         train_steps(model, state, pairs, weights, steps=min(eval_every, max_steps - state.step),
-                    batch_size=batch_size, pad_id=tokenizer.pad_token_id)
+                    batch_size=batch_size, pad_id=tokenizer.pad_token_id,
+                    micro_batches=micro_batches)
 
 
 def sample_per_family(problems: Sequence[Problem], per_family: int, seed: int) -> list[Problem]:
@@ -142,23 +253,32 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
                          eval_every: int, batch_size: int, lr: float, seed: int,
                          target_pass_low: float, eval_per_family: int, test_samples: int,
                          eval_temperature: float, eval_top_p: float, max_response_tokens: int,
-                         workers: int | None = None) -> tuple[object, object, dict]:
+                         target_pass_high: float = 1.0, warmup_steps: int = 20, min_lr_ratio: float = 1.0,
+                         micro_batches: int = 1, family_shares: Mapping[str, float] | None = None,
+                         reached_share: float = 1.0, workers: int | None = None) -> tuple[object, object, dict]:
     """Build the tiny policy from `model_config` (build_policy's sizes), warm it up, score it.
 
-    Returns (model, tokenizer, report); the report holds the warm-up history and the held-out
-    test scores (pass@1 from `test_samples` samples at `eval_temperature`, spec §5.2 protocol).
+    Returns (model, tokenizer, report); the report holds the warm-up history, the steps trained
+    and the step whose weights were kept (`selected_step`, see `warm_up`), the held-out test
+    scores of those weights (pass@1 from `test_samples` samples at `eval_temperature`, spec
+    §5.2 protocol) and the seconds of warm-up (validation checks included) and of the test.
     """
     tokenizer = build_tokenizer()
     model = build_policy(vocab_size=len(tokenizer), **model_config)
     started = time.perf_counter()
     history = warm_up(model, tokenizer, train, sample_per_family(validation, eval_per_family, seed),
                       max_steps=max_steps, eval_every=eval_every, batch_size=batch_size, lr=lr,
-                      seed=seed, target_pass_low=target_pass_low,
-                      max_new_tokens=max_response_tokens, workers=workers)
+                      seed=seed, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
+                      micro_batches=micro_batches, family_shares=family_shares,
+                      reached_share=reached_share, target_pass_low=target_pass_low,
+                      target_pass_high=target_pass_high, max_new_tokens=max_response_tokens, eval_temperature=eval_temperature,
+                      eval_top_p=eval_top_p, workers=workers)
     train_seconds = time.perf_counter() - started
     scores, _ = evaluate_policy(model, tokenizer, test, n=test_samples, k_values=(1,),
                                 max_new_tokens=max_response_tokens, temperature=eval_temperature,
                                 top_p=eval_top_p, seed=seed, workers=workers)
     report = {"history": history, "test": scores, "steps": history[-1]["step"],
-              "train_seconds": train_seconds}
+              "selected_step": next(h["step"] for h in history if h["selected"]),
+              "train_seconds": train_seconds,
+              "test_seconds": time.perf_counter() - started - train_seconds}
     return model, tokenizer, report

@@ -27,7 +27,7 @@ ANSWER_FORMAT: dict[Family, str] = {
     "code": "Answer in a ```python block.",
 }
 """Instruction appended to the prompt under a chat template, kept short. The plain template
-(tiny character-level policies: pass `tokenizer=None`) leaves it out: every prompt character
+(the tiny character-level policy, whose tokenizer has no chat template) leaves it out: every prompt character
 costs, and the supervised warm-up on `render_target` teaches the format."""
 
 PLAIN_TEMPLATE = "Q: {prompt}\nA: "

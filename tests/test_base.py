@@ -7,7 +7,10 @@ import json
 import pytest
 import torch
 
-from brorl.base import collate, encode_pairs, family_weights, make_base_checkpoint, warm_up
+import brorl.base
+from brorl.base import (band_distance, batch_loss_backward, collate, encode_pairs, family_weights,
+                        length_sorted_chunks, lr_at, make_base_checkpoint, round_shares,
+                        warm_up)
 from brorl.data import generate_code, make_problem, split_problems
 from brorl.evaluate import evaluate_policy
 from brorl.policy import build_policy, build_tokenizer, load_policy
@@ -41,6 +44,88 @@ def test_family_weights_make_families_equally_likely():
     assert family_weights(ps).tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 1.0])
 
 
+def test_families_that_reached_the_band_get_a_smaller_share_next_round():
+    passes = {"math": 0.3, "code": 0.1, "reasoning": 0.2}  # reasoning exactly at the low end
+    shares = round_shares(passes, target_pass_low=0.2, reached_share=0.25,
+                          family_shares={"code": 0.5})
+    # math 1 x 0.25 (reached), code 0.5 x 1 (not yet), reasoning 1 x 0.25 (reached)
+    assert shares == {"code": 0.5, "math": 0.25, "reasoning": 0.25}
+    assert round_shares(passes, target_pass_low=0.2, reached_share=1.0) == {
+        "code": 1.0, "math": 1.0, "reasoning": 1.0}  # 1: no adaptation
+    weights = family_weights([make_problem("math", "t", "1 + 1", answer="2"),
+                              make_problem("code", "t", "f", tests=["assert True"])], shares)
+    assert weights.tolist() == [0.25, 0.5]
+
+
+def test_lr_at_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+    rate = dict(lr=1.0, warmup_steps=4, total_steps=12, min_lr_ratio=0.1)
+    # warm-up: (step + 1) / 4
+    assert [lr_at(s, **rate) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    # cosine over steps 4..12: f = (step - 4) / 8; 0.1 + 0.9 (1 + cos(pi f)) / 2
+    assert lr_at(4, **rate) == pytest.approx(1.0)
+    assert lr_at(8, **rate) == pytest.approx(0.1 + 0.9 * 0.5)  # f = 1/2, cos = 0
+    assert lr_at(12, **rate) == pytest.approx(0.1) and lr_at(30, **rate) == pytest.approx(0.1)
+    assert lr_at(9, **{**rate, "min_lr_ratio": 1.0}) == 1.0  # ratio 1: constant after warm-up
+    assert lr_at(0, **{**rate, "warmup_steps": 0}) == 1.0  # no warm-up: the cosine starts at lr
+
+
+def test_length_sorted_chunks_group_short_pairs_together():
+    pairs = [([1] * 4, [2]), ([1], [2]), ([1] * 8, [2]), ([1], [2])]  # lengths 5, 2, 9, 2
+    assert length_sorted_chunks(pairs, 2) == [[1, 3], [0, 2]]  # ties keep their order
+    assert length_sorted_chunks(pairs, 1) == [[1, 3, 0, 2]]
+    assert length_sorted_chunks(pairs[:2], 3) == [[1], [0]]  # no empty micro-batch
+
+
+def test_micro_batches_give_the_gradient_of_one_padded_batch():
+    tok = build_tokenizer()
+    problems = generate_code(2, seed=0, tasks=("add", "head")) + [
+        make_problem("math", "t", f"Compute {i} + 1.", answer=str(i + 1)) for i in range(4)]
+    pairs = encode_pairs(problems, tok)  # code pairs are about twice as long as math pairs
+    grads, losses = [], []
+    for micro_batches in (1, 3):
+        model = build_policy(vocab_size=len(tok), **TINY)
+        losses.append(batch_loss_backward(model, pairs, pad_id=tok.pad_token_id,
+                                          micro_batches=micro_batches))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+def test_band_distance_sums_how_far_each_family_is_outside_the_band():
+    # math 0.1 is 0.1 below 0.2; code 0.9 is 0.3 above 0.6; reasoning 0.4 is inside
+    assert band_distance({"math": 0.1, "code": 0.9, "reasoning": 0.4}, 0.2, 0.6) == \
+        pytest.approx(0.4)
+    assert band_distance({"math": 0.2, "code": 0.6}, 0.2, 0.6) == 0.0  # the ends are inside
+
+
+def test_warm_up_keeps_the_weights_of_the_check_closest_to_the_band(monkeypatch):
+    # scripted validation pass@1 at steps 0, 2, 4; band [0.2, 0.6]:
+    #   step 0: math 0.0, code 0.0 -> distance 0.2 + 0.2 = 0.4
+    #   step 2: math 0.3, code 0.1 -> distance 0.1            (the best)
+    #   step 4: math 0.3, code 0.9 -> distance 0.3; every family >= 0.2: the rule stops here
+    script = iter([(0.0, 0.0), (0.3, 0.1), (0.3, 0.9)])
+    weights_at_check = []
+
+    def scripted(model, *args, **kwargs):
+        weights_at_check.append({k: v.clone() for k, v in model.state_dict().items()})
+        math, code = next(script)
+        return {"family": {"math": {"pass_at_1": math}, "code": {"pass_at_1": code}}}, None
+
+    monkeypatch.setattr(brorl.base, "evaluate_policy", scripted)
+    tok = build_tokenizer()
+    model = build_policy(vocab_size=len(tok), **TINY)
+    problems = generate_code(4, seed=0, tasks=("add",)) + [
+        make_problem("math", "t", f"Compute {i} + 1.", answer=str(i + 1)) for i in range(4)]
+    history = warm_up(model, tok, problems, problems, max_steps=10, eval_every=2, batch_size=4,
+                      lr=1e-2, seed=0, target_pass_low=0.2, target_pass_high=0.6)
+    assert [h["step"] for h in history] == [0, 2, 4]
+    assert [h["band_distance"] for h in history] == pytest.approx([0.4, 0.1, 0.3])
+    assert [h["selected"] for h in history] == [False, True, False]
+    kept = model.state_dict()
+    assert all(torch.equal(kept[k], weights_at_check[1][k]) for k in kept)
+    assert not all(torch.equal(kept[k], weights_at_check[2][k]) for k in kept)
+
+
 def _code_splits():
     """CI-sized data: the generated `add` and `subtract` templates (copying k and the name)."""
     return split_problems(generate_code(60, seed=0, tasks=("add", "subtract")), seed=0,
@@ -66,8 +151,8 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
     untrained = build_policy(vocab_size=len(tok), **TINY)
     before, _ = evaluate_policy(untrained, tok, test, max_new_tokens=48, workers=2)
     model, tok, report = make_base_checkpoint(
-        splits["train"], splits["validation"], test, model_config=TINY, max_steps=300,
-        eval_every=100, batch_size=16, lr=1e-2, seed=0, target_pass_low=0.3,
+        splits["train"], splits["validation"], test, model_config=TINY, max_steps=1000,
+        eval_every=100, batch_size=16, lr=1e-2, seed=0, target_pass_low=0.5,
         eval_per_family=12, test_samples=1, eval_temperature=0.0, eval_top_p=1.0,
         max_response_tokens=48, workers=2)
     after = report["test"]["family"]["code"]["pass_at_1"]
@@ -75,7 +160,7 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
                       "steps": report["steps"], "seconds": report["train_seconds"]}))
     assert before["family"]["code"]["pass_at_1"] == 0.0  # random weights write no code block
     assert after >= 0.2  # at least 20 points above the untrained model on unseen problems
-    assert report["history"][0]["step"] == 0 and report["steps"] <= 300
+    assert report["history"][0]["step"] == 0 and report["steps"] <= 1000
 
 
 def _ci_tasks(tmp_path):

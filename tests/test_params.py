@@ -84,5 +84,12 @@ def test_pipeline_vars_agree_with_the_params_files_they_name(path):
     for arm in ("prorl", "brorl"):
         assert p[arm].train.init_checkpoint == f"{stages['prorl_warmup']['out']}/policy"
     assert p["compare"].compare.report_dir == stages["compare"]["out"]
+    assert p["compare"].name == stages["compare"]["name"]  # metrics/<name>.json, the stage's metrics
     arms = {name: load_params(ROOT / f) for name, f in p["compare"].compare.arms.items()}
     assert [a.train.run_dir for a in arms.values()] == [stages["prorl"]["out"], stages["brorl"]["out"]]
+
+
+def test_a_band_margin_that_empties_the_band_is_refused():
+    # 0.2 + 0.25 > 0.6 - 0.25: nothing left between the narrowed ends
+    with pytest.raises(ParamsError, match="band_margin"):
+        load_params(ROOT / "params" / "tiny.yaml", ["base.band_margin=0.25"])

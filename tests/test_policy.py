@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
+from brorl.policy import CHAT_TEMPLATE, build_policy, build_tokenizer, load_policy, save_policy
 
 SIZES = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
              max_position_embeddings=128)
@@ -35,8 +35,9 @@ def test_tokenizer_maps_special_strings_and_unknown_characters():
     assert tok.decode([4, 5, 2], skip_special_tokens=True) == "ab"
 
 
-def test_tokenizer_chat_template_renders_roles():
-    tok = build_tokenizer()
+def test_tokenizer_has_no_chat_template_unless_asked_and_then_renders_roles():
+    assert build_tokenizer().chat_template is None  # the tiny policy takes plain prompts
+    tok = build_tokenizer(chat_template=CHAT_TEMPLATE)
     text = tok.apply_chat_template([{"role": "user", "content": "1+1"}], tokenize=False,
                                    add_generation_prompt=True)
     assert text == "user: 1+1\nassistant: "

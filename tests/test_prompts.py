@@ -80,9 +80,10 @@ def test_last_boxed_keeps_inner_braces():
     assert last_boxed("no box") is None
 
 
-def test_chat_prompt_with_the_tiny_policy_tokenizer():
-    from brorl.policy.tokenizer import build_tokenizer
+def test_tiny_policy_tokenizer_gets_the_plain_prompt_unless_given_a_chat_template():
+    from brorl.policy.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
-    text = render_prompt(REASONING, build_tokenizer())
-    # the tiny tokenizer's template writes "role: content\n" then "assistant: "
+    assert render_prompt(REASONING, build_tokenizer()) == "Q: 2 + 3 =\nA: "
+    text = render_prompt(REASONING, build_tokenizer(chat_template=CHAT_TEMPLATE))
+    # the opt-in template writes "role: content\n" then "assistant: "
     assert text == f"user: 2 + 3 =\n{ANSWER_FORMAT['reasoning']}\nassistant: "

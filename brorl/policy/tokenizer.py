@@ -2,8 +2,11 @@
 
 Each character of a fixed alphabet is one token (a BPE model with no merges, so no pre-tokenizer
 and no word boundaries: spaces and newlines are ordinary tokens). Three special tokens (`<pad>`,
-`<bos>`, `<eos>`) and `<unk>` for characters outside the alphabet. A plain chat template lets
-real-model code paths (`apply_chat_template`) run unchanged on the tiny model.
+`<bos>`, `<eos>`) and `<unk>` for characters outside the alphabet. No chat template by default,
+so `brorl.prompts.render_prompt` gives the tiny policy its short plain template (`Q: ...\nA: `):
+every prompt character costs compute on CPU, and the supervised warm-up teaches the answer
+format that a chat prompt would spell out. `CHAT_TEMPLATE` (`role: content` lines) exercises the
+chat code path (`apply_chat_template`) on the tiny tokenizer when asked for.
 
 Deliberately ignored: subword merges (a tiny model learns characters faster than it would learn
 a large vocabulary), normalisation (prompts are ASCII by construction). Paper: none; this is the
@@ -28,7 +31,8 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
-"""`role: content` lines, then `assistant: ` when a generation prompt is asked for."""
+"""`role: content` lines, then `assistant: ` when a generation prompt is asked for (opt-in:
+`build_tokenizer(chat_template=CHAT_TEMPLATE)`)."""
 
 
 def _check_alphabet(alphabet: str) -> str:
@@ -41,10 +45,12 @@ def _check_alphabet(alphabet: str) -> str:
     return "".join(chars)
 
 
-def build_tokenizer(alphabet: str | None = None) -> PreTrainedTokenizerFast:
+def build_tokenizer(alphabet: str | None = None, *,
+                    chat_template: str | None = None) -> PreTrainedTokenizerFast:
     """A character-level fast tokenizer: ids 0-3 special, then one id per alphabet character.
 
     Deterministic: the same alphabet always gives the same ids. V = 4 + len(set(alphabet)).
+    `chat_template` None (the default) leaves the tokenizer without one (plain prompts).
     """
     chars = _check_alphabet(DEFAULT_ALPHABET if alphabet is None else alphabet)
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
@@ -59,7 +65,7 @@ def build_tokenizer(alphabet: str | None = None) -> PreTrainedTokenizerFast:
         bos_token=BOS,
         eos_token=EOS,
         unk_token=UNK,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
         padding_side="left",
         clean_up_tokenization_spaces=False,
         model_max_length=1_000_000,
