@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,32 @@ def resolve_arms(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: p.model_dump(mode="json") for name, p in arms.items()}
 
 
+def compare_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Flat `compare/...` metrics of a report: final pass@1 per family and arm, the pass rate
+    and generation throughput per arm, the paired test's mean difference and p-value."""
+    metrics = {f"compare/pass_at_1_{fam}_{arm}": v for arm, row in result["final_pass_at_1"].items()
+               for fam, v in row.items()}
+    metrics.update({f"compare/pass_rate_{a}": v for a, v in result["pass_rate"].items()})
+    metrics.update({f"compare/rollouts_per_s_{a}": v for a, v in result["rollouts_per_s"].items()})
+    test = result.get("paired_test") or {}
+    if test:
+        metrics["compare/paired_delta"] = test["delta"]
+        metrics["compare/paired_p"] = test["p_one_tailed"]
+    return metrics
+
+
 @task(name="report", **_TASK)
-def report(arm_params: dict[str, dict[str, Any]], report_dir: str) -> dict[str, Any]:
-    """The Markdown/JSON/PNG report from the arms' run folders."""
+def report(arm_params: dict[str, dict[str, Any]], report_dir: str,
+           metrics_path: str | None = None) -> dict[str, Any]:
+    """The Markdown/JSON/PNG report from the arms' run folders; with `metrics_path`, its
+    `compare_metrics` as JSON there too (the DVC stage's metrics file)."""
     arms = [ArmResult.load(name, tracking.ROOT / p["train"]["run_dir"])
             for name, p in arm_params.items()]
     out = build_report(arms, tracking.ROOT / report_dir)
+    if metrics_path is not None:
+        path = tracking.ROOT / metrics_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(compare_metrics(out), indent=2, sort_keys=True) + "\n")
     return {**out, "report_dir": str(tracking.ROOT / report_dir)}
 
 
@@ -59,14 +80,7 @@ def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | Non
     if run_id is None:
         run_id = open_run(params)
     tracking.log_params(uri, run_id, p.model_dump(mode="json", include={"name", "compare"}))
-    final = result["final_pass_at_1"]
-    metrics = {f"compare/pass_at_1_{fam}_{arm}": [v] for arm, row in final.items()
-               for fam, v in row.items()}
-    metrics.update({f"compare/pass_rate_{a}": [v] for a, v in result["pass_rate"].items()})
-    test = result.get("paired_test") or {}
-    if test:
-        metrics["compare/paired_delta"] = [test["delta"]]
-        metrics["compare/paired_p"] = [test["p_one_tailed"]]
+    metrics = {k: [v] for k, v in compare_metrics(result).items()}
     tracking.log_metric_series(uri, run_id, [0], metrics)
     folder = Path(result["report_dir"])
     for name in ("report.md", "report.json", "pass_at_1.png"):

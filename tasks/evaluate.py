@@ -56,7 +56,8 @@ def record(params: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
     metrics = {f"eval/{q}_{fam}": [v] for fam, row in result["scores"]["family"].items()
                for q, v in row.items()}
-    tags = {"stage": "evaluate", "algorithm": p.train.algorithm, "checkpoint": result["checkpoint"]}
+    tags = {"stage": "evaluate", "algorithm": p.train.algorithm, "checkpoint": result["checkpoint"],
+            "data_version": tracking.data_version(tracking.ROOT / p.data.path)}
     with tracking.mlflow_run(p.tracking.experiment, uri, f"{p.name}-evaluate", tags) as run_id:
         tracking.log_params(uri, run_id, p.model_dump(mode="json", include={"name", "train"}))
         tracking.log_metric_series(uri, run_id, [0], metrics)

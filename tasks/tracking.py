@@ -8,6 +8,7 @@ params' `tracking.tracking_uri`, override it. Metric names are sanitised to what
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -70,6 +71,20 @@ def git_commit() -> str:
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def data_version(path: Path | str) -> str:
+    """Content hash of a data folder: sha256 over its files' relative paths and bytes, in path
+    order, first 16 hex digits. Equal data gives equal versions on any machine or clone; a
+    checkpoint's run carries the version of the data it trained on ('missing' if absent)."""
+    root = Path(path)
+    if not root.exists():
+        return "missing"
+    digest = hashlib.sha256()
+    for file in sorted(f for f in root.rglob("*") if f.is_file()):
+        digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @contextmanager

@@ -118,7 +118,8 @@ def start_run(handle: str, parent_run_id: str | None = None) -> str:
     experiment_id = tracking.ensure_experiment(p.tracking.experiment, s.tracking_uri)
     tags = {"algorithm": p.train.algorithm, "rollouts_per_prompt": str(p.update.rollouts_per_prompt),
             "prompts_per_step": str(p.update.prompts_per_step), "git_commit": tracking.git_commit(),
-            "stage": "train", "params_name": p.name}
+            "stage": "train", "params_name": p.name, "data_path": p.data.path,
+            "data_version": tracking.data_version(tracking.ROOT / p.data.path)}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     s.run_id = client.create_run(experiment_id, run_name=p.name, tags=tags).info.run_id

@@ -1,14 +1,14 @@
 """Scheduled deployments (`flows/deploy.py`) served against a real local server (`flows/server.py`).
 
-The end-to-end test starts `prefect server start` on a free port, serves the table's flows from a
-`python -m flows.deploy` child process, triggers one run of the simulate deployment and checks its
+The end-to-end test starts `prefect server start` on a free port, serves `train` and `evaluate`
+(the default served flows) from a `python -m flows.deploy` child process in the CI pipeline's
+clone (its data and trained arms), triggers one run of the evaluate deployment and checks its
 state, its files, its MLflow run and the schedules; every process is stopped even on failure.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import socket
@@ -31,11 +31,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((server.HOST, 0))
         return sock.getsockname()[1]
-
-
-def into(tmp_path: Path) -> list[str]:
-    """-S overrides that keep the simulate flow's files under tmp_path."""
-    return [f"tracking.{key}={tmp_path / key}" for key in ("output_dir", "metrics_dir", "plots_dir")]
 
 
 def test_schedule_options_override_the_table_and_parameters_carry_params_and_overrides():
@@ -75,12 +70,6 @@ def test_foreground_command_sees_the_server_api_url():
     assert server._run_foreground([sys.executable, "-c", code], "http://x/api") == 0
 
 
-def _available() -> list[str]:
-    """The SERVED flows whose module this checkout has (train/evaluate may still be missing)."""
-    return [n for n, (target, _) in deploy.SERVED.items()
-            if importlib.util.find_spec(target.partition(":")[0]) is not None]
-
-
 async def _wait_for_deployments(names: list[str], serving: subprocess.Popen, log: Path,
                                 timeout_s: float = 150) -> dict:
     from prefect import get_client
@@ -113,32 +102,31 @@ def _stop(process: subprocess.Popen) -> None:
         server.stop(process, grace_s=0)
 
 
-@pytest.mark.timeout(360)
-def test_served_simulate_deployment_runs_to_completion_on_a_real_server_with_its_schedule(
-        tmp_path, mlflow_uri):
+@pytest.mark.timeout(600)
+def test_served_evaluate_deployment_runs_to_completion_on_a_real_server_with_its_schedule(
+        tmp_path, mlflow_uri, ci_pipeline):
     from mlflow.tracking import MlflowClient
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    port, log = free_port(), tmp_path / "serve.log"
-    flows_served = _available()
-    command = [sys.executable, "-m", "flows.deploy", "--params", CI_PARAMS, "--limit", "1",
-               *(a for name in flows_served for a in ("--flow", name, f"--{name}-cron", NEVER)),
-               *(a for o in into(tmp_path) for a in ("-S", o))]
+    port, log, arm = free_port(), tmp_path / "serve.log", "params/prorl_ci.yaml"
+    command = [sys.executable, "-m", "flows.deploy", "--params", arm, "--limit", "1",
+               "--train-cron", NEVER, "--evaluate-cron", NEVER,
+               "-S", f"tracking.output_dir={tmp_path / 'output_dir'}"]
     with (tmp_path / "server.log").open("w") as server_log, log.open("w") as out, \
             server.running(port, home=tmp_path / "server", log=server_log) as url:
         env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client"),
                "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
-        serving = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        serving = subprocess.Popen(command, cwd=ci_pipeline, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
         try:
             with temporary_settings({PREFECT_API_URL: url}):
-                names = [f"{n}/simulate_ci" for n in flows_served]
+                names = ["train/prorl_ci", "evaluate/prorl_ci"]
                 deployments = asyncio.run(_wait_for_deployments(names, serving, log))
-                run = run_deployment("simulate/simulate_ci", timeout=180, poll_interval=1)
+                run = run_deployment("evaluate/prorl_ci", timeout=300, poll_interval=1)
                 assert run.state.is_completed(), f"{run.state}\n{log.read_text()[-3000:]}"
                 _stop(serving)
-                paused = asyncio.run(_read_deployment("simulate/simulate_ci")).paused
+                paused = asyncio.run(_read_deployment("evaluate/prorl_ci")).paused
         finally:
             if serving.poll() is None:
                 server.stop(serving, grace_s=0)
@@ -146,14 +134,14 @@ def test_served_simulate_deployment_runs_to_completion_on_a_real_server_with_its
     for deployment in deployments.values():
         [schedule] = deployment.schedules
         assert schedule.schedule.cron == NEVER and schedule.active
-        assert deployment.parameters["params_path"] == str(ROOT / CI_PARAMS)
+        assert deployment.parameters["params_path"] == str(ci_pipeline / arm)
     assert paused, "stopping the serving process pauses its schedules"
-    assert (tmp_path / "output_dir" / "simulate" / "results.md").is_file()
-    metrics = json.loads((tmp_path / "metrics_dir" / "simulate.json").read_text())
-    assert {"N=4", "N=4096"} <= set(metrics)
+    # the evaluate flow scored the arm's final policy (the run's default checkpoint)
+    result = json.loads((tmp_path / "output_dir" / "evaluate" / "prorl-ci.json").read_text())
+    assert result["checkpoint"] == str(ci_pipeline / "outputs" / "ci" / "prorl" / "policy")
+    assert set(result["scores"]["family"]) == {"math", "code", "reasoning"}
     client = MlflowClient(mlflow_uri)
-    experiment = client.get_experiment_by_name("brorl-simulate-ci")
-    runs = client.search_runs([experiment.experiment_id])
-    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    assert parent.info.status == "FINISHED"
-    assert parent.data.params["tracking.output_dir"] == str(tmp_path / "output_dir")
+    [evaluation] = client.search_runs([client.get_experiment_by_name("brorl").experiment_id])
+    assert evaluation.info.status == "FINISHED" and evaluation.data.tags["stage"] == "evaluate"
+    for family, row in result["scores"]["family"].items():
+        assert evaluation.data.metrics[f"eval/pass_at_1_{family}"] == row["pass_at_1"]

@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from brorl.policy import load_policy
 from brorl.train import parameter_digest
+from tasks import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("data", "base", "prorl_warmup", "prorl", "brorl", "compare")
@@ -42,6 +43,23 @@ def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
         assert all(0.0 <= m[f"pass_at_1_{f}"] <= 1.0 for f in FAMILIES)
     for arm in ("prorl-ci", "brorl-ci", "prorl-warmup-ci"):
         assert (clone / "plots" / arm / "eval.csv").read_text().startswith("step,rollouts")
+    compared = json.loads((clone / "metrics" / "compare-ci.json").read_text())
+    report = json.loads((clone / "outputs" / "ci" / "compare" / "report.json").read_text())
+    assert compared["compare/paired_p"] == report["paired_test"]["p_one_tailed"]
+    for arm in ("prorl", "brorl"):
+        assert compared[f"compare/pass_rate_{arm}"] == report["pass_rate"][arm]
+        assert compared[f"compare/rollouts_per_s_{arm}"] > 0
+
+
+def test_each_arm_saved_its_rollouts_as_parquet(ci_pipeline):
+    import pyarrow.parquet as pq
+
+    for arm, n in (("prorl", 16), ("brorl", 256)):
+        files = sorted((ci_pipeline / "outputs" / "ci" / arm / "rollouts").glob("*.parquet"))
+        assert files, arm
+        table = pq.read_table(files[0])
+        assert table.num_rows % n == 0 and table.num_rows >= n  # whole groups of N rollouts
+        assert {"reward", "response"} <= set(table.column_names), table.column_names
 
 
 def test_the_checkpoints_changed_along_the_pipeline(ci_pipeline):
@@ -67,6 +85,10 @@ def test_both_arms_mlflow_runs_hold_metrics_artifacts_and_tags(ci_pipeline):
         assert run.info.status == "FINISHED"
         assert run.data.tags["algorithm"] == algorithm
         assert run.data.tags["rollouts_per_prompt"] == n and len(run.data.tags["git_commit"]) == 40
+        assert run.data.tags["prompts_per_step"] == {"prorl": "4", "brorl": "1"}[algorithm]
+        # the policy artifact's data version: the content hash of the data the arm trained on
+        data = ci_pipeline / "outputs" / "ci" / "data" / "problems"
+        assert run.data.tags["data_version"] == tracking.data_version(data) != "missing"
         for key in ("verify/reward_mean", "filter/pass_rate", "generate/rollouts_per_s",
                     "eval/pass_at_1_math", "eval/pass_at_1_reasoning", "time/iteration",
                     "time/orchestration_share"):
