@@ -16,6 +16,8 @@ decoded texts (ids beyond the tokenizer are dropped), not the compute measured.
 
 Usage: python benchmarks/rollout_throughput.py --quick
        python benchmarks/rollout_throughput.py --shape qwen2.5-1.5b --max-response-tokens 1024
+       python benchmarks/rollout_throughput.py --params params/shape_qwen2.5-1.5b.yaml \
+           --vocab-size 151936 --max-response-tokens 1024      (the shape from a params file)
 Deliberately ignored: the trainer side of a step, multi-GPU engines, real checkpoints.
 """
 
@@ -62,6 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-concurrent-rollouts", type=int, default=256,
                     help="hf chunk / vllm max_num_seqs")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--params", type=Path, default=None,
+                    help="take the model shape from this params file's `model` section instead "
+                         "(e.g. params/shape_qwen2.5-1.5b.yaml); the vocabulary from --vocab-size")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="vocabulary size with --params (default: the character tokenizer's)")
     ap.add_argument("--num-layers", type=int, default=None, help="override the shape's layer count")
     ap.add_argument("--temperature", type=float, default=1.2, help="ProRL v1: 1.2 (spec §7.1)")
     ap.add_argument("--seed", type=int, default=0)
@@ -86,9 +93,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def shape_of(args: argparse.Namespace) -> tuple[int, int, int, int, int, int | None]:
+    """(hidden, layers, heads, kv_heads, intermediate, vocab or None) from --params or --shape."""
+    if args.params is None:
+        return SHAPES[args.shape]
+    from brorl.params import load_params
+
+    m = load_params(args.params).model
+    return (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.intermediate_size,
+            args.vocab_size)
+
+
 def build_model(args: argparse.Namespace, device: str):
     tokenizer = build_tokenizer()
-    hidden, layers, heads, kv, inter, vocab = SHAPES[args.shape]
+    hidden, layers, heads, kv, inter, vocab = shape_of(args)
     model = build_policy(
         vocab_size=vocab or len(tokenizer), hidden_size=hidden,
         num_layers=args.num_layers or layers,
@@ -184,7 +202,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args.dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     print(f"device={device} cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
-          f"torch_threads={torch.get_num_threads()} shape={args.shape} dtype={args.dtype} "
+          f"torch_threads={torch.get_num_threads()} shape={args.params or args.shape} "
+          f"dtype={args.dtype} "
           f"total={args.total_rollouts} T={args.max_response_tokens} P={args.prompt_chars}")
     print("loadavg before:", Path("/proc/loadavg").read_text().strip())
     if device == "cuda":
