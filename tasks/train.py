@@ -133,15 +133,22 @@ def start_run(handle: str, parent_run_id: str | None = None) -> str:
     return s.run_id
 
 
+def budget_spent(s: Session, step_seconds: float = 0.0) -> bool:
+    """True once steps, rollouts or seconds (plus `step_seconds` of a step not yet logged) reach
+    their budget; the plateau rule is not a budget (it needs the evaluation itself)."""
+    t, trainer = s.params.train, s.trainer
+    rollouts = sum(m.get("generate/rollouts", 0.0) for m in trainer.history)
+    return (trainer.step_count >= t.steps
+            or (t.max_rollouts is not None and rollouts >= t.max_rollouts)
+            or (t.max_seconds is not None and s.seconds_total + step_seconds >= t.max_seconds))
+
+
 @task(name="budget-left", **_TASK)
 def budget_left(handle: str) -> bool:
     """True while steps, rollouts, seconds and the plateau rule all allow another step."""
     s = session(handle)
-    t, trainer = s.params.train, s.trainer
-    rollouts = sum(m.get("generate/rollouts", 0.0) for m in trainer.history)
-    return (trainer.step_count < t.steps
-            and (t.max_rollouts is None or rollouts < t.max_rollouts)
-            and (t.max_seconds is None or s.seconds_total < t.max_seconds)
+    t = s.params.train
+    return (not budget_spent(s)
             and (t.plateau_patience is None or s.evals_since_best < t.plateau_patience))
 
 
@@ -207,8 +214,11 @@ def ppo_update(handle: str) -> dict[str, float]:
 
 
 def eval_due(handle: str) -> bool:
+    """Every `train.eval_every` steps, and at the step that spends the budget: the arms of a
+    comparison end on an evaluation at the same budget, whatever their step sizes."""
     s = session(handle)
-    return s.trainer.step_count % s.params.train.eval_every == 0
+    return (s.trainer.step_count % s.params.train.eval_every == 0
+            or budget_spent(s, time.perf_counter() - s.step_started))
 
 
 @task(name="evaluate", **_TASK)

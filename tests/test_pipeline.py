@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,25 @@ def test_an_interrupted_train_flow_resumes_into_the_same_mlflow_run(ci_pipeline,
         parameter_digest(load_policy(clone / "split" / "policy")[0])
     steps = [m.step for m in client.get_metric_history(run_id, "verify/reward_mean")]
     assert sorted(set(steps)) == [1, 2, 3, 4]
+
+
+def test_the_step_that_spends_the_rollout_budget_is_evaluated():
+    from types import SimpleNamespace
+
+    from brorl.params import load_params
+    from tasks import train as t
+
+    params = load_params(ROOT / "params" / "prorl.yaml")  # eval_every 8, max_rollouts 2048
+    trainer = SimpleNamespace(step_count=14, history=[{"generate/rollouts": 128.0}] * 14)
+    session = t.Session(params, trainer, [], "sqlite://")
+    t.SESSIONS["budget-test"] = session
+    try:
+        session.step_started = time.perf_counter()
+        assert not t.eval_due("budget-test")  # step 14, 14 x 128 = 1792 rollouts: not due
+        trainer.history, trainer.step_count = trainer.history + [{"generate/rollouts": 288.0}], 15
+        assert t.eval_due("budget-test")  # step 15 reaches 2080 >= 2048: the budget's last step
+        assert not t.budget_left.fn("budget-test")
+        trainer.history, trainer.step_count = trainer.history[:14], 16
+        assert t.eval_due("budget-test")  # a multiple of eval_every
+    finally:
+        del t.SESSIONS["budget-test"]

@@ -67,9 +67,10 @@ def _stable(history: list[dict]) -> list[dict]:
             for m in history]
 
 
-@pytest.mark.parametrize("arm", ["prorl", "brorl"])
-def test_one_step_of_each_arm_through_the_python_api(arm, easy_base, easy_data, tmp_path):
-    params = load_params(ROOT / f"params/{arm}_ci.yaml", [
+@pytest.mark.parametrize("arm, shape", [("prorl", (8, 16)), ("brorl", (2, 512))])
+def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy_data, tmp_path):
+    """The CPU-default arms themselves (BroRL at N = 512), on the easy data and base."""
+    params = load_params(ROOT / f"params/{arm}.yaml", [
         f"data.path={easy_data}", f"train.init_checkpoint={easy_base}",
         f"train.checkpoint_dir={tmp_path / 'ck'}", "generate.max_response_tokens=24",
         "verify.workers=1"])
@@ -78,7 +79,7 @@ def test_one_step_of_each_arm_through_the_python_api(arm, easy_base, easy_data, 
     before = parameter_digest(trainer.model)
     metrics = trainer.step()
     b, n = config.prompts_per_step, config.rollouts_per_prompt
-    assert metrics["generate/rollouts"] >= b * n
+    assert (b, n) == shape and metrics["generate/rollouts"] >= b * n
     assert metrics["update/skipped"] == 0.0 and metrics["filter/groups_kept"] >= 1
     assert metrics["update/optimizer_steps"] == config.mini_batches_per_step
     assert metrics["update/lr"] == pytest.approx(params.update.lr)
