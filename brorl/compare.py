@@ -2,10 +2,10 @@
 
 Inputs are each arm's run outputs: `summary.json` (per-step metrics) and `evals.jsonl` (one line
 per held-out evaluation: step, seconds, rollouts, per-family scores, per-instance pass@1 over the
-same problem ids). Table 1 (spec §4.2.2): for each evaluation, steps, wall time, rollouts and
-pass@1 per family. Table 2 (spec §4.4): N, prompts per step, the dynamic-sampling pass rate and
+same problem ids). Table 1 (spec §5.1): for each evaluation, steps, wall time, rollouts and
+pass@1 per family. Table 2 (spec §5.5): N, prompts per step, the dynamic-sampling pass rate and
 generation throughput. The paired test compares the arms' last evaluations instance by instance
-(`brorl.evaluate.paired_comparison`, spec §4.2.2 uses a paired t-test).
+(`brorl.evaluate.paired_comparison`, spec §5.3: the paper uses a paired t-test).
 
 Deliberately ignored: confidence bands over seeds (one seed per arm on CPU).
 """
@@ -130,9 +130,9 @@ def build_report(arms: list[ArmResult], out_dir: str | Path) -> dict[str, Any]:
     text = [
         "# ProRL vs BroRL", "",
         "Both arms start from the same checkpoint with an equal budget. Pass@1 in percent on the "
-        "same held-out instances (Table 1 layout, spec §4.2.2).", "",
+        "same held-out instances (Table 1 layout, spec §5.1).", "",
         table1(arms), "",
-        "## Dynamic-sampling pass rate and generation throughput (Table 2 layout, spec §4.4)", "",
+        "## Dynamic-sampling pass rate and generation throughput (Table 2 layout, spec §5.5)", "",
         table2(arms), "",
     ]
     if test is not None:

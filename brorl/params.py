@@ -349,19 +349,19 @@ class GenerateParams(_Section):
 
     engine: Literal["hf", "vllm"] = "hf"
     """`hf`: in-process transformers loop (`brorl.engines.hf`); `vllm`: vLLM's offline LLM kept
-    alive across steps (`brorl.engines.vllm`). Spec §6: the paper generates with vLLM."""
+    alive across steps (`brorl.engines.vllm`). The paper's engine is not stated (spec §4.3; its
+    throughput argument cites SGLang's prefix caching, spec §6); ProRL v1 evaluated with vLLM."""
     temperature: float = Field(1.2, ge=0)
     """Sampling temperature; 0 is greedy. ProRL v1: 1.2 (spec §7.1)."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus top-p of rollouts; 1 turns it off. ProRL v1 samples without it (spec §7.1)."""
+    """Nucleus top-p of rollouts; 1 turns it off. Not stated for ProRL or BroRL training (spec
+    §4.3, §11 item 4): 1 is our choice."""
     max_response_tokens: PositiveInt = 64
     """Longest response (tokens); longer rollouts end with finish reason `length`. ProRL v1: 8k
     (spec §7.1); CPU-sized here."""
     max_concurrent_rollouts: PositiveInt = 256
     """Most rollouts decoded at once (hf: chunk size; vllm: `max_num_seqs`), so memory does not
     grow with N. vLLM's own default is 256 (anchors §8)."""
-    seed: int = 0
-    """Base sampling seed; step k samples with seed + k, so runs are reproducible."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """vLLM weight/activation dtype; float32 on CPU (trainer log-probs then match within 1e-4)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)

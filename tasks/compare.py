@@ -22,7 +22,7 @@ def resolve_arms(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm's resolved params, with the comparison's shared start and budget applied.
 
     Fails, naming the arms and values, if the arms would not start from the same checkpoint
-    with the same budget: the comparison is only fair at equal start and budget (spec §4.2.2).
+    with the same budget: the comparison is only fair at equal start and budget (spec §5.1, §8).
     """
     c = ExperimentParams.model_validate(params).compare
     shared = []
