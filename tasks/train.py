@@ -143,6 +143,12 @@ def budget_spent(s: Session, step_seconds: float = 0.0) -> bool:
             or (t.max_seconds is not None and s.seconds_total + step_seconds >= t.max_seconds))
 
 
+def track_best(best: float, since: int, value: float) -> tuple[float, int]:
+    """(best held-out pass@1, evaluations since it) after an evaluation scoring `value`: the
+    plateau rule (`train.plateau_patience`) ends a run once `since` reaches the patience."""
+    return (value, 0) if value > best else (best, since + 1)
+
+
 @task(name="budget-left", **_TASK)
 def budget_left(handle: str) -> bool:
     """True while steps, rollouts, seconds and the plateau rule all allow another step."""
@@ -236,10 +242,7 @@ def evaluate(handle: str) -> dict[str, float]:
                for q, v in row.items() if q in ("pass_at_1", "reward_mean", "score")}
     mean_pass = sum(r["pass_at_1"] for r in scores["family"].values()) / len(scores["family"])
     metrics["eval/pass_at_1_mean"] = mean_pass
-    if mean_pass > s.best_eval:
-        s.best_eval, s.evals_since_best = mean_pass, 0
-    else:
-        s.evals_since_best += 1
+    s.best_eval, s.evals_since_best = track_best(s.best_eval, s.evals_since_best, mean_pass)
     elapsed = s.seconds_total + (time.perf_counter() - s.step_started if s.trainer.step_count else 0)
     record = {"step": s.trainer.step_count, "seconds": elapsed,
               "rollouts": sum(m.get("generate/rollouts", 0.0) for m in s.trainer.history),

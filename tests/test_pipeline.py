@@ -174,3 +174,26 @@ def test_the_step_that_spends_the_rollout_budget_is_evaluated():
         assert t.eval_due("budget-test")  # a multiple of eval_every
     finally:
         del t.SESSIONS["budget-test"]
+
+
+def test_the_plateau_rule_ends_a_run_after_patience_evaluations_without_a_new_best():
+    from types import SimpleNamespace
+
+    from brorl.params import load_params
+    from tasks import train as t
+
+    best, since, trail = float("-inf"), 0, []
+    for value in (0.41, 0.42, 0.42, 0.40):  # a tie is no improvement
+        best, since = t.track_best(best, since, value)
+        trail.append(since)
+    assert (best, trail) == (0.42, [0, 0, 1, 2])
+    params = load_params(ROOT / "params" / "prorl_warmup.yaml")
+    session = t.Session(params, SimpleNamespace(step_count=8, history=[]), [], "sqlite://")
+    t.SESSIONS["plateau-test"] = session
+    try:
+        session.evals_since_best = params.train.plateau_patience - 1
+        assert t.budget_left.fn("plateau-test")
+        session.evals_since_best = params.train.plateau_patience
+        assert not t.budget_left.fn("plateau-test")  # steps remain, but the plateau ends it
+    finally:
+        del t.SESSIONS["plateau-test"]

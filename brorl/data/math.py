@@ -2,7 +2,7 @@
 
 JSONL rows need `problem` and either `answer` (DeepScaleR) or a `solution` whose last
 `\\boxed{...}` is the answer (MATH). The task name is the row's `task`, `type` or `source` field,
-else the file's stem. The generated set has three tasks sized for a tiny character-level model:
+else the file's stem. The generated set has four tasks sized for a tiny character-level model:
 `compare` (the larger of two two-digit numbers), `arithmetic` (a op b), `fractions` (reduce a
 fraction) and `linear_equation` (solve ax + b = c).
 
