@@ -253,10 +253,16 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
                          eval_every: int, batch_size: int, lr: float, seed: int,
                          target_pass_low: float, eval_per_family: int, test_samples: int,
                          eval_temperature: float, eval_top_p: float, max_response_tokens: int,
-                         target_pass_high: float = 1.0, warmup_steps: int = 20, min_lr_ratio: float = 1.0,
+                         target_pass_high: float = 1.0, band_margin: float = 0.0,
+                         warmup_steps: int = 20, min_lr_ratio: float = 1.0,
                          micro_batches: int = 1, family_shares: Mapping[str, float] | None = None,
-                         reached_share: float = 1.0, workers: int | None = None) -> tuple[object, object, dict]:
+                         reached_share: float = 1.0,
+                         workers: int | None = None) -> tuple[object, object, dict]:
     """Build the tiny policy from `model_config` (build_policy's sizes), warm it up, score it.
+
+    The warm-up stops and selects on validation with the band [target_pass_low,
+    target_pass_high] narrowed by `band_margin` at each end: room for validation noise, so the
+    held-out scores land inside the band itself.
 
     Returns (model, tokenizer, report); the report holds the warm-up history, the steps trained
     and the step whose weights were kept (`selected_step`, see `warm_up`), the held-out test
@@ -270,8 +276,9 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
                       max_steps=max_steps, eval_every=eval_every, batch_size=batch_size, lr=lr,
                       seed=seed, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
                       micro_batches=micro_batches, family_shares=family_shares,
-                      reached_share=reached_share, target_pass_low=target_pass_low,
-                      target_pass_high=target_pass_high, max_new_tokens=max_response_tokens, eval_temperature=eval_temperature,
+                      reached_share=reached_share, target_pass_low=target_pass_low + band_margin,
+                      target_pass_high=target_pass_high - band_margin,
+                      max_new_tokens=max_response_tokens, eval_temperature=eval_temperature,
                       eval_top_p=eval_top_p, workers=workers)
     train_seconds = time.perf_counter() - started
     scores, _ = evaluate_policy(model, tokenizer, test, n=test_samples, k_values=(1,),

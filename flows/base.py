@@ -34,7 +34,8 @@ def base(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]
         eval_every=b.eval_every, batch_size=b.batch_size, lr=b.lr, seed=b.seed,
         warmup_steps=b.warmup_steps, min_lr_ratio=b.min_lr_ratio, micro_batches=b.micro_batches,
         family_shares=b.family_shares, reached_share=b.reached_share,
-        target_pass_low=b.target_pass_low, band_margin=b.band_margin, eval_per_family=b.eval_per_family,
+        target_pass_low=b.target_pass_low, band_margin=b.band_margin,
+        eval_per_family=b.eval_per_family,
         test_samples=b.test_samples, eval_temperature=b.eval_temperature,
         eval_top_p=b.eval_top_p, max_response_tokens=b.max_response_tokens,
     )

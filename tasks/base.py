@@ -36,17 +36,15 @@ def base_metrics(report: dict, target_pass_low: float, target_pass_high: float) 
 
 @task(name="base", cache_policy=NO_CACHE, persist_result=False)
 def train_base(*, data_path: str, path: str, metrics_path: str, target_pass_low: float,
-               target_pass_high: float, band_margin: float = 0.0, **knobs: Any) -> dict[str, Any]:
+               target_pass_high: float, **knobs: Any) -> dict[str, Any]:
     """Warm up, save the HF folder at `path`, write metrics JSON; return paths and metrics.
 
-    The warm-up stops and selects on validation with the band narrowed by `band_margin` at each
-    end (room for validation noise); `base/in_band` reports the test scores against the band.
+    `base/in_band` reports the held-out scores against [target_pass_low, target_pass_high].
     """
     splits = {name: load_split(data_path, name) for name in ("train", "validation", "test")}
     model, tokenizer, report = make_base_checkpoint(
-        splits["train"], splits["validation"], splits["test"],
-        target_pass_low=target_pass_low + band_margin,
-        target_pass_high=target_pass_high - band_margin, **knobs)
+        splits["train"], splits["validation"], splits["test"], target_pass_low=target_pass_low,
+        target_pass_high=target_pass_high, **knobs)
     save_policy(model, tokenizer, path)
     metrics = base_metrics(report, target_pass_low, target_pass_high)
     Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,9 @@ harness imports the modules the code's import statements name, from an allow-lis
 side-effect-free stdlib modules (`harness.PREIMPORTABLE`); other imports fail (reward 0).
 A candidate as `nobody` can still signal other sandboxes running as `nobody` (`kill(-1)`).
 
-Deliberately ignored: a chroot (the candidate can still read world-readable files), seccomp, and hostile code that reads the
-nonce out of the harness's own frames (deliberate reward hacking, not an accident).
+Deliberately ignored: a chroot (the candidate can still read world-readable files), seccomp,
+and hostile code that reads the nonce out of the harness's own frames (deliberate reward
+hacking, not an accident).
 """
 
 from __future__ import annotations
