@@ -41,7 +41,7 @@ class ArmResult:
                                         "(python -m flows.train, or the compare flow).")
         evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
         last = {}
-        for record in evals:  # a resumed run may repeat a step: keep the latest record of each
+        for record in evals:  # one record per step (a resumed run rewrites the file from its state)
             last[record["step"]] = record
         return cls(name, json.loads(summary_path.read_text()), [last[k] for k in sorted(last)])
 
@@ -71,10 +71,9 @@ def table2(arms: list[ArmResult]) -> str:
     lines = ["| arm | N | prompts/step | pass rate | rollouts/s | tokens/s | s/step |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for arm in arms:
-        params = arm.summary.get("params", {}).get("update", {})
         lines.append(
-            f"| {arm.name} | {params.get('rollouts_per_prompt', '?')} "
-            f"| {params.get('prompts_per_step', '?')} "
+            f"| {arm.name} | {arm.summary.get('rollouts_per_prompt', '?')} "
+            f"| {arm.summary.get('prompts_per_step', '?')} "
             f"| {100 * arm.mean_metric('filter/pass_rate'):.1f}% "
             f"| {arm.mean_metric('generate/rollouts_per_s'):.1f} "
             f"| {arm.mean_metric('generate/tokens_per_s'):.0f} "
@@ -143,8 +142,8 @@ def build_report(arms: list[ArmResult], out_dir: str | Path) -> dict[str, Any]:
     text += [f"![pass@1]({figure.name})", ""]
     (out_dir / "report.md").write_text("\n".join(text))
     report = {"final_pass_at_1": final, "paired_test": test,
-              "arms": {a.name: {k: a.summary[k] for k in ("steps", "rollouts", "seconds",
-                                                          "mlflow_run_id") if k in a.summary}
+              "arms": {a.name: {k: a.summary[k] for k in ("steps", "rollouts", "train_seconds",
+                                                          "stopped_by") if k in a.summary}
                        for a in arms},
               "pass_rate": {a.name: a.mean_metric("filter/pass_rate") for a in arms},
               "rollouts_per_s": {a.name: a.mean_metric("generate/rollouts_per_s") for a in arms}}

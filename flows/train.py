@@ -1,56 +1,60 @@
 """Flow `train`: one RL run (`python -m flows.train --params params/prorl.yaml`).
 
-Composition only. The run opens (or resumes, from the newest checkpoint, into the same MLflow run)
-a trainer session, evaluates the start, then runs one `iteration` subflow per step until a budget
-is spent (steps, rollouts, seconds, or the held-out plateau rule): sample_prompts ->
-generate_rollouts -> verify -> filter (repeated while dynamic sampling refills) -> ppo_update ->
-evaluate (every `train.eval_every` steps) -> checkpoint. Each step's metrics go to MLflow.
+Composition only. The loop is the library's (`brorl.train.Run.train`, the same one `python -m
+brorl.train` runs: stop rules, evaluation and checkpoint schedules, resume); this flow drives it
+with `PrefectDriver`: each step is an `iteration` subflow whose stages (sample_prompts ->
+generate_rollouts -> verify -> filter, repeated while dynamic sampling refills, -> ppo_update ->
+evaluate when due -> checkpoint) are tasks, and each finished step's metrics go to MLflow.
+A rerun resumes from the newest checkpoint into the same MLflow run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow
 
 from brorl.params import load_params
+from brorl.train import Run, Timed
 from flows.entry import run_flow_cli
 from tasks import train as t
 
 
-@flow(name="iteration", flow_run_name="step-{step}")
-def iteration(handle: str, step: int) -> dict[str, float]:
-    """One RL step as tasks; returns its metrics."""
-    done = False
-    while not done:
-        problems = t.sample_prompts(handle)
-        batch = t.generate_rollouts(handle, problems)
-        groups = t.verify(handle, problems, batch)
-        done = t.filter_groups(handle, groups)
-    metrics = t.ppo_update(handle)
-    if t.eval_due(handle):
-        metrics = {**metrics, **t.evaluate(handle)}
-    t.checkpoint(handle)
-    return metrics
+@flow(name="iteration", flow_run_name="step-{step}", validate_parameters=False)
+def iteration(step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """One RL step: `body` is `Run.step` bound to the driver, which runs its stages as tasks."""
+    return body()
+
+
+class PrefectDriver:
+    """Stages as tasks, steps as `iteration` subflows, finished steps logged to MLflow."""
+
+    def __init__(self, tracker: t.Tracker) -> None:
+        self.tracker = tracker
+
+    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]:
+        return t.STAGES[name](run, *args)
+
+    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
+        return iteration(step, body)
+
+    def on_step(self, run: Run, metrics: dict[str, float]) -> None:
+        t.log_step(self.tracker, run.step_count, metrics, run.config.name)
 
 
 @flow(name="train-arm", flow_run_name="{name}")
 def train_arm(params: dict[str, Any], name: str, parent_run_id: str | None = None) -> dict:
     """Train one arm from resolved params; returns the run summary."""
-    handle = t.open_trainer(params)
+    run = t.open_run(params)
+    tracker = None
     try:
-        run_id = t.start_run(handle, parent_run_id)
-        if t.session(handle).trainer.step_count == 0:
-            t.begin_step(handle)
-            t.log_step(handle, t.evaluate(handle) | {"train/step": 0.0})
-        while t.budget_left(handle):
-            step = t.begin_step(handle)
-            t.log_step(handle, iteration(handle, step))
-        summary = t.finish_run(handle)
+        tracker = t.start_tracking(run, params, parent_run_id)
+        run.train(PrefectDriver(tracker))
+        return t.finish_run(run, tracker, params)
     except BaseException:
-        t.fail_run(handle)
+        t.fail_run(tracker)
         raise
-    return {**summary, "mlflow_run_id": run_id}
 
 
 @flow(name="train")

@@ -117,14 +117,33 @@ def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> Non
 
 
 def log_metric_series(tracking_uri: str, run_id: str, steps: list[int],
-                      series: Mapping[str, list[float]]) -> int:
-    """Log `series[name][i]` at `steps[i]`, skipping NaN; returns the number of points logged."""
+                      series: Mapping[str, list[float]], synchronous: bool = True) -> int:
+    """Log `series[name][i]` at `steps[i]`, skipping NaN; returns the number of points logged.
+    `synchronous=False` queues the batches on MLflow's logging thread (`flush` waits for them):
+    a training step never waits on the store."""
     client = MlflowClient(tracking_uri)
     metrics = [Metric(sanitize_key(name), float(v), 0, int(step))
                for name, values in series.items() for step, v in zip(steps, values) if v == v]
     for i in range(0, len(metrics), _BATCH):
-        client.log_batch(run_id, metrics=metrics[i:i + _BATCH])
+        client.log_batch(run_id, metrics=metrics[i:i + _BATCH], synchronous=synchronous)
     return len(metrics)
+
+
+def flush() -> None:
+    """Wait until every asynchronously logged batch is written."""
+    mlflow.flush_async_logging()
+
+
+def register_policy(tracking_uri: str, run_id: str, name: str, tags: Mapping[str, str],
+                    artifact_path: str = "policy") -> str:
+    """The run's `artifact_path` folder as a new version of registered model `name` (created
+    if new), tagged with `tags`; returns the version number."""
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    if not client.search_registered_models(filter_string=f"name = '{name}'"):
+        client.create_registered_model(name, description=f"Policies of the {name} runs.")
+    source = f"{client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+    version = client.create_model_version(name, source, run_id=run_id, tags=dict(tags))
+    return str(version.version)
 
 
 def log_artifacts(tracking_uri: str, run_id: str, paths: list[Path], subdir: str | None = None) -> None:

@@ -1,16 +1,16 @@
-"""RL training on DeepSpeed: `Trainer` (one step = generate, verify, filter, PPO) and its checkpoints.
+"""RL training on DeepSpeed: `Run` (the loop: stop rules, schedules, resume), `Trainer` (one
+step's mechanics: generate, verify, filter, PPO) and their checkpoints.
 
 Python API:
     from brorl.params import load_params
-    from brorl.data import load_split
-    from brorl.train import Trainer
-    params = load_params("params/brorl.yaml")
-    trainer = Trainer(params.trainer_config(), load_split(params.data.path, "train"))
-    metrics = trainer.step()
+    from brorl.train import Run
+    run = Run.open(load_params("params/brorl.yaml"))   # resumes from its newest checkpoint
+    summary = run.train()                                # until a stop rule of the params fires
 """
 
 from brorl.train.config import LossConfig, TrainerConfig
+from brorl.train.run import Direct, Driver, Run, RunConfig, RunState, Timed
 from brorl.train.trainer import Collected, Trainer, draw_seed, init_distributed, parameter_digest
 
-__all__ = ["Collected", "LossConfig", "Trainer", "TrainerConfig", "draw_seed", "init_distributed",
-           "parameter_digest"]
+__all__ = ["Collected", "Direct", "Driver", "LossConfig", "Run", "RunConfig", "RunState", "Timed",
+           "Trainer", "TrainerConfig", "draw_seed", "init_distributed", "parameter_digest"]

@@ -1,15 +1,16 @@
-"""The RL trainer: one step = generate, verify, filter, score, PPO mini-batches; on DeepSpeed.
+"""The RL trainer: the mechanics of one step (generate, verify, filter, PPO) on DeepSpeed.
 
-One `Trainer.step()` (spec §4.2, §7.2, §8):
-1. `collect`: draw prompts from the seeded cursor, generate N rollouts each (`brorl.engines`),
-   verify them (`brorl.verifiers.verify_batch`), keep the informative groups
-   (`brorl.algorithm.filtering.collect_informative`), refilling up to `filter_max_draws` rounds;
+A step's parts are public methods that `brorl.train.run.Run` composes (spec §4.2, §7.2, §8):
+1. `start_collection`, `sample_prompts`, `generate_rollouts`, `verify`: draw prompts from the
+   seeded cursor, generate N rollouts each (`brorl.engines`), verify them
+   (`brorl.verifiers.verify_batch`); a `Collection` keeps the informative groups
+   (`brorl.algorithm.filtering.InformativeCollector`), refilling up to `filter_max_draws` rounds;
 2. `update`: advantages over the kept groups (REINFORCE++-baseline or GRPO), old and reference
    log-probs, then `mini_batches_per_step` PPO mini-batches per epoch, each accumulated from
    micro-batches of `micro_batch_rollouts` rows and applied with one optimizer step;
-3. reference reset on schedule (optionally clearing the optimizer), engine weight sync, and a
-   checkpoint every `checkpoint_every` steps.
-Each part is a public method, so the pipeline can run them as separate tasks; `step()` composes them.
+3. `end_step`: count the step, reset the reference on schedule (optionally clearing the
+   optimizer), sync the engine's weights; `save_checkpoint` when the run says so.
+The run (`brorl.train.run`) owns the loop, its stop rules and schedules, and the timings.
 
 Data parallelism: DeepSpeed ZeRO 0-2 over all ranks (gloo on CPU, NCCL on GPU). Rank 0 generates
 and verifies; the scored groups are broadcast, and every rank trains on its share (`rank::world`)
@@ -18,8 +19,8 @@ by the mini-batch's token count over all ranks and multiplied by the world size,
 averages gradients over ranks: the update equals one process on the whole mini-batch.
 
 Exact resume: every random choice comes from (seed, step, round) or from the saved cursor, and a
-checkpoint holds weights, optimizer, scheduler, reference, RNG states, cursor and step; resuming
-at step k and running m steps gives the weights and metrics of k + m uninterrupted steps.
+checkpoint holds weights, optimizer, scheduler, reference, RNG states, cursor, step and the run's
+state; resuming at step k and running m steps gives the weights and metrics of k + m steps.
 
 Deliberately ignored: generation sharded over ranks (rank 0 generates: right for one vLLM engine
 per node, wasteful for the hf engine on many ranks), ZeRO-3 (whole parameters are needed for the
@@ -116,7 +117,7 @@ def deepspeed_config(config: TrainerConfig) -> dict[str, Any]:
 
 @dataclass
 class Collected:
-    """What `collect` returns: the kept groups (None if none), filter stats, generation figures."""
+    """What `Collection.finish` returns: the kept groups (None if none), filter stats, figures."""
 
     groups: ScoredGroups | None
     stats: FilterStats
@@ -202,18 +203,18 @@ class Trainer:
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(config))
         self.step_count = 0
-        self.history: list[dict[str, float]] = []
+        self.resumed_state: dict[str, Any] = {}
+        """The resumed checkpoint's `run` record (`save_checkpoint(run_state=...)`), or {}."""
         sampler_state = SamplerState()
         if self.resumed_from:
             self.engine.load_checkpoint(str(self.resumed_from / "deepspeed"), tag="state",
                                         load_optimizer_states=True, load_lr_scheduler_states=True)
             state = ckpt.read_state(self.resumed_from)
-            self.step_count, self.history = state["step"], state["history"]
+            self.step_count, self.resumed_state = state["step"], state.get("run", {})
             sampler_state = SamplerState(**state["sampler"])
             ckpt.load_rng(self.resumed_from, self.rank)
         self.sampler = PromptSampler(problems, config.seed, sampler_state)
         self.rollout_engine = None
-        self.last_seconds: dict[str, float] = {}
         if self.rank == 0:  # rank 0 generates for everyone
             self.rollout_engine = build_engine(
                 config.engine, model=self.engine.module, tokenizer=self.tokenizer,
@@ -242,17 +243,12 @@ class Trainer:
             max_response_tokens=self.config.max_response_tokens,
             seed=draw_seed(self.config.seed, self.step_count, draw))
         prompts = [render_prompt(p, self.tokenizer) for p in problems]
-        started = time.perf_counter()
-        batch = self.rollout_engine.generate(prompts, self.config.rollouts_per_prompt, sampling)
-        self.last_seconds["generate"] = time.perf_counter() - started
-        return batch
+        return self.rollout_engine.generate(prompts, self.config.rollouts_per_prompt, sampling)
 
     def verify(self, problems: Sequence[Problem], batch: RolloutBatch) -> ScoredGroups:
         """Rewards `[b, N]` of a batch from the reward function (the family verifiers)."""
         n = batch.rollouts_per_prompt
-        started = time.perf_counter()
         verdicts = self.reward_fn([p for p in problems for _ in range(n)], batch.texts)
-        self.last_seconds["verify"] = time.perf_counter() - started
         rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float64).view(-1, n)
         return ScoredGroups(tuple(problems), batch, rewards, tuple(v.reason for v in verdicts))
 
@@ -264,19 +260,13 @@ class Trainer:
             oversample=c.filter_oversample, correct_reward=c.correct_reward,
             wrong_reward=c.wrong_reward, keep_uniform=not c.filter_enabled))
 
-    def collect(self) -> Collected:
-        """Dynamic sampling for this step on rank 0, broadcast to all ranks."""
-        result: list[Any] = [None]
-        if self.rank == 0:
-            collection = self.start_collection()
-            while not collection.done:
-                problems = self.sample_prompts(collection.request())
-                batch = self.generate_rollouts(problems, collection.rounds)
-                collection.add(self.verify(problems, batch), self.last_seconds)
-            result[0] = collection.finish()
-        if self.world > 1:
-            dist.broadcast_object_list(result, src=0)
-        return result[0]
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (a world of one returns it as is)."""
+        if self.world == 1:
+            return value
+        holder = [value]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
 
     # -- 2. the update ----------------------------------------------------------------------
     def _permutations(self, rows: int) -> list[torch.Tensor]:
@@ -357,51 +347,23 @@ class Trainer:
         return {"reference/reset": float(plan.reset_reference),
                 "reference/optimizer_reset": float(plan.reset_optimizer)}
 
-    def step(self) -> dict[str, float]:
-        """One RL step; returns its metrics (also appended to `history`)."""
-        started = time.perf_counter()
-        collected = self.collect()
-        metrics = dict(collected.metrics)
-        if collected.groups is not None:  # else the budget ran out with nothing kept: report it
-            metrics.update(self.update(collected.groups))
-        metrics = self.finish_step(metrics, time.perf_counter() - started)
-        if self.checkpoint_due():
-            self.save_checkpoint()
-        return metrics
-
-    def finish_step(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
-        """Close the step: count it, reset the reference on schedule, sync the engine, record."""
+    def end_step(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Close the step: count it, reset the reference on schedule, sync the engine."""
         metrics = dict(metrics)
         metrics["update/skipped"] = 0.0 if "update/optimizer_steps" in metrics else 1.0
         self.step_count += 1
         metrics.update(self.after_update())
         metrics["train/step"] = float(self.step_count)
-        metrics["train/seconds"] = seconds
-        self.history.append(metrics)
         return metrics
-
-    def checkpoint_due(self) -> bool:
-        return self.step_count % self.config.checkpoint_every == 0
-
-    def train(self, steps: int | None = None,
-              on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict]:
-        """Run until `steps` more steps (default: until `config.steps` in total); save at the end."""
-        target = self.step_count + steps if steps is not None else self.config.steps
-        while self.step_count < target:
-            metrics = self.step()
-            if on_step is not None:
-                on_step(self.step_count, metrics)
-        if not self.history or self.latest_saved_step() != self.step_count:
-            self.save_checkpoint()
-        return self.history
 
     # -- checkpoints ------------------------------------------------------------------------
     def latest_saved_step(self) -> int | None:
         folder = ckpt.latest_checkpoint(self.config.checkpoint_dir)
         return ckpt.read_state(folder)["step"] if folder else None
 
-    def save_checkpoint(self) -> Path:
-        """Write `step_<step>/` atomically on all ranks (see `brorl.train.checkpoint`)."""
+    def save_checkpoint(self, run_state: dict[str, Any] | None = None) -> Path:
+        """Write `step_<step>/` atomically on all ranks (see `brorl.train.checkpoint`), with
+        `run_state` (the run's counters and records, `brorl.train.run.RunState`) inside it."""
         root = Path(self.config.checkpoint_dir)
         staged = ckpt.staging_dir(root, self.step_count)
         if self.rank == 0:
@@ -418,7 +380,7 @@ class Trainer:
             self.tokenizer.save_pretrained(staged / "policy")
             self.reference.save_pretrained(staged / "reference")
             self.tokenizer.save_pretrained(staged / "reference")
-            ckpt.write_state(staged, {"step": self.step_count, "history": self.history,
+            ckpt.write_state(staged, {"step": self.step_count, "run": run_state or {},
                                       "sampler": vars(self.sampler.state), "world_size": self.world})
             final = ckpt.commit(root, self.step_count, self.config.keep_checkpoints)
         self._barrier()

@@ -1,0 +1,404 @@
+"""One RL run: the loop that every entry point drives (Python API, `python -m brorl.train`,
+torchrun, the Prefect flow `flows/train.py`).
+
+A `Run` wraps a `Trainer` (the mechanics of a step) with what a run is: its `RunState` (rollout
+counter, training seconds with evaluation and checkpoint time kept apart, per-step metrics, the
+evaluation records and the best held-out score), the stop rules (`RunConfig`: steps, rollout
+budget, training-time budget, plateau), the evaluation and checkpoint schedule, and resume: the
+state is saved inside every checkpoint, so a resumed run continues its counters and records
+exactly where the checkpoint left them (no repeated evaluation rows).
+
+The loop is written once, here (`train`, `step`). Orchestration plugs in through a `Driver`:
+`stage(run, name, *args)` runs the stage method `run.<name>(*args)` (the Prefect driver runs it
+as a task of that name), `iteration(step, body)` runs one step (the Prefect driver makes it a
+subflow), `on_step(run, metrics)` observes a finished step (MLflow logging). `Direct` runs
+everything in place. Every
+stage method takes its inputs and returns its output with its own seconds (`Timed`), so the
+orchestration's share of a step is the step's wall time minus the stages' seconds.
+
+Multi-process (torchrun / deepspeed launcher): rank 0 samples, generates, verifies and
+evaluates; what the other ranks need (the kept groups, evaluation records, stop decisions) is
+broadcast from rank 0, so every rank takes the same branch at the same step.
+
+Deliberately ignored: early stopping on anything but the held-out mean pass@1, best-checkpoint
+selection (the last state is the run's result).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from brorl.base import sample_per_family
+from brorl.data import load_split
+from brorl.evaluate import evaluate_policy
+from brorl.train import checkpoint as ckpt
+from brorl.train.rollouts import ScoredGroups, save_groups
+from brorl.train.trainer import Collected, Collection, RewardFn, Trainer
+from brorl.types import Problem, RolloutBatch
+
+if TYPE_CHECKING:
+    from brorl.params import ExperimentParams
+
+T = TypeVar("T")
+TRAIN_STAGES = ("sample_prompts", "generate_rollouts", "verify", "filter", "ppo_update")
+"""The stages whose seconds are training time (`train/seconds`, the `max_seconds` budget)."""
+
+
+@dataclass(frozen=True)
+class Timed(Generic[T]):
+    """A stage's output and the seconds its brorl work took."""
+
+    value: T
+    seconds: float
+
+
+def timed(fn: Callable[..., T], *args: Any) -> Timed[T]:
+    started = time.perf_counter()
+    value = fn(*args)
+    return Timed(value, time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run's policy: length, budgets, schedules, evaluation protocol, where outputs go."""
+
+    name: str
+    run_dir: str
+    steps: int
+    max_rollouts: int | None
+    max_seconds: float | None
+    plateau_patience: int | None
+    eval_every: int
+    checkpoint_every: int
+    save_rollouts: bool
+    eval_samples: int
+    eval_temperature: float
+    eval_top_p: float
+    eval_max_response_tokens: int
+    eval_seed: int
+    eval_workers: int | None
+
+    @classmethod
+    def from_params(cls, params: ExperimentParams, root: Path) -> RunConfig:
+        """The `train` section's run policy; `run_dir` resolved against `root`."""
+        t = params.train
+        return cls(
+            name=params.name, run_dir=str(root / t.run_dir), steps=t.steps,
+            max_rollouts=t.max_rollouts, max_seconds=t.max_seconds,
+            plateau_patience=t.plateau_patience, eval_every=t.eval_every,
+            checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
+            eval_samples=t.eval_samples, eval_temperature=t.eval_temperature,
+            eval_top_p=t.eval_top_p, eval_max_response_tokens=params.generate.max_response_tokens,
+            eval_seed=t.seed, eval_workers=params.verify.workers)
+
+
+@dataclass
+class RunState:
+    """What a run has done so far; saved in every checkpoint (`Trainer.save_checkpoint`)."""
+
+    rollouts: int = 0
+    """Rollouts generated, refills included (the budget's unit, spec §4.4 "samples")."""
+    train_seconds: float = 0.0
+    """Seconds of the training stages (`TRAIN_STAGES`): evaluation and checkpoints excluded."""
+    eval_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    best_eval: float | None = None
+    """Best held-out mean pass@1 so far (the plateau rule's reference)."""
+    evals_since_best: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    """Per-step metrics, one dict per finished step."""
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    """Evaluation records (step, seconds, rollouts, scores, per-instance pass@1)."""
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> RunState:
+        return cls(**saved)
+
+
+class Driver(Protocol):
+    """How the loop's stages and steps are run (see the module docstring)."""
+
+    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]: ...
+
+    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]: ...
+
+    def on_step(self, run: Run, metrics: dict[str, float]) -> None: ...
+
+
+class Direct:
+    """Runs every stage and step in place; `progress` prints one line per step."""
+
+    def __init__(self, progress: Callable[[str], None] | None = None) -> None:
+        self.progress = progress
+
+    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]:
+        return getattr(run, name)(*args)
+
+    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
+        return body()
+
+    def on_step(self, run: Run, metrics: dict[str, float]) -> None:
+        if self.progress is not None and run.trainer.rank == 0:
+            self.progress(progress_line(run.config.name, run.step_count, metrics))
+
+
+class Run:
+    """A trainer, its run policy and state; `train()` is the loop (see the module docstring)."""
+
+    def __init__(self, trainer: Trainer, config: RunConfig,
+                 eval_problems: Sequence[Problem]) -> None:
+        self.trainer, self.config = trainer, config
+        self.eval_problems = list(eval_problems)
+        self.state = RunState.from_dict(trainer.resumed_state) if trainer.resumed_state \
+            else RunState()
+        self.run_dir = Path(config.run_dir)
+
+    @classmethod
+    def open(cls, params: ExperimentParams, root: Path | str = ".", *, resume: bool = True,
+             reward_fn: RewardFn | None = None) -> Run:
+        """The run of `params` (relative paths taken from `root`), resumed from its newest
+        checkpoint unless `resume` is False. Evaluation uses the test split's instances drawn
+        by `train.eval_per_family` and `train.seed` (the same instances at every evaluation)."""
+        from dataclasses import replace
+
+        from brorl.train.config import TrainerConfig
+
+        root = Path(root)
+        config = TrainerConfig.from_params(params)
+        config = replace(config, init_checkpoint=str(root / config.init_checkpoint),
+                         checkpoint_dir=str(root / config.checkpoint_dir))
+        data = root / params.data.path
+        trainer = Trainer(config, load_split(data, "train"), reward_fn=reward_fn, resume=resume)
+        eval_problems = sample_per_family(load_split(data, "test"), params.train.eval_per_family,
+                                          params.train.seed)
+        return cls(trainer, RunConfig.from_params(params, root), eval_problems)
+
+    @property
+    def step_count(self) -> int:
+        return self.trainer.step_count
+
+    # -- the stop rules and schedules ---------------------------------------------------------
+    def _budget_reason(self) -> str | None:
+        c, s = self.config, self.state
+        if self.step_count >= c.steps:
+            return "steps"
+        if c.max_rollouts is not None and s.rollouts >= c.max_rollouts:
+            return "rollouts"
+        if c.max_seconds is not None and s.train_seconds >= c.max_seconds:
+            return "seconds"
+        return None
+
+    def stop_reason(self) -> str | None:
+        """Why the run stops now (`steps`, `rollouts`, `seconds`, `plateau`), or None to go on.
+        Rank 0 decides (its clock and evaluations rule); every rank gets its answer."""
+        reason = self._budget_reason()
+        patience = self.config.plateau_patience
+        if reason is None and patience is not None and self.state.evals_since_best >= patience:
+            reason = "plateau"
+        return self.trainer.broadcast(reason)
+
+    def eval_due(self) -> bool:
+        """Every `eval_every` steps, and at the step that spends a budget: the arms of a
+        comparison end on an evaluation at the same budget, whatever their step sizes."""
+        due = self.step_count % self.config.eval_every == 0 or self._budget_reason() is not None
+        return self.trainer.broadcast(due)
+
+    def checkpoint_due(self) -> bool:
+        return self.step_count % self.config.checkpoint_every == 0
+
+    # -- stage methods: inputs in, (output, seconds) out ------------------------------------
+    def sample_prompts(self, collection: Collection) -> Timed[list[Problem]]:
+        """The prompts of the next draw (as many as the collection still needs)."""
+        return timed(self.trainer.sample_prompts, collection.request())
+
+    def generate_rollouts(self, problems: list[Problem],
+                          collection: Collection) -> Timed[RolloutBatch]:
+        """N rollouts per prompt from the current policy, seeded by (step, draw)."""
+        return timed(self.trainer.generate_rollouts, problems, collection.rounds)
+
+    def verify(self, problems: list[Problem], batch: RolloutBatch,
+               collection: Collection) -> Timed[ScoredGroups]:
+        """Rewards from the family verifiers; the draw saved as Parquet if `save_rollouts`."""
+        started = time.perf_counter()
+        groups = self.trainer.verify(problems, batch)
+        if self.config.save_rollouts:
+            name = f"step_{self.step_count + 1:06d}_draw{collection.rounds}.parquet"
+            save_groups(groups, self.run_dir / "rollouts" / name)
+        return Timed(groups, time.perf_counter() - started)
+
+    def filter(self, collection: Collection, groups: ScoredGroups,
+               seconds: dict[str, float]) -> Timed[bool]:
+        """Keep the draw's informative groups; True once the step has enough (or the draw
+        budget is spent). `seconds` are the draw's generate / verify times, for throughput."""
+        started = time.perf_counter()
+        collection.add(groups, seconds)
+        return Timed(collection.done, time.perf_counter() - started)
+
+    def ppo_update(self, collection: Collection | None) -> Timed[dict[str, float]]:
+        """The PPO mini-batches on the kept groups (all ranks), then the step's end."""
+        started = time.perf_counter()
+        collected: Collected = self.trainer.broadcast(collection.finish() if collection else None)
+        metrics = dict(collected.metrics)
+        if collected.groups is not None:  # else the draws found nothing informative: report it
+            metrics.update(self.trainer.update(collected.groups))
+        metrics = self.trainer.end_step(metrics)
+        return Timed(metrics, time.perf_counter() - started)
+
+    def evaluate(self) -> Timed[dict[str, float]]:
+        """Held-out pass@1 per family (rank 0 samples; all ranks record), evals.jsonl rewritten."""
+        started = time.perf_counter()
+        record = None
+        if self.trainer.rank == 0:
+            c = self.config
+            scores, rewards = evaluate_policy(
+                self.trainer.model, self.trainer.tokenizer, self.eval_problems,
+                n=c.eval_samples, max_new_tokens=c.eval_max_response_tokens,
+                temperature=c.eval_temperature, top_p=c.eval_top_p, seed=c.eval_seed,
+                workers=c.eval_workers)
+            record = {"step": self.step_count, "seconds": self.state.train_seconds,
+                      "rollouts": self.state.rollouts, "scores": scores,
+                      "problem_ids": [p.id for p in self.eval_problems],
+                      "pass_at_1": [float((r >= 1.0).mean()) for r in rewards]}
+        record = self.trainer.broadcast(record)
+        metrics = eval_metrics(record)
+        s = self.state
+        value = metrics["eval/pass_at_1_mean"]
+        if s.best_eval is None or value > s.best_eval:
+            s.best_eval, s.evals_since_best = value, 0
+        else:
+            s.evals_since_best += 1
+        s.evals = [e for e in s.evals if e["step"] != record["step"]] + [record]
+        if self.trainer.rank == 0:
+            ckpt.atomic_write_text(self.run_dir / "evals.jsonl", evals_jsonl(s.evals))
+        return Timed(metrics, time.perf_counter() - started)
+
+    def checkpoint(self, force: bool = False) -> Timed[str | None]:
+        """Save a checkpoint (with the run state) when due or `force`; its path, else None."""
+        started = time.perf_counter()
+        path = None
+        if force or self.checkpoint_due():
+            path = str(self.trainer.save_checkpoint(run_state=asdict(self.state)))
+        return Timed(path, time.perf_counter() - started)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def step(self, driver: Driver) -> dict[str, float]:
+        """One RL step through `driver`: draws until the filter is satisfied, the update, an
+        evaluation when due, a checkpoint when due. Returns the step's metrics."""
+        work: dict[str, float] = {}
+
+        def stage(name: str, *args: Any) -> Timed[Any]:
+            out = driver.stage(self, name, *args)
+            work[name] = work.get(name, 0.0) + out.seconds
+            return out
+
+        collection = None
+        if self.trainer.rank == 0:
+            collection = self.trainer.start_collection()
+            done = False
+            while not done:
+                problems = stage("sample_prompts", collection).value
+                batch = stage("generate_rollouts", problems, collection)
+                groups = stage("verify", problems, batch.value, collection)
+                seconds = {"generate": batch.seconds, "verify": groups.seconds}
+                done = stage("filter", collection, groups.value, seconds).value
+        metrics = stage("ppo_update", collection).value
+        s = self.state
+        s.rollouts += int(metrics["generate/rollouts"])
+        train_seconds = self.trainer.broadcast(sum(work.get(k, 0.0) for k in TRAIN_STAGES))
+        s.train_seconds += train_seconds
+        metrics.update({"train/seconds": train_seconds, "train/seconds_total": s.train_seconds,
+                        "generate/rollouts_total": float(s.rollouts)})
+        if self.eval_due():
+            metrics.update(stage("evaluate").value)
+            s.eval_seconds += work["evaluate"]
+        s.history.append(metrics)  # before the checkpoint, so a resume keeps it
+        stage("checkpoint")
+        s.checkpoint_seconds += work["checkpoint"]
+        metrics.update({f"time/{name}": seconds for name, seconds in work.items()})
+        return metrics
+
+    def train(self, driver: Driver | None = None, max_steps: int | None = None) -> dict[str, Any]:
+        """Evaluate the start (a fresh run), then step until a stop rule fires (or `max_steps`
+        more steps ran); save the last state; return the run's summary (`finish`)."""
+        driver = driver or Direct()
+        if self.trainer.rank == 0:  # a resumed run drops records of steps after its checkpoint
+            ckpt.atomic_write_text(self.run_dir / "evals.jsonl", evals_jsonl(self.state.evals))
+        if self.step_count == 0 and not self.state.evals:
+            first = driver.stage(self, "evaluate")
+            self.state.eval_seconds += first.seconds
+            driver.on_step(self, {"train/step": 0.0, **first.value,
+                                  "time/evaluate": first.seconds})
+        stop_at = None if max_steps is None else self.step_count + max_steps
+        while self.stop_reason() is None and (stop_at is None or self.step_count < stop_at):
+            started = time.perf_counter()
+            metrics = driver.iteration(self.step_count + 1, partial(self.step, driver))
+            wall = time.perf_counter() - started
+            work = sum(v for k, v in metrics.items() if k.startswith("time/"))
+            timing = {"time/iteration": wall,
+                      "time/orchestration_share": max(wall - work, 0.0) / wall if wall else 0.0}
+            metrics.update(timing)
+            self.state.history[-1].update(timing)
+            driver.on_step(self, metrics)
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        """Save the last state (if not saved yet) and the policy folder `<run_dir>/policy`;
+        write `<run_dir>/summary.json`; return the summary."""
+        saved = ckpt.latest_checkpoint(self.trainer.config.checkpoint_dir)
+        if saved is None or ckpt.read_state(saved)["step"] != self.step_count:
+            saved = Path(self.checkpoint(force=True).value)
+        summary = {"name": self.config.name, "steps": self.step_count,
+                   "prompts_per_step": self.trainer.config.prompts_per_step,
+                   "rollouts_per_prompt": self.trainer.config.rollouts_per_prompt,
+                   "stopped_by": self.stop_reason(), "rollouts": self.state.rollouts,
+                   "train_seconds": self.state.train_seconds,
+                   "eval_seconds": self.state.eval_seconds,
+                   "checkpoint_seconds": self.state.checkpoint_seconds,
+                   "checkpoint": str(saved), "policy": str(self.run_dir / "policy"),
+                   "history": self.state.history}
+        if self.trainer.rank == 0:
+            from brorl.policy import save_policy
+
+            save_policy(self.trainer.model, self.trainer.tokenizer, self.run_dir / "policy")
+            ckpt.atomic_write_text(self.run_dir / "summary.json",
+                                   json.dumps(summary, indent=1) + "\n")
+        return summary
+
+
+def evals_jsonl(records: Sequence[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def eval_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """`eval/<quantity>_<family>` and `eval/pass_at_1_mean` (the plateau rule's score)."""
+    families = record["scores"]["family"]
+    metrics = {f"eval/{q}_{fam}": v for fam, row in families.items() for q, v in row.items()
+               if q in ("pass_at_1", "reward_mean", "score")}
+    metrics["eval/pass_at_1_mean"] = (sum(r["pass_at_1"] for r in families.values())
+                                      / len(families)) if families else math.nan
+    return metrics
+
+
+def progress_line(name: str, step: int, m: dict[str, float]) -> str:
+    """One human line per step: reward, pass rate, throughput, held-out pass@1 when evaluated."""
+    parts = [f"{name} step {step}"]
+    if "generate/rollouts" in m:
+        parts.append(f"{m['generate/rollouts_per_s']:.0f} rollouts/s "
+                     f"({int(m['generate/rollouts'])} rollouts, "
+                     f"{int(m['generate/rollouts_total'])} total)")
+        parts.append(f"reward {m['verify/reward_mean']:.3f}")
+        parts.append(f"pass rate {100 * m['filter/pass_rate']:.0f}%")
+    evals = [f"{k.removeprefix('eval/pass_at_1_')} {v:.2f}" for k, v in sorted(m.items())
+             if k.startswith("eval/pass_at_1_") and k != "eval/pass_at_1_mean"]
+    if evals:
+        parts.append("held-out pass@1 " + " ".join(evals))
+    if "time/iteration" in m:
+        parts.append(f"{m['time/iteration']:.1f} s")
+    return " | ".join(parts)
