@@ -346,6 +346,8 @@ class Run:
             metrics.update(timing)
             self.state.history[-1].update(timing)
             driver.on_step(self, metrics)
+            # what observing the step cost (MLflow logging in the flow), kept in the history only
+            self.state.history[-1]["time/on_step"] = time.perf_counter() - started - wall
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
