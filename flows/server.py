@@ -6,8 +6,9 @@ server runs in the background, the command in the foreground with `PREFECT_API_U
 the server, and the server stops when the command ends or on Ctrl-C: `make serve` and `brorl serve`.
 
 The server's database lives in PREFECT_HOME (default `.cache/prefect`, set by `flows/__init__.py`);
-analytics are off. This module imports no prefect: the server is a child process in its own
-session, stopped as a process group so that its uvicorn workers go with it.
+analytics are off. This module imports no prefect and holds only what is Prefect's (the command,
+its environment, the API URL, the CLI); starting, health checks and stopping the process group,
+uvicorn workers included, are `brorl.servers`'.
 """
 
 from __future__ import annotations
@@ -15,17 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
-HOST = "127.0.0.1"
+from brorl import servers
+from brorl.servers import HOST
 
 
 def api_url(port: int) -> str:
@@ -33,74 +32,31 @@ def api_url(port: int) -> str:
     return f"http://{HOST}:{port}/api"
 
 
-def is_healthy(port: int) -> bool:
-    """Whether a Prefect server answers its health check on `port`."""
-    try:
-        with urllib.request.urlopen(f"{api_url(port)}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
+def server_command(port: int) -> list[str]:
+    """`prefect server start` on HOST:`port`."""
+    return [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)]
 
 
-def port_in_use(port: int) -> bool:
-    """Whether something already listens on HOST:`port`."""
-    with socket.socket() as sock:
-        return sock.connect_ex((HOST, port)) == 0
-
-
-def start(port: int, home: Path | None = None, log: IO[str] | None = None) -> subprocess.Popen:
-    """Start `prefect server start` on HOST:`port` (returns at once; see `wait_healthy`)."""
-    if port_in_use(port):
-        raise RuntimeError(f"port {port} on {HOST} is already in use; pick another with --port "
-                           "(or stop what holds it).")
+def server_env(home: Path | None = None) -> dict[str, str]:
+    """The server's environment: analytics off, its own PREFECT_HOME (created), no PREFECT_API_URL."""
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true"}
     env.pop("PREFECT_API_URL", None)  # the server must not try to reach another one
     if home is not None:
         env["PREFECT_HOME"] = str(home)
     Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST,
-               "--port", str(port)]
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
-                            start_new_session=True)
-
-
-def wait_healthy(port: int, process: subprocess.Popen, timeout_s: float = 180) -> None:
-    """Block until the server on `port` answers; raise if it exits or `timeout_s` passes."""
-    deadline = time.monotonic() + timeout_s
-    while not is_healthy(port):
-        if process.poll() is not None:
-            raise RuntimeError(f"the Prefect server exited with code {process.returncode} "
-                               "before answering; see its log above.")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the Prefect server on port {port} did not answer within "
-                               f"{timeout_s:.0f} s.")
-        time.sleep(0.5)
-
-
-def stop(process: subprocess.Popen, grace_s: float = 15) -> None:
-    """SIGTERM the process group of `process`, then SIGKILL what is left after `grace_s`."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    return env
 
 
 @contextmanager
-def running(port: int, home: Path | None = None, log: IO[str] | None = None,
+def running(port: int, home: Path | None = None, log: Path | None = None,
             timeout_s: float = 180) -> Iterator[str]:
-    """A server on `port` for the `with` block; yields its API URL and always stops it."""
-    process = start(port, home, log)
-    try:
-        wait_healthy(port, process, timeout_s)
+    """A server on `port` for the `with` block; yields its API URL and always stops it.
+
+    Its output is appended to `log` (else the console); startup takes 10-30 s on 2 busy cores.
+    """
+    with servers.running(server_command(port), f"{api_url(port)}/health", env=server_env(home),
+                         log=log, timeout_s=timeout_s):
         yield api_url(port)
-    finally:
-        stop(process)
 
 
 def _run_foreground(command: list[str], url: str) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,17 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from brorl.servers import free_port, stop
 from flows import deploy, server
 
 ROOT = Path(__file__).resolve().parents[1]
 CI_PARAMS = "params/simulate_ci.yaml"
 NEVER = "0 0 1 1 *"  # 1 January, midnight: registered, but no run fires during the test
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((server.HOST, 0))
-        return sock.getsockname()[1]
 
 
 def test_schedule_options_override_the_table_and_parameters_carry_params_and_overrides():
@@ -99,7 +93,7 @@ def _stop(process: subprocess.Popen) -> None:
     try:
         process.wait(45)
     except subprocess.TimeoutExpired:
-        server.stop(process, grace_s=0)
+        stop(process, grace_s=0)
 
 
 @pytest.mark.timeout(600)
@@ -113,8 +107,8 @@ def test_served_evaluate_deployment_runs_to_completion_on_a_real_server_with_its
     command = [sys.executable, "-m", "flows.deploy", "--params", arm, "--limit", "1",
                "--train-cron", NEVER, "--evaluate-cron", NEVER,
                "-S", f"tracking.output_dir={tmp_path / 'output_dir'}"]
-    with (tmp_path / "server.log").open("w") as server_log, log.open("w") as out, \
-            server.running(port, home=tmp_path / "server", log=server_log) as url:
+    with log.open("w") as out, \
+            server.running(port, home=tmp_path / "server", log=tmp_path / "server.log") as url:
         env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client"),
                "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
         serving = subprocess.Popen(command, cwd=ci_pipeline, env=env, stdout=out,
@@ -129,7 +123,7 @@ def test_served_evaluate_deployment_runs_to_completion_on_a_real_server_with_its
                 paused = asyncio.run(_read_deployment("evaluate/prorl_ci")).paused
         finally:
             if serving.poll() is None:
-                server.stop(serving, grace_s=0)
+                stop(serving, grace_s=0)
 
     for deployment in deployments.values():
         [schedule] = deployment.schedules

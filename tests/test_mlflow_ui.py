@@ -1,8 +1,9 @@
 """The MLflow server on 127.0.0.1 lists both arms and headless Chromium renders their metric charts.
 
 The runs are the CI pipeline's (`ci_pipeline` in conftest.py: dvc repro in a temporary clone).
-Needs Debian's `chromium` (scripts/install_chromium.sh, run by `make test`); without it the test
-fails and says so. About 40 s: the server starts in 10-20 s, each page renders in 5-15 s.
+Needs Debian's `chromium` (scripts/install_chromium.sh, run by `make test`; driven by
+tests/browser.py); without it the test fails and says so. About 40 s: the server starts in
+10-20 s, each page renders in 5-15 s.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from tasks.mlflow_ui import (capture_run_comparison, find_chromium, line_colours, pixels_near, search_runs,
-                             serve)
+from tasks.mlflow_ui import search_runs, serve
+from tests.browser import capture_run_comparison, find_chromium, line_colours, pixels_near
 
 ARMS = ("prorl-ci", "brorl-ci")  # the CI pipeline's arm runs (params/prorl_ci.yaml, brorl_ci.yaml)
 METRICS = ("eval/pass_at_1_math", "eval/pass_at_1_reasoning")  # early in the chart view's order

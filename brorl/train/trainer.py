@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,12 +61,6 @@ RewardFn = Callable[[Sequence[Problem], Sequence[str]], list[Verdict]]
 """(problems, responses) -> one verdict per pair, in order (`verify_batch` by default)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed() -> tuple[int, int]:
     """(rank, world size), initialising torch.distributed through DeepSpeed if needed.
 
@@ -90,8 +83,10 @@ def init_distributed() -> tuple[int, int]:
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    from brorl.servers import free_port
+
     deepspeed.init_distributed(verbose=False, auto_mpi_discovery=False, rank=0, world_size=1,
-                               init_method=f"tcp://127.0.0.1:{_free_port()}")
+                               init_method=f"tcp://127.0.0.1:{free_port()}")
     return dist.get_rank(), dist.get_world_size()
 
 
