@@ -1,4 +1,5 @@
-"""Shared fixtures: offline project-local environment, a temporary MLflow store, a Prefect harness."""
+"""Shared fixtures: offline project-local environment, a temporary MLflow store, a Prefect harness,
+an easy RL setup (a tiny policy that sometimes solves one generated task, and its data)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,54 @@ def ci_pipeline(tmp_path_factory, prefect_harness) -> Path:
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     return clone
+
+
+@dataclass(frozen=True)
+class EasySplit:
+    """Three disjoint sets of the `compare` task (the larger of two numbers): the base's
+    supervised warm-up, the RL prompts, held-out evaluation (RL on prompts the warm-up memorised
+    raised the training reward but not the held-out one)."""
+
+    warm_up: list
+    train: list
+    held_out: list
+
+
+@pytest.fixture(scope="session")
+def easy_split() -> EasySplit:
+    from brorl.data.math import generate_math
+
+    problems = generate_math(200, seed=0, tasks=("compare",))
+    return EasySplit(problems[:100], problems[100:150], problems[150:])
+
+
+@pytest.fixture(scope="session")
+def easy_base(tmp_path_factory, easy_split) -> Path:
+    """An HF folder: the tiny policy warmed up on `compare` until 8 held-out problems reach
+    greedy pass@1 0.25 (checked every 100 steps, at most 800; about 10-30 s): a policy that
+    solves some problems, so RL has rewards to work with. A fixed step count is fragile: the
+    step at which this skill appears moves by hundreds of steps with rounding-level changes."""
+    from brorl.base import warm_up
+    from brorl.policy import build_policy, build_tokenizer, save_policy
+
+    tokenizer = build_tokenizer()
+    model = build_policy(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2,
+                         num_kv_heads=1, intermediate_size=128, max_position_embeddings=256)
+    history = warm_up(model, tokenizer, easy_split.warm_up, easy_split.held_out[:8],
+                      max_steps=800, eval_every=100, batch_size=16, lr=3e-3, seed=0,
+                      target_pass_low=0.25, max_new_tokens=24)
+    assert max(h["pass_at_1"]["math"] for h in history) >= 0.25, history
+    path = tmp_path_factory.mktemp("easy") / "base"
+    save_policy(model, tokenizer, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def easy_data(tmp_path_factory, easy_split) -> Path:
+    """The easy split saved as a data folder: train, validation (10 held-out), test (held-out)."""
+    from brorl.data import save_splits
+
+    path = tmp_path_factory.mktemp("data") / "problems"
+    save_splits({"train": easy_split.train, "validation": easy_split.held_out[:10],
+                 "test": easy_split.held_out}, path)
+    return path
