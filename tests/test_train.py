@@ -59,12 +59,14 @@ def easy_data(tmp_path_factory) -> Path:
 
 
 def _config(base: Path, ckpt_dir: Path, **changes) -> TrainerConfig:
-    config = TrainerConfig(
+    """The schema's trainer settings (tiny_ci.yaml sets no RL section) sized for a fast run."""
+    config = TrainerConfig.from_params(load_params(ROOT / "params/tiny_ci.yaml"))
+    small = dict(
         init_checkpoint=str(base), checkpoint_dir=str(ckpt_dir), prompts_per_step=4,
         rollouts_per_prompt=8, lr=1e-3, mini_batches_per_step=2, micro_batch_rollouts=8,
         temperature=1.0, max_response_tokens=24, filter_max_draws=3, verify_workers=1,
         checkpoint_every=1, keep_checkpoints=2, reference_reset_every=2)
-    return replace(config, **changes)
+    return replace(config, **{**small, **changes})
 
 
 def _stable(history: list[dict]) -> list[dict]:
@@ -80,7 +82,7 @@ def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy
         f"data.path={easy_data}", f"train.init_checkpoint={easy_base}",
         f"train.checkpoint_dir={tmp_path / 'ck'}", "generate.max_response_tokens=24",
         "verify.workers=1"])
-    config = params.trainer_config()
+    config = TrainerConfig.from_params(params)
     trainer = Trainer(config, TRAIN, resume=False)
     before = parameter_digest(trainer.model)
     metrics = trainer.step()

@@ -12,6 +12,7 @@ from brorl.engines.hf import HfEngine
 from brorl.params import load_params
 from brorl.policy import build_policy, build_tokenizer
 from brorl.train import checkpoint as ckpt
+from brorl.train.config import TrainerConfig
 from brorl.train.ppo import accumulate_mini_batch, response_logprobs, score_batch
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState
@@ -166,7 +167,7 @@ def test_checkpoint_commit_points_latest_and_prunes(tmp_path):
 def test_arms_differ_only_in_batch_shape_and_lr():
     """params/brorl.yaml = params/prorl.yaml with B/4 prompts, N=512, lr x sqrt(8) (spec §4.1)."""
     prorl, brorl = load_params("params/prorl.yaml"), load_params("params/brorl.yaml")
-    a, b = prorl.trainer_config(), brorl.trainer_config()
+    a, b = TrainerConfig.from_params(prorl), TrainerConfig.from_params(brorl)
     assert b.prompts_per_step * 4 == a.prompts_per_step
     assert (a.rollouts_per_prompt, b.rollouts_per_prompt) == (16, 512)
     assert b.lr == pytest.approx(a.lr * 8**0.5)

@@ -1,0 +1,141 @@
+"""The `data`, `model` and `base` sections: the problems, the tiny policy, its warm-up.
+
+`brorl.data.DataConfig.from_params` and `brorl.base.BaseConfig.from_params` turn them into the
+plain settings of the `data` and `base` stages (spec §5, §7.1, §7.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from brorl.params.section import Section
+
+
+class DataParams(Section):
+    """Problem data for the three families (spec §5, §7.1): sources, sizes and splits."""
+
+    seed: int = 0
+    """Seed of the generators, of reasoning-gym and of the split shuffle."""
+    math_per_task: NonNegativeInt = 600
+    """Generated math draws per task (compare, arithmetic, fractions, linear_equation); 0 leaves
+    them out.
+    Draws may repeat; splitting dedupes by prompt."""
+    math_max_operand: PositiveInt = 9
+    """Largest operand of the generated math tasks (9: one-digit facts a tiny model can learn)."""
+    code_per_task: NonNegativeInt = 600
+    """Generated code draws per template (7 one-line function templates); 0 leaves them out."""
+    reasoning_per_task: NonNegativeInt = 600
+    """Reasoning-gym items per task; 0 leaves reasoning-gym out."""
+    reasoning_tasks: dict[str, dict[str, Any]] | None = None
+    """Reasoning-gym task name -> config. None: the CPU default set of
+    `brorl.data.reasoning.DEFAULT_REASONING_TASKS` (spell_backward, simple_equations,
+    basic_arithmetic at tiny sizes: short prompts and answers a tiny model partly learns)."""
+    math_jsonl: list[str] = []
+    """Local JSONL files of math problems (`problem` + `answer`, the DeepScaleR / MATH shape)."""
+    code_jsonl: list[str] = []
+    """Local JSONL files of code problems (statement, signature, tests or APPS `input_output`)."""
+    validation_fraction: float = Field(0.1, ge=0, lt=1)
+    """Share of each task's deduplicated problems in the validation split."""
+    test_fraction: float = Field(0.2, ge=0, lt=1)
+    """Share of each task's deduplicated problems in the held-out test split (evaluation)."""
+    path: str = "outputs/data/problems"
+    """Folder of the saved `datasets.DatasetDict` (train / validation / test), repo-relative."""
+
+    @model_validator(mode="after")
+    def _check_fractions(self) -> DataParams:
+        if self.validation_fraction + self.test_fraction >= 1:
+            raise ValueError(
+                f"validation_fraction + test_fraction = "
+                f"{self.validation_fraction + self.test_fraction} leaves nothing to train on; "
+                "keep their sum below 1 (e.g. 0.1 and 0.2)."
+            )
+        return self
+
+
+class ModelParams(Section):
+    """The tiny Qwen2 policy built from config (CPU stand-in for the paper's 1.5B, spec §7.1)."""
+
+    hidden_size: PositiveInt = 96
+    """Model width (channels); must be a multiple of num_heads."""
+    num_layers: PositiveInt = 2
+    """Transformer blocks."""
+    num_heads: PositiveInt = 4
+    """Attention (query) heads."""
+    num_kv_heads: PositiveInt = 2
+    """Key/value heads (grouped-query attention, as Qwen2); must divide num_heads."""
+    intermediate_size: PositiveInt = 288
+    """MLP hidden width (channels)."""
+    max_position_embeddings: PositiveInt = 512
+    """Longest sequence, prompt plus response (tokens = characters)."""
+    tie_word_embeddings: bool = True
+    """Share input embedding and output layer weights (as Qwen2.5-1.5B)."""
+    seed: int = 0
+    """Seed of the weight initialisation."""
+
+
+class BaseParams(Section):
+    """Supervised warm-up to a middling base checkpoint (stand-in for ProRLv2's, spec §5.1, §7.2)."""
+
+    max_steps: PositiveInt = 2000
+    """Upper bound on optimizer steps (batches)."""
+    eval_every: PositiveInt = 100
+    """Steps between validation checks of the stopping rule."""
+    batch_size: PositiveInt = 32
+    """Problems per step, drawn family-balanced with replacement."""
+    micro_batches: PositiveInt = 3
+    """Length-sorted micro-batches per step, losses weighted by response tokens: the same
+    gradient as one padded batch, with less padding (3 about matches the three families)."""
+    family_shares: dict[Literal["math", "code", "reasoning"], float] | None = None
+    """Relative share of each family in the batches (a missing family: 1); None: equal shares."""
+    reached_share: float = Field(0.25, gt=0, le=1)
+    """Multiplier of a family's share while its validation pass@1 is at or above
+    target_pass_low (1: off): families already in the band wait for the others, so the stop
+    comes before a fast one (code jumps from 0.2 to 0.9 within 400 steps) leaves the band."""
+    lr: float = Field(3e-3, gt=0)
+    """Peak AdamW learning rate, reached after the warm-up (tiny models take large rates)."""
+    warmup_steps: NonNegativeInt = 20
+    """Steps of linear learning-rate warm-up from lr / warmup_steps to lr."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """After the warm-up a cosine takes the rate from lr to min_lr_ratio x lr at max_steps
+    (1: constant). A constant 3e-3 left validation pass@1 swinging by 20 points between checks."""
+    seed: int = 0
+    """Seed of the batch draws and of evaluation sampling."""
+    target_pass_low: float = Field(0.2, ge=0, le=1)
+    """The band's low end: held-out pass@1 per family the base should reach (`base/in_band`)."""
+    target_pass_high: float = Field(0.6, ge=0, le=1)
+    """The band's high end (`base/in_band`); above it RL has little to add."""
+    band_margin: float = Field(0.05, ge=0, lt=0.5)
+    """Validation uses the band narrowed by this at each end: training stops once every family's
+    validation pass@1 reaches low + margin, and keeps the weights of the check nearest to
+    [low + margin, high - margin] (`brorl.base.warm_up`). One sample of 100 problems per family
+    has a standard error of about 0.045 near 0.3, so the margin keeps test scores in the band."""
+    eval_per_family: PositiveInt = 40
+    """Validation problems per family scored at each check (one sample each)."""
+    test_samples: PositiveInt = 4
+    """Samples per held-out test problem for the final pass@1 (the paper uses 16, spec §5.2)."""
+    eval_temperature: float = Field(0.6, ge=0)
+    """Sampling temperature of the final test evaluation (spec §5.2: 0.6)."""
+    eval_top_p: float = Field(0.95, gt=0, le=1)
+    """Nucleus top-p of the final test evaluation (spec §5.2: 0.95)."""
+    max_response_tokens: PositiveInt = 64
+    """Longest generated response in evaluation (tokens = characters)."""
+    path: str = "outputs/base/checkpoint"
+    """Folder of the saved base checkpoint (a Hugging Face folder), repo-relative."""
+
+    @model_validator(mode="after")
+    def _check_band(self) -> BaseParams:
+        bad = {f: v for f, v in (self.family_shares or {}).items() if not v > 0}
+        if bad:
+            raise ValueError(
+                f"family_shares {bad} must be > 0: a share of 0 would never train that family "
+                "while validation still waits for it; leave a family out for the default 1."
+            )
+        if self.target_pass_low + self.band_margin > self.target_pass_high - self.band_margin:
+            raise ValueError(
+                f"target_pass_low ({self.target_pass_low}) + band_margin ({self.band_margin}) "
+                f"exceeds target_pass_high ({self.target_pass_high}) - band_margin: the narrowed "
+                "band must be non-empty (e.g. 0.2 and 0.6 with a margin of 0.05)."
+            )
+        return self

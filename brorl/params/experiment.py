@@ -1,0 +1,32 @@
+"""`ExperimentParams`: the root of the schema, one field per pipeline section.
+
+Plain configs are built beside what reads them (`TrainerConfig.from_params`,
+`SimConfig.from_params`, `DataConfig.from_params`, `BaseConfig.from_params`); this package never
+imports them, so a default lives here only.
+"""
+
+from __future__ import annotations
+
+from brorl.params.data import BaseParams, DataParams, ModelParams
+from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
+from brorl.params.run import CompareParams, TrackingParams, TrainParams
+from brorl.params.section import Section
+from brorl.params.theory import SimulateParams
+
+
+class ExperimentParams(Section):
+    """One experiment: every section of the pipeline. Unset sections keep their defaults."""
+
+    name: str = "experiment"
+    """Short experiment name, used in run names and output folders."""
+    simulate: SimulateParams = SimulateParams()
+    data: DataParams = DataParams()
+    model: ModelParams = ModelParams()
+    base: BaseParams = BaseParams()
+    update: UpdateParams = UpdateParams()
+    filter: FilterParams = FilterParams()
+    generate: GenerateParams = GenerateParams()
+    verify: VerifyParams = VerifyParams()
+    train: TrainParams = TrainParams()
+    compare: CompareParams = CompareParams()
+    tracking: TrackingParams = TrackingParams()

@@ -1,0 +1,175 @@
+"""The RL stage sections: `update`, `filter`, `generate` and `verify` (spec §4, §7, §8).
+
+`brorl.train.config.TrainerConfig.from_params` turns them, with `train`, into the trainer's
+settings. The derived sizes (B * N, the sqrt-scaled LR, the mini-batch) are properties here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from brorl.algorithm.schedule import scaled_lr
+from brorl.params.section import Section
+
+
+class UpdateParams(Section):
+    """The RL update (spec §4.2, §7.2, §8); the functions live in `brorl/algorithm/`.
+
+    Also the one home of B and N (`prompts_per_step`, `rollouts_per_prompt`): the sample and
+    generate stages read them here, because the LR rule and the mini-batch split derive from them.
+    Defaults are the ProRL arm; the BroRL arm overlays B=128, N=512 and nothing else.
+    """
+
+    prompts_per_step: PositiveInt = 512
+    """B, prompts whose groups are trained per step (after filtering). Spec §4.1: ProRL 512, BroRL 128."""
+    rollouts_per_prompt: PositiveInt = 16
+    """N, rollouts per prompt. Spec §4.1: ProRL 16, BroRL 512."""
+    base_lr: float = Field(2e-6, gt=0)
+    """Learning rate at `base_samples_per_step` samples. ProRL v1's constant 2e-6 (spec §7.1);
+    UNCONFIRMED for ProRLv2/BroRL (spec §4.3): our choice."""
+    base_samples_per_step: PositiveInt = 8192
+    """Samples per step (B*N) at which `base_lr` applies: the ProRL arm, 512 x 16 (spec §4.1)."""
+    mini_batches_per_step: PositiveInt = 4
+    """PPO mini-batches (optimizer steps) per RL step, equal in both arms (spec §8 rule 2).
+    ProRL v1: 256 / 64 = 4 (spec §7.1); UNCONFIRMED for BroRL (spec §4.3): our choice."""
+    epochs_per_step: PositiveInt = 1
+    """Passes over the step's rollouts. UNCONFIRMED (spec §4.3): our choice, one pass."""
+    clip_eps_low: float = Field(0.2, ge=0, lt=1)
+    """PPO clip below: ratio >= 1 - eps_low. ProRLv2: 0.20 (spec §7.2)."""
+    clip_eps_high: float = Field(0.28, ge=0)
+    """PPO clip above (clip-higher): ratio <= 1 + eps_high. ProRLv2: 0.28 (spec §7.2)."""
+    advantage_estimator: Literal["reinforce_pp_baseline", "grpo"] = "reinforce_pp_baseline"
+    """REINFORCE++-baseline (ProRLv2/BroRL, spec §4.2) or GRPO (ProRL v1, spec §7.1)."""
+    kl_coef: float = Field(1e-4, ge=0)
+    """beta, weight of the KL to the reference (0: off). UNCONFIRMED (spec §7.2); NeMo-RL's
+    ProRLv2 config uses 1e-4 (spec §7.3): our choice."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k2"
+    """KL estimator per token; ProRLv2 uses k2 = 0.5 log(pi/ref)^2 (spec §7.2)."""
+    kl_input_clamp: float = Field(20.0, gt=0)
+    """Clamp of log(pi/ref) before the estimator. NeMo-RL: 20 (spec §7.3); ProRLv2 text: 10 (§7.2)."""
+    kl_output_clamp: float = Field(10.0, gt=0)
+    """Clamp of the per-token KL estimate. NeMo-RL: 10 (spec §7.3)."""
+    tis_mode: Literal["none", "truncate", "icepop"] = "truncate"
+    """Engine->trainer correction: truncated IS as the paper names it (spec §4.2); NeMo-RL uses
+    `icepop` (spec §7.3); `none` turns it off."""
+    tis_cap: float = Field(5.0, gt=0)
+    """Upper bound of the engine->trainer ratio (truncate: cap; icepop: band top). UNCONFIRMED
+    (spec §4.3); NeMo-RL: 5.0 (spec §7.3): our choice."""
+    tis_min: float = Field(0.5, ge=0)
+    """Lower end of the IcePop band (tokens below get weight 0). NeMo-RL: 0.5 (spec §7.3)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus weight; 0: entropy is logged only (no bonus in the spec)."""
+    reference_reset_every: PositiveInt | None = 200
+    """Steps between resets of the reference to the current policy (None: never). ProRLv2 resets
+    every 200-500 steps (spec §7.2); UNCONFIRMED for BroRL (spec §4.3): our choice, 200."""
+    reset_optimizer_on_reference_reset: bool = False
+    """Clear the optimizer state at a reference reset: ProRLv2 keeps it (False, spec §7.2),
+    ProRL v1 re-initialised it (True, spec §7.1)."""
+
+    @property
+    def samples_per_step(self) -> int:
+        """B * N, rollouts trained per step (before filtering this many are planned)."""
+        return self.prompts_per_step * self.rollouts_per_prompt
+
+    @property
+    def lr(self) -> float:
+        """base_lr * sqrt(samples_per_step / base_samples_per_step) (spec §4.1, §8 rule 3)."""
+        return scaled_lr(self.base_lr, self.samples_per_step, self.base_samples_per_step)
+
+    @property
+    def mini_batch_rollouts(self) -> int:
+        """Rollouts per PPO mini-batch: samples_per_step / mini_batches_per_step (spec §8 rule 2)."""
+        return self.samples_per_step // self.mini_batches_per_step
+
+    @model_validator(mode="after")
+    def _check_update(self) -> UpdateParams:
+        if self.samples_per_step % self.mini_batches_per_step:
+            raise ValueError(
+                f"prompts_per_step * rollouts_per_prompt = {self.samples_per_step} rollouts do not "
+                f"split into mini_batches_per_step = {self.mini_batches_per_step} equal mini-batches; "
+                "the count is fixed across arms (spec §8), so pick a divisor of B * N."
+            )
+        if self.tis_min >= self.tis_cap:
+            raise ValueError(
+                f"tis_min ({self.tis_min}) must be below tis_cap ({self.tis_cap}): they bound the "
+                "kept band of engine->trainer ratios; e.g. 0.5 and 5.0."
+            )
+        return self
+
+
+class FilterParams(Section):
+    """Dynamic sampling (DAPO; spec §4.2, §7.3): drop groups whose rewards are all equal, refill."""
+
+    enabled: bool = True
+    """Filter uniform groups and refill (spec §4.2). False trains on every drawn group."""
+    max_draws: PositiveInt = 10
+    """Most draws (generate + verify rounds) per step; then train on what was kept and flag it.
+    NeMo-RL: `dynamic_sampling_max_gen_batches: 10` (spec §7.3)."""
+    oversample: float = Field(1.0, ge=1)
+    """Each draw asks for ceil(missing groups * oversample) prompts; the excess is dropped.
+    NeMo-RL's `batch_multiplier` is 1.5 (spec §7.3); ours 1.0 wastes no rollouts: our choice."""
+    correct_reward: float = 1.0
+    """A uniform group at or above this reward counts as all-correct (`filter/groups_all_correct`)."""
+    wrong_reward: float = 0.0
+    """A uniform group at or below this reward counts as all-wrong (`filter/groups_all_wrong`)."""
+
+    @model_validator(mode="after")
+    def _check_filter(self) -> FilterParams:
+        if self.wrong_reward >= self.correct_reward:
+            raise ValueError(
+                f"wrong_reward ({self.wrong_reward}) must be below correct_reward "
+                f"({self.correct_reward}); they only classify discarded groups, e.g. 0 and 1."
+            )
+        return self
+
+
+class GenerateParams(Section):
+    """Rollout generation (spec §4.2, §6, §7.1): the engine and its sampling; B and N live in `update`."""
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """`hf`: in-process transformers loop (`brorl.engines.hf`); `vllm`: vLLM's offline LLM kept
+    alive across steps (`brorl.engines.vllm`). The paper's engine is not stated (spec §4.3; its
+    throughput argument cites SGLang's prefix caching, spec §6); ProRL v1 evaluated with vLLM."""
+    temperature: float = Field(1.2, ge=0)
+    """Sampling temperature; 0 is greedy. ProRL v1: 1.2 (spec §7.1)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus top-p of rollouts; 1 turns it off. Not stated for ProRL or BroRL training (spec
+    §4.3, §11 item 4): 1 is our choice."""
+    max_response_tokens: PositiveInt = 64
+    """Longest response (tokens); longer rollouts end with finish reason `length`. ProRL v1: 8k
+    (spec §7.1); CPU-sized here."""
+    max_concurrent_rollouts: PositiveInt = 256
+    """Most rollouts decoded at once (hf: chunk size; vllm: `max_num_seqs`), so memory does not
+    grow with N. vLLM's own default is 256 (anchors §8)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """vLLM weight/activation dtype; float32 on CPU (trainer log-probs then match within 1e-4)."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """vLLM on GPU: share of GPU memory for weights + KV cache (the trainer needs the rest)."""
+    cpu_kv_cache_gib: PositiveInt = 1
+    """vLLM on CPU: KV-cache size (GiB), `VLLM_CPU_KVCACHE_SPACE` (platform notes)."""
+    enforce_eager: bool = False
+    """vLLM: skip torch.compile / graph capture. On this CPU the engine then starts in ~13 s
+    instead of ~50 s, at similar tiny-model throughput; keep False on GPU."""
+
+
+class VerifyParams(Section):
+    """Verifiers and the code sandbox (spec §7.1 data table); `brorl.verifiers.verify_batch`."""
+
+    workers: PositiveInt | None = None
+    """Parallel verifier processes per family; None uses every available core."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit (s) per item: one math or reasoning check, or all tests of one code
+    response. ProRL: code over 5 s total gets reward 0 (spec §7.1)."""
+    cpu_s: PositiveInt = 5
+    """Code sandbox RLIMIT_CPU (CPU seconds); matches the 5 s wall limit (spec §7.1)."""
+    memory_mib: PositiveInt = 512
+    """Code sandbox RLIMIT_AS (MiB of address space); the interpreter needs about 30. Our choice."""
+    open_files: PositiveInt = 32
+    """Code sandbox RLIMIT_NOFILE (open file descriptors). Our choice."""
+    file_bytes: PositiveInt = 2**20
+    """Code sandbox RLIMIT_FSIZE (bytes): the largest file it writes, stdout and stderr
+    included. Our choice."""
+    output_bytes: PositiveInt = 16 * 2**10
+    """Bytes of the candidate's stdout and of its stderr read back for logs. Our choice."""

@@ -1,0 +1,113 @@
+"""The run sections: `train` (the RL run), `compare` (the two arms), `tracking` (MLflow, outputs).
+
+`brorl.train.config.TrainerConfig.from_params` reads `train` with the sections of `brorl.params.rl`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt
+
+from brorl.params.section import Section
+
+
+class TrainParams(Section):
+    """The RL run (`brorl.train.Trainer`): start point, length, DeepSpeed, checkpoints.
+
+    B, N, the LR rule and the loss live in `update`; sampling in `generate`; dynamic sampling in
+    `filter`. This section holds what only the trainer reads.
+    """
+
+    init_checkpoint: str = "outputs/base/checkpoint"
+    """HF folder the policy (and the first reference) starts from: the base stage's output, an
+    earlier run's `policy/` folder, or any local checkpoint (e.g. a 1.5B model on GPU)."""
+    steps: PositiveInt = 20
+    """RL steps (optimizer steps = steps x mini_batches_per_step)."""
+    micro_batch_rollouts: PositiveInt = 64
+    """Rollouts per forward/backward on each rank; a mini-batch is accumulated from these, so
+    memory is bounded by this knob, not by B x N (gradient accumulation)."""
+    zero_stage: Literal[0, 1, 2] = 2
+    """DeepSpeed ZeRO stage. Our choice: 2 (optimizer states and gradients partitioned). Stage 3
+    is not offered: the rollout engine and the HF checkpoint need whole parameters."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Training precision; bfloat16 is for GPUs (about 20x slower on this CPU, platform notes)."""
+    weight_decay: float = Field(0.01, ge=0)
+    """AdamW weight decay. UNCONFIRMED (spec §7.1 gives only AdamW): torch's default, our choice."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1 (torch default)."""
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2 (torch default)."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon (torch default)."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient-norm clip per optimizer step (verl and OpenRLHF default 1.0): our choice."""
+    warmup_steps: NonNegativeInt = 0
+    """Linear LR warm-up in optimizer steps; 0: constant LR as ProRL v1 (spec §7.1)."""
+    seed: int = 0
+    """Seed of the prompt order, the rollout sampling and the mini-batch shuffle."""
+    checkpoint_dir: str = "outputs/train/checkpoints"
+    """Folder of `step_XXXXXX/` checkpoints and the `latest` pointer."""
+    checkpoint_every: PositiveInt = 10
+    """Steps between checkpoints; the last step is always saved."""
+    keep_checkpoints: PositiveInt = 2
+    """Checkpoints kept on disk (oldest removed first)."""
+    algorithm: Literal["prorl", "brorl"] = "prorl"
+    """The arm's label: the MLflow tag `algorithm` and the comparison report's row name."""
+    run_dir: str = "outputs/train"
+    """Folder of the run's other outputs: rollouts (Parquet), evaluations, summary, MLflow run id."""
+    save_rollouts: bool = True
+    """Write every verified draw's rollouts to `<run_dir>/rollouts/step_XXXXXX_drawK.parquet`."""
+    max_rollouts: PositiveInt | None = None
+    """Budget: stop once this many rollouts were generated (refills included); None: no limit."""
+    max_seconds: float | None = Field(None, gt=0)
+    """Budget: stop once the run's steps took this long (s, summed over sessions); None: none."""
+    plateau_patience: PositiveInt | None = None
+    """Stop after this many evaluations without a new best held-out mean pass@1 (the
+    `prorl_warmup` stage's saturation rule); None: never stop early."""
+    eval_every: PositiveInt = 5
+    """Steps between held-out evaluations (also at step 0 and at the end)."""
+    eval_per_family: PositiveInt = 20
+    """Held-out test problems per family in each evaluation (the same instances every time)."""
+    eval_samples: PositiveInt = 4
+    """Samples per problem for pass@1 (spec §5.2 uses 16; 4 on CPU)."""
+    eval_temperature: float = Field(0.6, ge=0)
+    """Evaluation sampling temperature (spec §5.2: 0.6)."""
+    eval_top_p: float = Field(0.95, gt=0, le=1)
+    """Evaluation nucleus top-p (spec §5.2: 0.95)."""
+
+
+class CompareParams(Section):
+    """The ProRL-vs-BroRL comparison (`flows/compare.py`): arms, shared start, equal budget."""
+
+    arms: dict[str, str] = {"prorl": "params/prorl.yaml", "brorl": "params/brorl.yaml"}
+    """Arm name -> its params file (relative to the repository root)."""
+    train_arms: bool = False
+    """True: the flow trains each arm (resuming any earlier progress) before the report; False:
+    it reports on the arms' finished runs (the DVC `prorl` and `brorl` stages train them)."""
+    init_checkpoint: str | None = None
+    """Start of both arms (set as their `train.init_checkpoint`); None: the arms' own, which
+    must then be equal."""
+    budget_rollouts: PositiveInt | None = None
+    """Each arm's budget in generated rollouts (set as `train.max_rollouts`); None: the arms'
+    own, which must then be equal."""
+    budget_seconds: float | None = Field(None, gt=0)
+    """Each arm's wall-clock budget (set as `train.max_seconds`); None: the arms' own."""
+    report_dir: str = "outputs/compare"
+    """Folder of the report (Markdown, JSON, PNG plots)."""
+
+
+class TrackingParams(Section):
+    """Where runs are recorded (MLflow) and where outputs go."""
+
+    experiment: str = "brorl"
+    """MLflow experiment name."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI; None means $MLFLOW_TRACKING_URI, else the project's SQLite store."""
+    output_dir: str = "outputs"
+    """Folder for large run outputs (checkpoints, rollouts, figures): DVC-cached, git-ignored.
+    Relative paths are taken from the repository root."""
+    metrics_dir: str = "metrics"
+    """Folder for small DVC metrics files (`dvc metrics show`), kept in git."""
+    plots_dir: str = "plots"
+    """Folder for DVC plot data (`dvc plots show`), kept in git."""
