@@ -67,7 +67,7 @@ def main() -> None:
     over = [f"simulate.steps={args.steps}", f"simulate.report_steps=[{args.steps}]"] if args.steps else []
     over += [f"simulate.num_seeds={args.seeds}"] if args.seeds else []
     sim = load_params(args.params, over).simulate
-    cfg = SimConfig.from_mapping(sim.model_dump())
+    cfg = SimConfig.from_params(sim)
     seeds = list(range(sim.seed, sim.seed + sim.num_seeds))
     print(f"threads={torch.get_num_threads()} cores={os.cpu_count()} "
           f"loadavg={open('/proc/loadavg').read().split()[:3]}")

@@ -15,7 +15,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from brorl.params import load_params
 from flows.entry import run_flow_cli
 from tasks import tracking
-from tasks.simulate import log_to_mlflow, merge_results, sim_config, simulate_run, write_report
+from tasks.simulate import log_to_mlflow, merge_results, simulate_run, write_report
 
 
 @flow(name="simulate", task_runner=ThreadPoolTaskRunner(max_workers=2))
@@ -23,16 +23,15 @@ def simulate(params_path: str, overrides: list[str] | None = None) -> dict:
     """Run the sweep; returns the output paths and the MLflow parent run id."""
     params = load_params(params_path, overrides or [])
     sim = params.simulate
-    config = sim_config(sim)
     seeds = [sim.seed + k for k in range(sim.num_seeds)]
-    futures = [simulate_run.submit(config, n, s) for n in sim.rollouts_per_prompt for s in seeds]
+    futures = [simulate_run.submit(sim, n, s) for n in sim.rollouts_per_prompt for s in seeds]
     merged = merge_results([f.result() for f in futures])
     where = params.tracking
     out_dir = tracking.ROOT / where.output_dir / "simulate"
     paths = write_report(merged, out_dir, tracking.ROOT / where.plots_dir / "simulate",
                          tracking.ROOT / where.metrics_dir / "simulate.json", sim.report_steps)
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
-    run_id = log_to_mlflow(params.model_dump(mode="json"), config, merged,
+    run_id = log_to_mlflow(params.model_dump(mode="json"), sim, merged,
                            [paths["figure"], paths["csv"], paths["json"], paths["table"]],
                            params.tracking.experiment, uri)
     print(f"simulate: results in {out_dir}; MLflow run {run_id} at {uri}")

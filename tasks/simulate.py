@@ -20,17 +20,12 @@ from brorl.theory.simulator import METRICS, SimConfig, SimulationResult, simulat
 from tasks import tracking
 
 
-def sim_config(params: SimulateParams) -> SimConfig:
-    """The simulator's plain settings from the params section."""
-    return SimConfig.from_mapping(params.model_dump())
-
-
 @task(name="simulate_run", cache_policy=NO_CACHE, persist_result=False)
-def simulate_run(config: SimConfig, rollouts: int, seed: int) -> SimulationResult:
+def simulate_run(params: SimulateParams, rollouts: int, seed: int) -> SimulationResult:
     """One (N, seed) simulator run, on one thread: the flow runs one run per core at a time, and
     intra-op threads on top of that oversubscribe the cores (10x slower measured here)."""
     torch.set_num_threads(1)
-    return simulate(config, rollouts, [seed])
+    return simulate(SimConfig.from_params(params), rollouts, [seed])
 
 
 @task(name="simulate_merge", cache_policy=NO_CACHE, persist_result=False)
@@ -53,9 +48,11 @@ def write_report(merged: list[SimulationResult], out_dir: Path, plots_dir: Path,
 
 
 @task(name="simulate_log", cache_policy=NO_CACHE, persist_result=False)
-def log_to_mlflow(params: dict, config: SimConfig, merged: list[SimulationResult],
+def log_to_mlflow(params: dict, simulate_params: SimulateParams, merged: list[SimulationResult],
                   artifacts: list[Path], experiment: str, tracking_uri: str) -> str:
-    """Parent run with the resolved params and artifacts, one child run per N with its curves."""
+    """Parent run with the resolved params and artifacts, one child run per N with its curves
+    and the simulator settings of its runs (`SimConfig`)."""
+    config = SimConfig.from_params(simulate_params)
     tags = {"stage": "simulate"}
     with tracking.mlflow_run(experiment, tracking_uri, "simulate", tags) as parent:
         tracking.log_params(tracking_uri, parent, params)

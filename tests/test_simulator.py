@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
+from brorl.params import SimulateParams
 from brorl.theory.report import merge_seeds
 from brorl.theory.simulator import (
     SimConfig,
@@ -17,12 +19,18 @@ from brorl.theory.simulator import (
     surrogate_grad,
 )
 
-SMALL = SimConfig(vocab_size=8000, num_correct=600, steps=300, log_every=50)
+
+def _config(**changes) -> SimConfig:
+    """The schema's simulator settings (the paper's, spec §3.1) with `changes`."""
+    return replace(SimConfig.from_params(SimulateParams()), **changes)
+
+
+SMALL = _config(vocab_size=8000, num_correct=600, steps=300, log_every=50)
 
 
 def test_initial_q_pos_matches_the_seeded_closed_form():
     # Spec §3.2: Q_pos(0) = 10000 e^3 / (10000 e^3 + 117999 + e^5) = 0.6296 at the paper's size.
-    cfg = SimConfig()
+    cfg = _config()
     p = torch.softmax(initial_logits(cfg, correct_mask(cfg, 0)), -1)
     expected = 10000 * math.exp(3) / (10000 * math.exp(3) + 117_999 + math.exp(5))
     assert (p * correct_mask(cfg, 0)).sum().item() == pytest.approx(expected, rel=1e-12)
@@ -71,7 +79,7 @@ def test_draw_tokens_handles_a_peaked_distribution_that_needs_the_search_fallbac
 
 
 def test_a_seed_gives_the_same_curves_alone_or_in_a_batch():
-    cfg = SimConfig(vocab_size=2000, num_correct=150, steps=40, log_every=10)
+    cfg = _config(vocab_size=2000, num_correct=150, steps=40, log_every=10)
     batch = simulate(cfg, 64, [0, 1, 2])
     alone = merge_seeds([simulate(cfg, 64, [s]) for s in (2, 0, 1)])
     for name, curve in batch.curves.items():
@@ -79,7 +87,7 @@ def test_a_seed_gives_the_same_curves_alone_or_in_a_batch():
 
 
 def test_logged_steps_and_step_zero_shows_no_change_and_no_theorem_terms():
-    cfg = SimConfig(vocab_size=1000, num_correct=100, steps=20, log_every=5)
+    cfg = _config(vocab_size=1000, num_correct=100, steps=20, log_every=5)
     result = simulate(cfg, 16, [0])
     assert result.steps.tolist() == [0, 5, 10, 15, 20]
     assert result.curves["pct_improved"][0, 0] == 0
@@ -115,7 +123,7 @@ def test_logged_theorem_terms_equal_the_dense_mass_balance_reference():
     from brorl.theory.mass_balance import mass_balance
     from brorl.theory.simulator import METRICS, _Recorder
 
-    cfg = SimConfig(vocab_size=500, num_correct=60, reward_correct=1.0, reward_wrong=-0.5, lr=0.01)
+    cfg = _config(vocab_size=500, num_correct=60, reward_correct=1.0, reward_wrong=-0.5, lr=0.01)
     gen = torch.Generator().manual_seed(4)
     correct = torch.stack([correct_mask(cfg, 0)] * 3)
     z = initial_logits(cfg, correct) + 0.3 * torch.randn(3, 500, generator=gen, dtype=torch.float64)

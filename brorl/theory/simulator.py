@@ -22,11 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from brorl.theory.mass_balance import from_moments
+
+if TYPE_CHECKING:
+    from brorl.params import SimulateParams
 
 METRICS = ("q_pos", "pct_improved", "worst_drop",
            "term_sampled_correct", "term_sampled_wrong", "term_unsampled")
@@ -35,30 +39,31 @@ METRICS = ("q_pos", "pct_improved", "worst_drop",
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Simulator settings; see `brorl.params.SimulateParams` for each field's source."""
+    """Simulator settings, no defaults (the schema has them): `brorl.params.SimulateParams`."""
 
-    vocab_size: int = 128_000
-    num_correct: int = 10_000
-    correct_tokens: str = "first"
-    correct_logit: float = 3.0
-    anchor_logit: float | None = 5.0
-    anchor_is_correct: bool = False
-    freeze_anchor: bool = True
-    temperature: float = 1.0
-    reward_correct: float = 1.0
-    reward_wrong: float = -1.0
-    lr: float = 1e-3
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.01
-    steps: int = 1000
-    log_every: int = 10
+    vocab_size: int
+    num_correct: int
+    correct_tokens: str
+    correct_logit: float
+    anchor_logit: float | None
+    anchor_is_correct: bool
+    freeze_anchor: bool
+    temperature: float
+    reward_correct: float
+    reward_wrong: float
+    lr: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    weight_decay: float
+    steps: int
+    log_every: int
 
     @classmethod
-    def from_mapping(cls, values: dict) -> SimConfig:
-        """The settings from a params section's dict, ignoring sweep keys (N list, seeds, ...)."""
-        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+    def from_params(cls, params: SimulateParams) -> SimConfig:
+        """The `simulate` section's fields of the same names (a missing one is a TypeError); its
+        sweep keys (N list, seeds, report steps) belong to the flow, not to one run."""
+        return cls(**params.model_dump(include=set(cls.__dataclass_fields__)))
 
 
 @dataclass(frozen=True)
