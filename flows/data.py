@@ -21,14 +21,7 @@ def data(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]
     """Build, split and save the problems named by the params file's `data` section."""
     params = load_params(params_path, overrides or [])
     p = params.data
-    result = build_data(
-        path=p.path, metrics_path=str(tracking.ROOT / params.tracking.metrics_dir / "data.json"),
-        seed=p.seed, validation_fraction=p.validation_fraction, test_fraction=p.test_fraction,
-        math_per_task=p.math_per_task, math_max_operand=p.math_max_operand,
-        code_per_task=p.code_per_task, reasoning_per_task=p.reasoning_per_task,
-        reasoning_tasks=p.reasoning_tasks, math_jsonl=tuple(p.math_jsonl),
-        code_jsonl=tuple(p.code_jsonl),
-    )
+    result = build_data(p, str(tracking.ROOT / params.tracking.metrics_dir / "data.json"))
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
     run_id = log_data({"name": params.name, "data": p.model_dump(mode="json")}, result,
                       params.tracking.experiment, uri)

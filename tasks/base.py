@@ -9,8 +9,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from brorl.base import make_base_checkpoint
+from brorl.base import BaseConfig, make_base_checkpoint
 from brorl.data import load_split
+from brorl.params import ExperimentParams
 from brorl.policy import save_policy
 from tasks import tracking
 
@@ -35,18 +36,18 @@ def base_metrics(report: dict, target_pass_low: float, target_pass_high: float) 
 
 
 @task(name="base", cache_policy=NO_CACHE, persist_result=False)
-def train_base(*, data_path: str, path: str, metrics_path: str, target_pass_low: float,
-               target_pass_high: float, **knobs: Any) -> dict[str, Any]:
-    """Warm up, save the HF folder at `path`, write metrics JSON; return paths and metrics.
+def train_base(params: ExperimentParams, metrics_path: str) -> dict[str, Any]:
+    """Warm up on the splits at `data.path`, save the HF folder at `base.path`, write metrics
+    JSON; return paths and metrics.
 
     `base/in_band` reports the held-out scores against [target_pass_low, target_pass_high].
     """
-    splits = {name: load_split(data_path, name) for name in ("train", "validation", "test")}
+    config, path = BaseConfig.from_params(params), params.base.path
+    splits = {name: load_split(params.data.path, name) for name in ("train", "validation", "test")}
     model, tokenizer, report = make_base_checkpoint(
-        splits["train"], splits["validation"], splits["test"], target_pass_low=target_pass_low,
-        target_pass_high=target_pass_high, **knobs)
+        splits["train"], splits["validation"], splits["test"], config)
     save_policy(model, tokenizer, path)
-    metrics = base_metrics(report, target_pass_low, target_pass_high)
+    metrics = base_metrics(report, config.target_pass_low, config.target_pass_high)
     Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
     Path(metrics_path).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     (Path(path).parent / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
-import brorl.base
-from brorl.base import (band_distance, batch_loss_backward, collate, encode_pairs, family_weights,
-                        length_sorted_chunks, lr_at, make_base_checkpoint, round_shares,
-                        warm_up)
+import brorl.base.supervised
+from brorl.base import (BaseConfig, band_distance, batch_loss_backward, collate, encode_pairs,
+                        family_weights, length_sorted_chunks, lr_at, make_base_checkpoint,
+                        round_shares, warm_up)
 from brorl.data import generate_code, make_problem, split_problems
 from brorl.evaluate import evaluate_policy
+from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, load_params
 from brorl.policy import build_policy, build_tokenizer, load_policy
 from brorl.prompts import render_prompt, render_target
 
@@ -111,7 +113,7 @@ def test_warm_up_keeps_the_weights_of_the_check_closest_to_the_band(monkeypatch)
         math, code = next(script)
         return {"family": {"math": {"pass_at_1": math}, "code": {"pass_at_1": code}}}, None
 
-    monkeypatch.setattr(brorl.base, "evaluate_policy", scripted)
+    monkeypatch.setattr(brorl.base.supervised, "evaluate_policy", scripted)
     tok = build_tokenizer()
     model = build_policy(vocab_size=len(tok), **TINY)
     problems = generate_code(4, seed=0, tasks=("add",)) + [
@@ -150,11 +152,15 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
     tok = build_tokenizer()
     untrained = build_policy(vocab_size=len(tok), **TINY)
     before, _ = evaluate_policy(untrained, tok, test, max_new_tokens=48, workers=2)
-    model, tok, report = make_base_checkpoint(
-        splits["train"], splits["validation"], test, model_config=TINY, max_steps=1000,
+    # CI sizes and a greedy test; no band top or margin, no LR decay, no family shares
+    config = replace(
+        BaseConfig.from_params(load_params("params/tiny_ci.yaml")), model=TINY, max_steps=1000,
         eval_every=100, batch_size=16, lr=1e-2, seed=0, target_pass_low=0.5,
         eval_per_family=12, test_samples=1, eval_temperature=0.0, eval_top_p=1.0,
-        max_response_tokens=48, workers=2)
+        max_response_tokens=48, target_pass_high=1.0, band_margin=0.0, warmup_steps=20,
+        min_lr_ratio=1.0, micro_batches=1, family_shares=None, reached_share=1.0)
+    model, tok, report = make_base_checkpoint(splits["train"], splits["validation"], test, config,
+                                              workers=2)
     after = report["test"]["family"]["code"]["pass_at_1"]
     print(json.dumps({"before": before["family"]["code"]["pass_at_1"], "after": after,
                       "steps": report["steps"], "seconds": report["train_seconds"]}))
@@ -163,19 +169,27 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
     assert report["history"][0]["step"] == 0 and report["steps"] <= 1000
 
 
+def _ci_params(tmp_path) -> ExperimentParams:
+    """A few problems and two warm-up steps of the TINY policy; constant LR, equal shares."""
+    return ExperimentParams(
+        data=DataParams(path=str(tmp_path / "problems"), seed=0, validation_fraction=0.2,
+                        test_fraction=0.2, math_per_task=4, code_per_task=5, reasoning_per_task=4),
+        model=ModelParams(**TINY),
+        base=BaseParams(path=str(tmp_path / "base" / "ckpt"), target_pass_high=0.6, max_steps=2,
+                        eval_every=2, batch_size=4, lr=1e-3, seed=0, target_pass_low=0.2,
+                        eval_per_family=2, test_samples=1, eval_temperature=0.6, eval_top_p=0.95,
+                        max_response_tokens=4, band_margin=0.0, warmup_steps=20,
+                        min_lr_ratio=1.0, micro_batches=1, reached_share=1.0))
+
+
 def _ci_tasks(tmp_path):
     """Run the `data` and `base` tasks through `.fn()` at a few-problem size; return outputs."""
     from tasks.base import train_base
     from tasks.data import build_data
 
-    data = build_data.fn(path=str(tmp_path / "problems"), metrics_path=str(tmp_path / "d.json"),
-                         seed=0, validation_fraction=0.2, test_fraction=0.2, math_per_task=4,
-                         code_per_task=5, reasoning_per_task=4)
-    base = train_base.fn(data_path=data["path"], path=str(tmp_path / "base" / "ckpt"),
-                         metrics_path=str(tmp_path / "b.json"), target_pass_high=0.6,
-                         model_config=TINY, max_steps=2, eval_every=2, batch_size=4, lr=1e-3,
-                         seed=0, target_pass_low=0.2, eval_per_family=2, test_samples=1,
-                         eval_temperature=0.6, eval_top_p=0.95, max_response_tokens=4)
+    params = _ci_params(tmp_path)
+    data = build_data.fn(params.data, str(tmp_path / "d.json"))
+    base = train_base.fn(params, str(tmp_path / "b.json"))
     return data, base
 
 

@@ -1,13 +1,15 @@
 """Problem data for the three families: sources, deterministic splits, `datasets` storage.
 
 `build_problems` gathers every source for one experiment; `split_problems` dedupes and splits;
+`make_splits` does both for a `DataConfig` (the `data` stage, built by `DataConfig.from_params`);
 `save_splits` / `load_split` store and read them. Paper: spec §5 and §7.1 (Math, Code, RG).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brorl.data.code import generate_code, load_code_jsonl
 from brorl.data.math import generate_math, load_math_jsonl
@@ -15,6 +17,9 @@ from brorl.data.reasoning import DEFAULT_REASONING_TASKS, reasoning_problems
 from brorl.data.records import FAMILIES, load_split, make_problem, normalise_prompt, save_splits
 from brorl.data.splits import SPLITS, dedupe, split_problems
 from brorl.types import Problem
+
+if TYPE_CHECKING:
+    from brorl.params import DataParams
 
 
 def build_problems(*, seed: int, math_per_task: int = 0, code_per_task: int = 0,
@@ -42,11 +47,44 @@ def build_problems(*, seed: int, math_per_task: int = 0, code_per_task: int = 0,
     return problems
 
 
-def make_splits(*, seed: int, validation_fraction: float, test_fraction: float,
-                **sources: Any) -> dict[str, list[Problem]]:
-    """`build_problems(seed=seed, **sources)`, deduped and split by the same seed."""
-    return split_problems(build_problems(seed=seed, **sources), seed=seed,
-                          validation_fraction=validation_fraction, test_fraction=test_fraction)
+@dataclass(frozen=True)
+class DataConfig:
+    """The sources and split of one experiment's problems, no defaults (the schema has them):
+    the `data` section's fields but `path` (`brorl.params.DataParams` documents each)."""
+
+    seed: int
+    math_per_task: int
+    math_max_operand: int
+    code_per_task: int
+    reasoning_per_task: int
+    reasoning_tasks: dict[str, dict[str, Any]] | None
+    math_jsonl: tuple[str, ...]
+    code_jsonl: tuple[str, ...]
+    validation_fraction: float
+    test_fraction: float
+
+    @classmethod
+    def from_params(cls, params: DataParams) -> DataConfig:
+        """The `data` section's fields of the same names; where to save is the caller's (`path`)."""
+        p = params
+        return cls(seed=p.seed, math_per_task=p.math_per_task, math_max_operand=p.math_max_operand,
+                   code_per_task=p.code_per_task, reasoning_per_task=p.reasoning_per_task,
+                   reasoning_tasks=p.reasoning_tasks, math_jsonl=tuple(p.math_jsonl),
+                   code_jsonl=tuple(p.code_jsonl), validation_fraction=p.validation_fraction,
+                   test_fraction=p.test_fraction)
+
+
+def make_splits(config: DataConfig) -> dict[str, list[Problem]]:
+    """`build_problems` of the config's sources, deduped and split by the same seed."""
+    c = config
+    problems = build_problems(seed=c.seed, math_per_task=c.math_per_task,
+                              code_per_task=c.code_per_task,
+                              reasoning_per_task=c.reasoning_per_task,
+                              math_max_operand=c.math_max_operand,
+                              reasoning_tasks=c.reasoning_tasks, math_jsonl=c.math_jsonl,
+                              code_jsonl=c.code_jsonl)
+    return split_problems(problems, seed=c.seed, validation_fraction=c.validation_fraction,
+                          test_fraction=c.test_fraction)
 
 
 def split_counts(splits: dict[str, list[Problem]]) -> dict[str, int]:
@@ -61,6 +99,7 @@ def split_counts(splits: dict[str, list[Problem]]) -> dict[str, int]:
 
 __all__ = [
     "DEFAULT_REASONING_TASKS",
+    "DataConfig",
     "FAMILIES",
     "SPLITS",
     "build_problems",

@@ -1,14 +1,10 @@
-"""The base checkpoint: supervised warm-up of the tiny policy until it is middling, not solved.
+"""The supervised warm-up of the base stage: teacher forcing in rounds, stopped by validation.
 
-The paper continues RL from a checkpoint that plateaued under ProRLv2 (spec §5.1 baseline row,
-§7.2). On CPU our stand-in is a tiny Qwen2 trained by teacher forcing on (prompt, ideal response)
-pairs: `render_prompt(problem, tokenizer)` then `render_target(problem)` + EOS, loss on the
-response tokens only. Training runs in rounds of `eval_every` steps; after each round the policy
-is scored on a validation sample per family (`brorl.evaluate.evaluate_policy`, the RL reward's
-own verifiers, one sample per problem at the test's temperature and top-p, so the rule and the
-reported band measure the same thing) and training stops once every family's pass@1 reaches
-`target_pass_low` (default 0.2), or at `max_steps`. Stopping at the low end of the 20-60% band
-leaves room for RL.
+The policy is trained by teacher forcing on (prompt, ideal response) pairs:
+`render_prompt(problem, tokenizer)` then `render_target(problem)` + EOS, loss on the response
+tokens only. Training runs in rounds of `eval_every` steps; after each round the policy is scored
+on a validation sample per family (`brorl.evaluate.evaluate_policy`) and `warm_up` stops once
+every family's pass@1 reaches `target_pass_low`, or at `max_steps`.
 
 Batches draw problems by family share (`family_shares`, equal by default; then uniform within
 the family) from a seeded generator: the same seed gives the same checkpoint on the same machine
@@ -23,7 +19,6 @@ The learning rate warms up linearly, then follows a cosine down to `min_lr_ratio
 between checks; the decay lets it settle within the CPU budget.
 
 Deliberately ignored: accumulation over several batches, mixed precision, early stopping on loss.
-Paper: spec §5.1 / §7.2 (plateaued starting point).
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ from dataclasses import dataclass, field
 import torch
 
 from brorl.evaluate import evaluate_policy
-from brorl.policy import build_policy, build_tokenizer
 from brorl.prompts import render_prompt, render_target
 from brorl.types import Problem
 
@@ -233,59 +227,3 @@ def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Pro
         train_steps(model, state, pairs, weights, steps=min(eval_every, max_steps - state.step),
                     batch_size=batch_size, pad_id=tokenizer.pad_token_id,
                     micro_batches=micro_batches)
-
-
-def sample_per_family(problems: Sequence[Problem], per_family: int, seed: int) -> list[Problem]:
-    """Up to `per_family` problems of each family, drawn by `seed`, in id order."""
-    groups: dict[str, list[Problem]] = {}
-    for p in sorted(problems, key=lambda p: p.id):
-        groups.setdefault(p.family, []).append(p)
-    gen = torch.Generator().manual_seed(seed)
-    out: list[Problem] = []
-    for family in sorted(groups):
-        order = torch.randperm(len(groups[family]), generator=gen)[:per_family].tolist()
-        out += [groups[family][i] for i in sorted(order)]
-    return out
-
-
-def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem],
-                         test: Sequence[Problem], *, model_config: dict, max_steps: int,
-                         eval_every: int, batch_size: int, lr: float, seed: int,
-                         target_pass_low: float, eval_per_family: int, test_samples: int,
-                         eval_temperature: float, eval_top_p: float, max_response_tokens: int,
-                         target_pass_high: float = 1.0, band_margin: float = 0.0,
-                         warmup_steps: int = 20, min_lr_ratio: float = 1.0,
-                         micro_batches: int = 1, family_shares: Mapping[str, float] | None = None,
-                         reached_share: float = 1.0,
-                         workers: int | None = None) -> tuple[object, object, dict]:
-    """Build the tiny policy from `model_config` (build_policy's sizes), warm it up, score it.
-
-    The warm-up stops and selects on validation with the band [target_pass_low,
-    target_pass_high] narrowed by `band_margin` at each end: room for validation noise, so the
-    held-out scores land inside the band itself.
-
-    Returns (model, tokenizer, report); the report holds the warm-up history, the steps trained
-    and the step whose weights were kept (`selected_step`, see `warm_up`), the held-out test
-    scores of those weights (pass@1 from `test_samples` samples at `eval_temperature`, spec
-    §5.2 protocol) and the seconds of warm-up (validation checks included) and of the test.
-    """
-    tokenizer = build_tokenizer()
-    model = build_policy(vocab_size=len(tokenizer), **model_config)
-    started = time.perf_counter()
-    history = warm_up(model, tokenizer, train, sample_per_family(validation, eval_per_family, seed),
-                      max_steps=max_steps, eval_every=eval_every, batch_size=batch_size, lr=lr,
-                      seed=seed, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
-                      micro_batches=micro_batches, family_shares=family_shares,
-                      reached_share=reached_share, target_pass_low=target_pass_low + band_margin,
-                      target_pass_high=target_pass_high - band_margin,
-                      max_new_tokens=max_response_tokens, eval_temperature=eval_temperature,
-                      eval_top_p=eval_top_p, workers=workers)
-    train_seconds = time.perf_counter() - started
-    scores, _ = evaluate_policy(model, tokenizer, test, n=test_samples, k_values=(1,),
-                                max_new_tokens=max_response_tokens, temperature=eval_temperature,
-                                top_p=eval_top_p, seed=seed, workers=workers)
-    report = {"history": history, "test": scores, "steps": history[-1]["step"],
-              "selected_step": next(h["step"] for h in history if h["selected"]),
-              "train_seconds": train_seconds,
-              "test_seconds": time.perf_counter() - started - train_seconds}
-    return model, tokenizer, report

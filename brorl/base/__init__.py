@@ -1,0 +1,44 @@
+"""The base stage: supervised warm-up of the tiny policy to a middling checkpoint (spec §5.1, §7.2).
+
+`checkpoint` builds, warms up and scores the policy of one experiment (`BaseConfig`,
+`make_base_checkpoint`); `supervised` holds the warm-up itself (batches, micro-batches, the LR
+schedule, the validation stopping rule and selection).
+"""
+
+from __future__ import annotations
+
+from brorl.base.checkpoint import BaseConfig, make_base_checkpoint, sample_per_family
+from brorl.base.supervised import (
+    IGNORE,
+    WarmUpState,
+    band_distance,
+    batch_loss_backward,
+    collate,
+    encode_pairs,
+    family_weights,
+    length_sorted_chunks,
+    lr_at,
+    round_shares,
+    start_warm_up,
+    train_steps,
+    warm_up,
+)
+
+__all__ = [
+    "IGNORE",
+    "BaseConfig",
+    "WarmUpState",
+    "band_distance",
+    "batch_loss_backward",
+    "collate",
+    "encode_pairs",
+    "family_weights",
+    "length_sorted_chunks",
+    "lr_at",
+    "make_base_checkpoint",
+    "round_shares",
+    "sample_per_family",
+    "start_warm_up",
+    "train_steps",
+    "warm_up",
+]

@@ -1,0 +1,113 @@
+"""The base checkpoint: the tiny policy warmed up until it is middling, not solved.
+
+The paper continues RL from a checkpoint that plateaued under ProRLv2 (spec §5.1 baseline row,
+§7.2). On CPU our stand-in is a tiny Qwen2 warmed up by teacher forcing
+(`brorl.base.supervised.warm_up`). Validation scores each family with the RL reward's own
+verifiers, one sample per problem at the test's temperature and top-p, so the stopping rule and
+the reported band measure the same thing; training stops once every family's pass@1 reaches
+`target_pass_low` (default 0.2), or at `max_steps`. Stopping at the low end of the 20-60% band
+leaves room for RL. `BaseConfig.from_params` is the stage's one conversion from the schema.
+
+Paper: spec §5.1 / §7.2 (plateaued starting point).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from brorl.base.supervised import warm_up
+from brorl.evaluate import evaluate_policy
+from brorl.policy import build_policy, build_tokenizer
+from brorl.types import Problem
+
+if TYPE_CHECKING:
+    from brorl.params import ExperimentParams
+
+
+def sample_per_family(problems: Sequence[Problem], per_family: int, seed: int) -> list[Problem]:
+    """Up to `per_family` problems of each family, drawn by `seed`, in id order."""
+    groups: dict[str, list[Problem]] = {}
+    for p in sorted(problems, key=lambda p: p.id):
+        groups.setdefault(p.family, []).append(p)
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Problem] = []
+    for family in sorted(groups):
+        order = torch.randperm(len(groups[family]), generator=gen)[:per_family].tolist()
+        out += [groups[family][i] for i in sorted(order)]
+    return out
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    """The base stage's settings, no defaults (the schema has them): the `base` section's fields
+    but `path` (`brorl.params.BaseParams` documents each), and `model`, the policy's sizes."""
+
+    model: dict[str, Any]
+    max_steps: int
+    eval_every: int
+    batch_size: int
+    micro_batches: int
+    family_shares: dict[str, float] | None
+    reached_share: float
+    lr: float
+    warmup_steps: int
+    min_lr_ratio: float
+    seed: int
+    target_pass_low: float
+    target_pass_high: float
+    band_margin: float
+    eval_per_family: int
+    test_samples: int
+    eval_temperature: float
+    eval_top_p: float
+    max_response_tokens: int
+
+    @classmethod
+    def from_params(cls, params: ExperimentParams) -> BaseConfig:
+        """`model` = the `model` section (`build_policy`'s keywords); the rest from `base` by name,
+        so a field on one side only is a TypeError. Where to save is the caller's (`base.path`)."""
+        return cls(model=params.model.model_dump(), **params.base.model_dump(exclude={"path"}))
+
+
+def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem],
+                         test: Sequence[Problem], config: BaseConfig, *,
+                         workers: int | None = None) -> tuple[object, object, dict]:
+    """Build the tiny policy of `config.model`, warm it up, score it.
+
+    The warm-up stops and selects on validation with the band [target_pass_low,
+    target_pass_high] narrowed by `band_margin` at each end: room for validation noise, so the
+    held-out scores land inside the band itself.
+
+    Returns (model, tokenizer, report); the report holds the warm-up history, the steps trained
+    and the step whose weights were kept (`selected_step`, see `warm_up`), the held-out test
+    scores of those weights (pass@1 from `test_samples` samples at `eval_temperature`, spec
+    §5.2 protocol) and the seconds of warm-up (validation checks included) and of the test.
+    """
+    c = config
+    tokenizer = build_tokenizer()
+    model = build_policy(vocab_size=len(tokenizer), **c.model)
+    started = time.perf_counter()
+    history = warm_up(model, tokenizer, train, sample_per_family(validation, c.eval_per_family, c.seed),
+                      max_steps=c.max_steps, eval_every=c.eval_every, batch_size=c.batch_size,
+                      lr=c.lr, seed=c.seed, warmup_steps=c.warmup_steps,
+                      min_lr_ratio=c.min_lr_ratio, micro_batches=c.micro_batches,
+                      family_shares=c.family_shares, reached_share=c.reached_share,
+                      target_pass_low=c.target_pass_low + c.band_margin,
+                      target_pass_high=c.target_pass_high - c.band_margin,
+                      max_new_tokens=c.max_response_tokens, eval_temperature=c.eval_temperature,
+                      eval_top_p=c.eval_top_p, workers=workers)
+    train_seconds = time.perf_counter() - started
+    scores, _ = evaluate_policy(model, tokenizer, test, n=c.test_samples, k_values=(1,),
+                                max_new_tokens=c.max_response_tokens,
+                                temperature=c.eval_temperature, top_p=c.eval_top_p, seed=c.seed,
+                                workers=workers)
+    report = {"history": history, "test": scores, "steps": history[-1]["step"],
+              "selected_step": next(h["step"] for h in history if h["selected"]),
+              "train_seconds": train_seconds,
+              "test_seconds": time.perf_counter() - started - train_seconds}
+    return model, tokenizer, report
