@@ -1,12 +1,22 @@
-"""Every params file validates; typos and bad values fail with a message naming them."""
+"""Every params file validates; typos and bad values fail with a message naming them; every
+mirror config takes each field from its params field, and the schema imports no trainer."""
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
+from brorl.base import BaseConfig
+from brorl.data import DataConfig
 from brorl.params import ExperimentParams, ParamsError, load_params
+from brorl.theory.simulator import SimConfig
+from brorl.train.config import LossConfig, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = sorted((ROOT / "params").glob("pipeline*.yaml"))
@@ -93,3 +103,142 @@ def test_a_band_margin_that_empties_the_band_is_refused():
     # 0.2 + 0.25 > 0.6 - 0.25: nothing left between the narrowed ends
     with pytest.raises(ParamsError, match="band_margin"):
         load_params(ROOT / "params" / "tiny.yaml", ["base.band_margin=0.25"])
+
+
+# --- every mirror config is built by its `from_params`, each field from the matching params field
+
+TRAINER_SECTIONS = ("update", "filter", "generate", "verify", "train")
+TRAINER_RENAMED = {
+    "lr": {"update.base_lr", "update.base_samples_per_step", "update.prompts_per_step",
+           "update.rollouts_per_prompt"},  # the sqrt rule (spec §4.1)
+    "filter_enabled": {"filter.enabled"}, "filter_max_draws": {"filter.max_draws"},
+    "filter_oversample": {"filter.oversample"}, "generate_dtype": {"generate.dtype"},
+    "dtype": {"train.dtype"}, "verify_workers": {"verify.workers"},
+    "verify_timeout_s": {"verify.timeout_s"}, "sandbox.memory_bytes": {"verify.memory_mib"},
+    "adam_betas": {"train.adam_beta1", "train.adam_beta2"},
+}
+NOT_THE_TRAINERS = {f"train.{f}" for f in (
+    "algorithm", "run_dir", "save_rollouts", "max_rollouts", "max_seconds", "plateau_patience",
+    "eval_every", "eval_per_family", "eval_samples", "eval_temperature", "eval_top_p")}
+"""`train` fields the run loop reads (budgets, evaluation, outputs), not `TrainerConfig`."""
+
+
+def _flat(config) -> dict[str, object]:
+    """A config's leaves: nested dataclasses and dicts as `outer.inner` keys."""
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update({f"{f.name}.{k}": v for k, v in _flat(value).items()})
+        elif f.name in ("model", "sandbox"):  # dicts built key by key
+            out.update({f"{f.name}.{k}": v for k, v in value.items()})
+        else:
+            out[f.name] = value
+    return out
+
+
+def _other_value(section: BaseModel, name: str) -> BaseModel:
+    """`section` with field `name` set to the first valid value unlike its default."""
+    value = getattr(section, name)
+    choices = get_args(type(section).model_fields[name].annotation)
+    if isinstance(value, bool):
+        candidates = [not value]
+    elif isinstance(value, int | float) and all(isinstance(c, int) for c in choices) and choices:
+        candidates = list(choices)  # a Literal of ints (zero_stage)
+    elif isinstance(value, int | float):
+        candidates = [value * 2, value / 2, value + 1, value + 0.05]
+    elif isinstance(value, str):
+        candidates = [c for c in choices if isinstance(c, str)] + [value + "-other"]
+    elif isinstance(value, list):
+        candidates = [value[:1], [*value, "extra.jsonl"]]
+    elif isinstance(value, dict):
+        candidates = [{**value, "extra": "params/extra.yaml"}]
+    else:  # None
+        candidates = [3, {"math": 2.0}, {"spell_backward": {}}]
+    for candidate in candidates:
+        if candidate == value:
+            continue
+        try:
+            return type(section).model_validate({**section.model_dump(), name: candidate})
+        except ValidationError:
+            continue
+    raise AssertionError(f"no valid non-default value for {type(section).__name__}.{name}")
+
+
+def _changed_by(build, sections: tuple[str, ...]) -> tuple[dict[str, set[str]], set[str]]:
+    """Config leaf -> the params fields whose change changes it; and the params fields that
+    change none, found by changing one field of the defaults at a time."""
+    default = ExperimentParams()
+    before = _flat(build(default))
+    changed: dict[str, set[str]] = {key: set() for key in before}
+    unused = set()
+    for section in sections:
+        for name in type(getattr(default, section)).model_fields:
+            params = default.model_copy(
+                update={section: _other_value(getattr(default, section), name)})
+            after = _flat(build(params))
+            keys = {k for k in before if after[k] != before[k]}
+            for key in keys:
+                changed[key].add(f"{section}.{name}")
+            if not keys:
+                unused.add(f"{section}.{name}")
+    return changed, unused
+
+
+def _same_name(key: str, sections: tuple[str, ...]) -> set[str]:
+    """The one field named like the config leaf `key` among `sections`."""
+    name = key.split(".")[-1]
+    owners = {s for s in sections if name in type(getattr(ExperimentParams(), s)).model_fields}
+    assert len(owners) == 1, (key, owners)
+    return {f"{owners.pop()}.{name}"}
+
+
+def test_trainer_config_takes_every_field_from_its_params_field():
+    changed, unused = _changed_by(TrainerConfig.from_params, TRAINER_SECTIONS)
+    expected = {key: TRAINER_RENAMED.get(key) or _same_name(key, TRAINER_SECTIONS)
+                for key in changed}
+    assert changed == expected
+    assert unused == NOT_THE_TRAINERS
+
+
+def test_loss_config_takes_every_field_from_the_update_section():
+    changed, unused = _changed_by(lambda p: LossConfig.from_params(p.update), ("update",))
+    assert changed == {key: {f"update.{key}"} for key in changed}
+    assert unused == {f"update.{f}" for f in (
+        "prompts_per_step", "rollouts_per_prompt", "base_lr", "base_samples_per_step",
+        "mini_batches_per_step", "epochs_per_step", "advantage_estimator",
+        "reference_reset_every", "reset_optimizer_on_reference_reset")}
+
+
+def test_sim_config_takes_every_field_from_the_simulate_section():
+    changed, unused = _changed_by(lambda p: SimConfig.from_params(p.simulate), ("simulate",))
+    assert changed == {key: {f"simulate.{key}"} for key in changed}
+    # the sweep's keys: the flow runs one SimConfig per (N, seed) and reports at report_steps
+    assert unused == {"simulate.rollouts_per_prompt", "simulate.num_seeds", "simulate.seed",
+                      "simulate.report_steps"}
+
+
+def test_data_and_base_configs_take_every_field_from_their_sections():
+    changed, unused = _changed_by(lambda p: DataConfig.from_params(p.data), ("data",))
+    assert changed == {key: {f"data.{key}"} for key in changed} and unused == {"data.path"}
+    changed, unused = _changed_by(BaseConfig.from_params, ("model", "base"))
+    assert changed == {key: {key if key.startswith("model.") else f"base.{key}"}
+                       for key in changed}
+    assert unused == {"base.path"}  # where the checkpoint goes is the task's
+
+
+@pytest.mark.parametrize("config", [TrainerConfig, LossConfig, SimConfig, DataConfig, BaseConfig],
+                         ids=lambda c: c.__name__)
+def test_mirror_configs_have_no_defaults_of_their_own(config):
+    """Defaults live in the schema only: a field `from_params` forgets is a TypeError."""
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               for f in dataclasses.fields(config))
+    with pytest.raises(TypeError, match="missing"):
+        config()
+
+
+def test_the_schema_imports_no_trainer_module():
+    code = ("import brorl.params, sys; "
+            "print([m for m in sys.modules if m.startswith('brorl.train')])")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]"

@@ -49,51 +49,91 @@ class TrainerConfig:
     """Everything `Trainer` reads: the run, the update, sampling, filtering, DeepSpeed, checkpoints."""
 
     init_checkpoint: str
+    """train.init_checkpoint: HF folder the policy and the first reference start from."""
     checkpoint_dir: str
+    """train.checkpoint_dir: folder of `step_XXXXXX/` checkpoints and `latest`."""
     steps: int
+    """train.steps: RL steps."""
     seed: int
+    """train.seed: seed of prompt order, rollout sampling and mini-batch shuffle."""
     # update (spec §4, §8)
     prompts_per_step: int
+    """update.prompts_per_step: B."""
     rollouts_per_prompt: int
+    """update.rollouts_per_prompt: N."""
     lr: float
+    """update.lr: base_lr scaled by sqrt(B*N / base_samples_per_step) (spec §4.1)."""
     mini_batches_per_step: int
+    """update.mini_batches_per_step: optimizer steps per RL step."""
     epochs_per_step: int
+    """update.epochs_per_step: passes over the step's rollouts."""
     micro_batch_rollouts: int
+    """train.micro_batch_rollouts: rollouts per forward/backward."""
     advantage_estimator: Literal["reinforce_pp_baseline", "grpo"]
+    """update.advantage_estimator."""
     loss: LossConfig
+    """The loss options of the `update` section (`LossConfig.from_params`)."""
     reference_reset_every: int | None
+    """update.reference_reset_every: steps between reference resets (None: never)."""
     reset_optimizer_on_reference_reset: bool
+    """update.reset_optimizer_on_reference_reset."""
     # dynamic sampling
     filter_enabled: bool
+    """filter.enabled: drop uniform groups and refill."""
     filter_max_draws: int
+    """filter.max_draws: most generate + verify rounds per step."""
     filter_oversample: float
+    """filter.oversample: prompts asked per missing group."""
     correct_reward: float
+    """filter.correct_reward: a uniform group at or above it is all-correct."""
     wrong_reward: float
+    """filter.wrong_reward: a uniform group at or below it is all-wrong."""
     # generation
     engine: Literal["hf", "vllm"]
+    """generate.engine."""
     temperature: float
+    """generate.temperature: rollout sampling temperature."""
     top_p: float
+    """generate.top_p: rollout nucleus top-p."""
     max_response_tokens: int
+    """generate.max_response_tokens: longest response (tokens)."""
     max_concurrent_rollouts: int
+    """generate.max_concurrent_rollouts: most rollouts decoded at once."""
     generate_dtype: str
+    """generate.dtype: the vLLM engine's dtype."""
     gpu_memory_utilization: float
+    """generate.gpu_memory_utilization: vLLM's share of GPU memory."""
     cpu_kv_cache_gib: int
+    """generate.cpu_kv_cache_gib: vLLM's KV cache on CPU (GiB)."""
     enforce_eager: bool
+    """generate.enforce_eager: vLLM without graph capture."""
     # verification
     verify_workers: int | None
+    """verify.workers: verifier processes per family (None: every core)."""
     verify_timeout_s: float
+    """verify.timeout_s: wall-clock limit per item (s)."""
     sandbox: dict[str, Any]
+    """`SandboxLimits` keywords from verify.cpu_s, memory_mib (as bytes), open_files, ..."""
     # optimisation (DeepSpeed)
     zero_stage: Literal[0, 1, 2]
+    """train.zero_stage: DeepSpeed ZeRO stage."""
     dtype: Literal["float32", "bfloat16"]
+    """train.dtype: training precision."""
     weight_decay: float
+    """train.weight_decay: AdamW weight decay."""
     adam_betas: tuple[float, float]
+    """(train.adam_beta1, train.adam_beta2)."""
     adam_eps: float
+    """train.adam_eps."""
     max_grad_norm: float
+    """train.max_grad_norm: gradient-norm clip per optimizer step."""
     warmup_steps: int
+    """train.warmup_steps: linear LR warm-up (optimizer steps)."""
     # checkpoints
     checkpoint_every: int
+    """train.checkpoint_every: steps between checkpoints."""
     keep_checkpoints: int
+    """train.keep_checkpoints: checkpoints kept on disk."""
 
     @classmethod
     def from_params(cls, params: ExperimentParams) -> TrainerConfig:
