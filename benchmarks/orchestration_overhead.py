@@ -1,0 +1,158 @@
+"""What orchestration costs per training step, and per DVC stage: brorl alone against the Prefect flow.
+
+    python benchmarks/orchestration_overhead.py                    # default arms, 4 steps each
+    python benchmarks/orchestration_overhead.py --steps 6 --arms prorl
+
+For each arm (params/prorl.yaml, params/brorl.yaml: the CPU defaults), in one run: K steps bare
+(`brorl.train.Run.train` with the in-place driver, as `python -m brorl.train`) and K steps as the
+Prefect flow `train` (each step an `iteration` subflow of tasks, metrics to MLflow) against one
+Prefect server started for the benchmark, from the same start (`--init`, default the pipeline's
+warm-up policy) on the same data. Per step, the orchestration is the step's wall time (the
+iteration plus observing it: MLflow logging in the flow) minus the seconds of brorl work measured
+inside the stage methods (`time/<stage>`); its share is that over the step's wall time.
+
+The fixed cost per DVC stage: `python -m flows.data` at CI size (a stage whose work is under a
+second) against the same work called in-process and the stage's imports alone, with the shared
+server (as `make run` runs stages) and with none (a temporary server per process, as before).
+
+Prints the thread count and /proc/loadavg beside the figures: a busy second core slows all of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flows  # noqa: E402,F401  (offline, project-local environment defaults)
+
+
+def per_step(history: list[dict]) -> dict[str, list[float]]:
+    """Wall seconds, brorl work, orchestration seconds and share of each trained step."""
+    out: dict[str, list[float]] = {"wall": [], "work": [], "orchestration": [], "share": []}
+    for m in history:
+        if "time/iteration" not in m:
+            continue
+        wall = m["time/iteration"] + m.get("time/on_step", 0.0)
+        work = sum(v for k, v in m.items() if k.startswith("time/")
+                   and k not in ("time/iteration", "time/on_step", "time/orchestration_share"))
+        out["wall"].append(wall)
+        out["work"].append(work)
+        out["orchestration"].append(wall - work)
+        out["share"].append((wall - work) / wall)
+    return out
+
+
+def overrides(out: Path, steps: int, data: str, init: str) -> list[str]:
+    return [f"train.run_dir={out}", f"train.checkpoint_dir={out / 'checkpoints'}",
+            f"train.steps={steps}", "train.max_rollouts=null", "train.plateau_patience=null",
+            f"data.path={data}", f"train.init_checkpoint={init}",
+            f"tracking.metrics_dir={out / 'metrics'}", f"tracking.plots_dir={out / 'plots'}"]
+
+
+def run_arm(arm: str, steps: int, data: str, init: str, tmp: Path) -> dict[str, dict]:
+    """K steps of one arm bare and as the flow; the per-step figures of each."""
+    from brorl.params import load_params
+    from brorl.train import Run
+    from flows.train import train
+
+    params_file = ROOT / "params" / f"{arm}.yaml"
+    bare = Run.open(load_params(params_file, overrides(tmp / f"{arm}-bare", steps, data, init)),
+                    ROOT, resume=False).train()
+    train(str(params_file), overrides(tmp / f"{arm}-flow", steps, data, init))
+    flow = json.loads((tmp / f"{arm}-flow" / "summary.json").read_text())
+    return {"bare": per_step(bare["history"]), "flow": per_step(flow["history"])}
+
+
+def stage_costs(tmp: Path, api_url: str | None) -> dict[str, float]:
+    """Seconds of a CI-sized `data` stage process, its imports alone, and its work in-process."""
+    from brorl.params import load_params
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PREFECT_API_URL", None)
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    sets = [f"data.path={tmp / 'data' / 'problems'}", f"tracking.metrics_dir={tmp / 'data'}"]
+    imports = [sys.executable, "-c", "import flows.data, tasks.data, brorl.data, prefect, mlflow"]
+    started = time.perf_counter()
+    subprocess.run(imports, cwd=ROOT, env=env, check=True, capture_output=True)
+    import_s = time.perf_counter() - started
+    stage = [sys.executable, "-m", "flows.data", "--params", "params/tiny_ci.yaml",
+             *(a for s in sets for a in ("-S", s))]
+    started = time.perf_counter()
+    subprocess.run(stage, cwd=ROOT, env=env, check=True, capture_output=True)
+    stage_s = time.perf_counter() - started
+    from brorl.data import DataConfig, make_splits, save_splits
+
+    config = DataConfig.from_params(load_params(ROOT / "params/tiny_ci.yaml", sets).data)
+    started = time.perf_counter()
+    save_splits(make_splits(config), tmp / "data-inproc")
+    work_s = time.perf_counter() - started
+    return {"stage": stage_s, "imports": import_s, "work": work_s,
+            "fixed": stage_s - import_s - work_s}
+
+
+def summary_line(name: str, values: list[float], unit: str = "s") -> str:
+    if not values:
+        return f"{name}: -"
+    fmt = (lambda v: f"{100 * v:.1f}%") if unit == "%" else (lambda v: f"{v:.3f}")
+    return (f"{name} min {fmt(min(values))} / median {fmt(statistics.median(values))} / "
+            f"max {fmt(max(values))}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="training steps per arm and mode")
+    parser.add_argument("--arms", nargs="+", default=["prorl", "brorl"])
+    parser.add_argument("--data", default=str(ROOT / "outputs/data/problems"))
+    parser.add_argument("--init", default=str(ROOT / "outputs/prorl_warmup/policy"),
+                        help="start checkpoint of every run (default: the pipeline's warm-up)")
+    parser.add_argument("--skip-stage", action="store_true", help="skip the per-stage cost")
+    args = parser.parse_args(argv)
+    for path, what in ((args.data, "--data"), (args.init, "--init")):
+        if not Path(path).exists():
+            print(f"error: {what} {path} does not exist; run `make run` (or `dvc repro "
+                  "prorl_warmup`) first, or pass another folder.", file=sys.stderr)
+            return 2
+    from brorl.servers import free_port
+    from flows import server
+
+    print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+          f"loadavg {Path('/proc/loadavg').read_text().split()[:3]}")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
+        with server.running(free_port(), home=tmp / "prefect", log=tmp / "server.log") as url:
+            os.environ["PREFECT_API_URL"] = url
+            results = {arm: run_arm(arm, args.steps, args.data, args.init, tmp)
+                       for arm in args.arms}
+            shared = None if args.skip_stage else stage_costs(tmp / "shared", url)
+        os.environ.pop("PREFECT_API_URL")
+        temporary = None if args.skip_stage else stage_costs(tmp / "temporary", None)
+    for arm, modes in results.items():
+        print(f"\n{arm}: {args.steps} steps per mode (first step included)")
+        for mode, figures in modes.items():
+            print(f"  {mode:4s} " + summary_line("step", figures["wall"]))
+            print(f"       " + summary_line("orchestration", figures["orchestration"]))
+            print(f"       " + summary_line("share", figures["share"], "%"))
+        extra = statistics.median(modes["flow"]["wall"]) - statistics.median(modes["bare"]["wall"])
+        print(f"  flow - bare, median step: {extra:+.3f} s")
+    for name, costs in (("shared server", shared), ("temporary server", temporary)):
+        if costs:
+            print(f"\nDVC stage `data` (CI size), {name}: process {costs['stage']:.2f} s = imports "
+                  f"{costs['imports']:.2f} s + work {costs['work']:.2f} s + fixed "
+                  f"{costs['fixed']:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
