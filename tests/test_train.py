@@ -24,7 +24,7 @@ from brorl.data.math import generate_math
 from brorl.evaluate import evaluate_policy
 from brorl.params import load_params
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
-from brorl.train import Trainer, TrainerConfig, parameter_digest
+from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
 from brorl.verifiers import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,9 +69,25 @@ def _config(base: Path, ckpt_dir: Path, **changes) -> TrainerConfig:
     return replace(config, **{**small, **changes})
 
 
+def _run(config: TrainerConfig, run_dir: Path, *, resume: bool = False, reward_fn=None) -> Run:
+    """The trainer of `config` on TRAIN in a run loop that checkpoints every
+    `config.checkpoint_every` steps and never evaluates (no held-out problems)."""
+    trainer = Trainer(config, TRAIN, reward_fn=reward_fn, resume=resume)
+    policy = replace(RunConfig.from_params(load_params(ROOT / "params/tiny_ci.yaml"), ROOT),
+                     run_dir=str(run_dir), steps=10**6, eval_every=10**6,
+                     checkpoint_every=config.checkpoint_every, save_rollouts=False)
+    return Run(trainer, policy, [])
+
+
+def _steps(run: Run, count: int) -> list[dict]:
+    """`count` RL steps of `run`, driven in place; their metrics."""
+    return [run.step(Direct()) for _ in range(count)]
+
+
 def _stable(history: list[dict]) -> list[dict]:
     """Metrics without wall-clock figures (timings differ between runs, nothing else may)."""
-    return [{k: v for k, v in m.items() if "seconds" not in k and "per_s" not in k}
+    return [{k: v for k, v in m.items()
+             if "seconds" not in k and "per_s" not in k and not k.startswith("time/")}
             for m in history]
 
 
@@ -83,9 +99,10 @@ def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy
         f"train.checkpoint_dir={tmp_path / 'ck'}", "generate.max_response_tokens=24",
         "verify.workers=1"])
     config = TrainerConfig.from_params(params)
-    trainer = Trainer(config, TRAIN, resume=False)
+    run = _run(config, tmp_path / "run")
+    trainer = run.trainer
     before = parameter_digest(trainer.model)
-    metrics = trainer.step()
+    [metrics] = _steps(run, 1)
     b, n = config.prompts_per_step, config.rollouts_per_prompt
     assert (b, n) == shape and metrics["generate/rollouts"] >= b * n
     assert metrics["update/skipped"] == 0.0 and metrics["filter/groups_kept"] >= 1
@@ -97,13 +114,13 @@ def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy
 
 
 def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, tmp_path):
-    trainer = Trainer(_config(easy_base, tmp_path / "ck", prompts_per_step=8,
-                              rollouts_per_prompt=16, reference_reset_every=None,
-                              checkpoint_every=100), TRAIN, resume=False)
+    run = _run(_config(easy_base, tmp_path / "ck", prompts_per_step=8, rollouts_per_prompt=16,
+                       reference_reset_every=None, checkpoint_every=100), tmp_path / "run")
+    trainer = run.trainer
     _, tokenizer = load_policy(easy_base)
     before, _ = evaluate_policy(trainer.reference, tokenizer, HELD_OUT, n=8, max_new_tokens=24,
                                 temperature=1.0, seed=1, workers=1)
-    history = [trainer.step() for _ in range(16)]
+    history = _steps(run, 16)
     after, _ = evaluate_policy(trainer.model, tokenizer, HELD_OUT, n=8, max_new_tokens=24,
                                temperature=1.0, seed=1, workers=1)
     rewards = [m["verify/reward_mean"] for m in history]
@@ -115,19 +132,20 @@ def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, tmp_path):
 
 
 def test_resume_after_k_steps_gives_the_weights_and_metrics_of_k_plus_m(easy_base, tmp_path):
-    whole = Trainer(_config(easy_base, tmp_path / "whole"), TRAIN, resume=False)
-    whole.train(3)
-    first = Trainer(_config(easy_base, tmp_path / "split"), TRAIN, resume=False)
-    first.train(2)
+    whole = _run(_config(easy_base, tmp_path / "whole"), tmp_path / "whole_run")
+    _steps(whole, 3)
+    first = _run(_config(easy_base, tmp_path / "split"), tmp_path / "split_run")
+    _steps(first, 2)
     del first
-    second = Trainer(_config(easy_base, tmp_path / "split"), TRAIN, resume=True)
-    assert second.step_count == 2 and second.resumed_from.name == "step_000002"
-    second.train(1)
-    assert sum(m["update/skipped"] == 0 for m in whole.history) >= 2  # updates really happened
-    assert whole.history[1]["reference/reset"] == 1.0  # and a reference reset at step 2
-    assert parameter_digest(second.model) == parameter_digest(whole.model)
-    assert parameter_digest(second.reference) == parameter_digest(whole.reference)
-    assert _stable(second.history) == _stable(whole.history)
+    second = _run(_config(easy_base, tmp_path / "split"), tmp_path / "split_run", resume=True)
+    assert second.step_count == 2 and second.trainer.resumed_from.name == "step_000002"
+    _steps(second, 1)
+    history = whole.state.history
+    assert sum(m["update/skipped"] == 0 for m in history) >= 2  # updates really happened
+    assert history[1]["reference/reset"] == 1.0  # and a reference reset at step 2
+    assert parameter_digest(second.trainer.model) == parameter_digest(whole.trainer.model)
+    assert parameter_digest(second.trainer.reference) == parameter_digest(whole.trainer.reference)
+    assert _stable(second.state.history) == _stable(history)
     assert sorted(p.name for p in (tmp_path / "split").glob("step_*")) == \
         ["step_000002", "step_000003"]  # keep_checkpoints = 2
 
@@ -136,10 +154,10 @@ def test_a_step_with_nothing_informative_is_reported_not_fatal(easy_base, tmp_pa
     def all_wrong(problems, responses):
         return [Verdict(0.0, "wrong")] * len(problems)
 
-    trainer = Trainer(_config(easy_base, tmp_path / "ck"), TRAIN, reward_fn=all_wrong,
-                      resume=False)
+    run = _run(_config(easy_base, tmp_path / "ck"), tmp_path / "run", reward_fn=all_wrong)
+    trainer = run.trainer
     before = parameter_digest(trainer.model)
-    metrics = trainer.step()
+    [metrics] = _steps(run, 1)
     assert metrics["update/skipped"] == 1.0 and metrics["filter/budget_exhausted"] == 1.0
     assert metrics["filter/rounds"] == 3 and metrics["filter/groups_all_wrong"] >= 4
     assert parameter_digest(trainer.model) == before and trainer.step_count == 1
