@@ -17,6 +17,7 @@ from brorl.data import DataConfig
 from brorl.params import ExperimentParams, ParamsError, load_params
 from brorl.theory.simulator import SimConfig
 from brorl.train.config import LossConfig, TrainerConfig
+from brorl.train.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = sorted((ROOT / "params").glob("pipeline*.yaml"))
@@ -118,9 +119,12 @@ TRAINER_RENAMED = {
     "adam_betas": {"train.adam_beta1", "train.adam_beta2"},
 }
 NOT_THE_TRAINERS = {f"train.{f}" for f in (
-    "algorithm", "run_dir", "save_rollouts", "max_rollouts", "max_seconds", "plateau_patience",
-    "eval_every", "eval_per_family", "eval_samples", "eval_temperature", "eval_top_p")}
-"""`train` fields the run loop reads (budgets, evaluation, outputs), not `TrainerConfig`."""
+    "algorithm", "run_dir", "save_rollouts", "steps", "max_rollouts", "max_seconds",
+    "plateau_patience", "eval_every", "checkpoint_every", "eval_per_family", "eval_samples",
+    "eval_temperature", "eval_top_p")}
+"""`train` fields the run loop reads (budgets, schedules, evaluation, outputs), not
+`TrainerConfig`: `RunConfig` takes them (`Run.open` reads `eval_per_family`, `algorithm` is
+the MLflow tag)."""
 
 
 def _flat(config) -> dict[str, object]:
@@ -227,7 +231,20 @@ def test_data_and_base_configs_take_every_field_from_their_sections():
     assert unused == {"base.path"}  # where the checkpoint goes is the task's
 
 
-@pytest.mark.parametrize("config", [TrainerConfig, LossConfig, SimConfig, DataConfig, BaseConfig],
+def test_run_config_takes_every_field_from_its_params_field():
+    changed, unused = _changed_by(lambda p: RunConfig.from_params(p, Path("/r")),
+                                  ("train", "generate", "verify"))
+    renamed = {"name": set(), "eval_max_response_tokens": {"generate.max_response_tokens"},
+               "eval_seed": {"train.seed"}, "eval_workers": {"verify.workers"}}
+    assert changed == {key: renamed.get(key, {f"train.{key}"}) for key in changed}
+    assert {f"train.{f}" for f in ("run_dir", "steps", "max_rollouts", "max_seconds",
+                                   "plateau_patience", "eval_every", "checkpoint_every")} \
+        .isdisjoint(unused)
+    assert RunConfig.from_params(ExperimentParams(name="x"), Path("/r")).name == "x"
+
+
+@pytest.mark.parametrize("config", [TrainerConfig, LossConfig, SimConfig, DataConfig, BaseConfig,
+                                    RunConfig],
                          ids=lambda c: c.__name__)
 def test_mirror_configs_have_no_defaults_of_their_own(config):
     """Defaults live in the schema only: a field `from_params` forgets is a TypeError."""

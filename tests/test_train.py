@@ -18,44 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from brorl.base import warm_up
-from brorl.data import save_splits
-from brorl.data.math import generate_math
 from brorl.evaluate import evaluate_policy
 from brorl.params import load_params
-from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
+from brorl.policy import load_policy
+from brorl.servers import free_port
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
 from brorl.verifiers import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBLEMS = generate_math(200, seed=0, tasks=("compare",))
-# three disjoint sets: the base's supervised warm-up, the RL prompts, held-out evaluation (RL on
-# prompts the warm-up memorised raised the training reward but not the held-out one)
-WARM_UP, TRAIN, HELD_OUT = PROBLEMS[:100], PROBLEMS[100:150], PROBLEMS[150:]
-
-
-@pytest.fixture(scope="module")
-def easy_base(tmp_path_factory) -> Path:
-    """An HF folder: the tiny policy warmed up on `compare` (WARM_UP) until 8 held-out problems
-    reach greedy pass@1 0.25 (checked every 100 steps, at most 800; about 10-30 s): a policy
-    that solves some problems, so RL has rewards to work with. A fixed step count is fragile: the
-    step at which this skill appears moves by hundreds of steps with rounding-level changes."""
-    tokenizer = build_tokenizer()
-    model = build_policy(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2,
-                         num_kv_heads=1, intermediate_size=128, max_position_embeddings=256)
-    history = warm_up(model, tokenizer, WARM_UP, HELD_OUT[:8], max_steps=800, eval_every=100,
-                      batch_size=16, lr=3e-3, seed=0, target_pass_low=0.25, max_new_tokens=24)
-    assert max(h["pass_at_1"]["math"] for h in history) >= 0.25, history
-    path = tmp_path_factory.mktemp("easy") / "base"
-    save_policy(model, tokenizer, path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def easy_data(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "problems"
-    save_splits({"train": TRAIN, "validation": HELD_OUT[:10], "test": HELD_OUT}, path)
-    return path
 
 
 def _config(base: Path, ckpt_dir: Path, **changes) -> TrainerConfig:
@@ -65,17 +35,18 @@ def _config(base: Path, ckpt_dir: Path, **changes) -> TrainerConfig:
         init_checkpoint=str(base), checkpoint_dir=str(ckpt_dir), prompts_per_step=4,
         rollouts_per_prompt=8, lr=1e-3, mini_batches_per_step=2, micro_batch_rollouts=8,
         temperature=1.0, max_response_tokens=24, filter_max_draws=3, verify_workers=1,
-        checkpoint_every=1, keep_checkpoints=2, reference_reset_every=2)
+        keep_checkpoints=2, reference_reset_every=2)
     return replace(config, **{**small, **changes})
 
 
-def _run(config: TrainerConfig, run_dir: Path, *, resume: bool = False, reward_fn=None) -> Run:
-    """The trainer of `config` on TRAIN in a run loop that checkpoints every
-    `config.checkpoint_every` steps and never evaluates (no held-out problems)."""
-    trainer = Trainer(config, TRAIN, reward_fn=reward_fn, resume=resume)
+def _run(config: TrainerConfig, problems: list, run_dir: Path, *, checkpoint_every: int = 1,
+         resume: bool = False, reward_fn=None) -> Run:
+    """The trainer of `config` on `problems` in a run loop that checkpoints every
+    `checkpoint_every` steps and never evaluates (no held-out problems)."""
+    trainer = Trainer(config, problems, reward_fn=reward_fn, resume=resume)
     policy = replace(RunConfig.from_params(load_params(ROOT / "params/tiny_ci.yaml"), ROOT),
                      run_dir=str(run_dir), steps=10**6, eval_every=10**6,
-                     checkpoint_every=config.checkpoint_every, save_rollouts=False)
+                     checkpoint_every=checkpoint_every, save_rollouts=False)
     return Run(trainer, policy, [])
 
 
@@ -92,14 +63,15 @@ def _stable(history: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("arm, shape", [("prorl", (8, 16)), ("brorl", (2, 512))])
-def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy_data, tmp_path):
+def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy_data, easy_split,
+                                                      tmp_path):
     """The CPU-default arms themselves (BroRL at N = 512), on the easy data and base."""
     params = load_params(ROOT / f"params/{arm}.yaml", [
         f"data.path={easy_data}", f"train.init_checkpoint={easy_base}",
         f"train.checkpoint_dir={tmp_path / 'ck'}", "generate.max_response_tokens=24",
         "verify.workers=1"])
     config = TrainerConfig.from_params(params)
-    run = _run(config, tmp_path / "run")
+    run = _run(config, easy_split.train, tmp_path / "run")
     trainer = run.trainer
     before = parameter_digest(trainer.model)
     [metrics] = _steps(run, 1)
@@ -113,15 +85,17 @@ def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy
     assert (saved / "policy" / "config.json").is_file() and (saved / "reference").is_dir()
 
 
-def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, tmp_path):
+def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, easy_split, tmp_path):
+    held_out = easy_split.held_out
     run = _run(_config(easy_base, tmp_path / "ck", prompts_per_step=8, rollouts_per_prompt=16,
-                       reference_reset_every=None, checkpoint_every=100), tmp_path / "run")
+                       reference_reset_every=None), easy_split.train, tmp_path / "run",
+               checkpoint_every=100)
     trainer = run.trainer
     _, tokenizer = load_policy(easy_base)
-    before, _ = evaluate_policy(trainer.reference, tokenizer, HELD_OUT, n=8, max_new_tokens=24,
+    before, _ = evaluate_policy(trainer.reference, tokenizer, held_out, n=8, max_new_tokens=24,
                                 temperature=1.0, seed=1, workers=1)
     history = _steps(run, 16)
-    after, _ = evaluate_policy(trainer.model, tokenizer, HELD_OUT, n=8, max_new_tokens=24,
+    after, _ = evaluate_policy(trainer.model, tokenizer, held_out, n=8, max_new_tokens=24,
                                temperature=1.0, seed=1, workers=1)
     rewards = [m["verify/reward_mean"] for m in history]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
@@ -131,13 +105,16 @@ def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, tmp_path):
     assert held_after > held_before + 0.03, (held_before, held_after)
 
 
-def test_resume_after_k_steps_gives_the_weights_and_metrics_of_k_plus_m(easy_base, tmp_path):
-    whole = _run(_config(easy_base, tmp_path / "whole"), tmp_path / "whole_run")
+def test_resume_after_k_steps_gives_the_weights_and_metrics_of_k_plus_m(easy_base, easy_split,
+                                                                          tmp_path):
+    train = easy_split.train
+    whole = _run(_config(easy_base, tmp_path / "whole"), train, tmp_path / "whole_run")
     _steps(whole, 3)
-    first = _run(_config(easy_base, tmp_path / "split"), tmp_path / "split_run")
+    first = _run(_config(easy_base, tmp_path / "split"), train, tmp_path / "split_run")
     _steps(first, 2)
     del first
-    second = _run(_config(easy_base, tmp_path / "split"), tmp_path / "split_run", resume=True)
+    second = _run(_config(easy_base, tmp_path / "split"), train, tmp_path / "split_run",
+                  resume=True)
     assert second.step_count == 2 and second.trainer.resumed_from.name == "step_000002"
     _steps(second, 1)
     history = whole.state.history
@@ -150,11 +127,12 @@ def test_resume_after_k_steps_gives_the_weights_and_metrics_of_k_plus_m(easy_bas
         ["step_000002", "step_000003"]  # keep_checkpoints = 2
 
 
-def test_a_step_with_nothing_informative_is_reported_not_fatal(easy_base, tmp_path):
+def test_a_step_with_nothing_informative_is_reported_not_fatal(easy_base, easy_split, tmp_path):
     def all_wrong(problems, responses):
         return [Verdict(0.0, "wrong")] * len(problems)
 
-    run = _run(_config(easy_base, tmp_path / "ck"), tmp_path / "run", reward_fn=all_wrong)
+    run = _run(_config(easy_base, tmp_path / "ck"), easy_split.train, tmp_path / "run",
+               reward_fn=all_wrong)
     trainer = run.trainer
     before = parameter_digest(trainer.model)
     [metrics] = _steps(run, 1)
@@ -195,9 +173,7 @@ def test_two_process_zero2_keeps_ranks_identical_and_equals_one_process(
               "-S", f"train.init_checkpoint={easy_base}", "-S", "train.zero_stage=2",
               "-S", "generate.max_response_tokens=24", "-S", "verify.workers=1",
               "--steps", "2", "--fresh"]
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the rendezvous
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                 "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "brorl.train"]
     ranks = _launch(torchrun + common + ["-S", f"train.checkpoint_dir={tmp_path / 'two'}"],

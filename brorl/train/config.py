@@ -52,8 +52,6 @@ class TrainerConfig:
     """train.init_checkpoint: HF folder the policy and the first reference start from."""
     checkpoint_dir: str
     """train.checkpoint_dir: folder of `step_XXXXXX/` checkpoints and `latest`."""
-    steps: int
-    """train.steps: RL steps."""
     seed: int
     """train.seed: seed of prompt order, rollout sampling and mini-batch shuffle."""
     # update (spec §4, §8)
@@ -129,9 +127,7 @@ class TrainerConfig:
     """train.max_grad_norm: gradient-norm clip per optimizer step."""
     warmup_steps: int
     """train.warmup_steps: linear LR warm-up (optimizer steps)."""
-    # checkpoints
-    checkpoint_every: int
-    """train.checkpoint_every: steps between checkpoints."""
+    # checkpoints (their schedule is the run's: `brorl.train.run.RunConfig`)
     keep_checkpoints: int
     """train.keep_checkpoints: checkpoints kept on disk."""
 
@@ -140,7 +136,7 @@ class TrainerConfig:
         """The trainer's settings of one experiment; `lr` is `update.lr` (the sqrt rule)."""
         u, f, g, v, t = params.update, params.filter, params.generate, params.verify, params.train
         return cls(
-            init_checkpoint=t.init_checkpoint, checkpoint_dir=t.checkpoint_dir, steps=t.steps,
+            init_checkpoint=t.init_checkpoint, checkpoint_dir=t.checkpoint_dir,
             seed=t.seed, prompts_per_step=u.prompts_per_step,
             rollouts_per_prompt=u.rollouts_per_prompt, lr=u.lr,
             mini_batches_per_step=u.mini_batches_per_step, epochs_per_step=u.epochs_per_step,
@@ -161,7 +157,7 @@ class TrainerConfig:
             zero_stage=t.zero_stage, dtype=t.dtype, weight_decay=t.weight_decay,
             adam_betas=(t.adam_beta1, t.adam_beta2), adam_eps=t.adam_eps,
             max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps,
-            checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
+            keep_checkpoints=t.keep_checkpoints,
         )
 
     def __post_init__(self) -> None:
