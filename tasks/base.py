@@ -13,6 +13,7 @@ from brorl.base import BaseConfig, make_base_checkpoint
 from brorl.data import load_split
 from brorl.params import ExperimentParams
 from brorl.policy import save_policy
+from brorl.train.checkpoint import atomic_write_text
 from tasks import tracking
 
 
@@ -37,8 +38,8 @@ def base_metrics(report: dict, target_pass_low: float, target_pass_high: float) 
 
 @task(name="base", cache_policy=NO_CACHE, persist_result=False)
 def train_base(params: ExperimentParams, metrics_path: str) -> dict[str, Any]:
-    """Warm up on the splits at `data.path`, save the HF folder at `base.path`, write metrics
-    JSON; return paths and metrics.
+    """Warm up on the splits at `data.path`, save the HF folder at `base.path`; the headline
+    (the paper's score per family) to `metrics_path`, every metric to `<base>/../report.json`.
 
     `base/in_band` reports the held-out scores against [target_pass_low, target_pass_high].
     """
@@ -48,9 +49,10 @@ def train_base(params: ExperimentParams, metrics_path: str) -> dict[str, Any]:
         splits["train"], splits["validation"], splits["test"], config)
     save_policy(model, tokenizer, path)
     metrics = base_metrics(report, config.target_pass_low, config.target_pass_high)
-    Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(metrics_path).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    (Path(path).parent / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    headline = {family: round(row["score"], 4) for family, row in report["test"]["family"].items()}
+    atomic_write_text(Path(metrics_path), json.dumps(headline, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(Path(path).parent / "report.json",
+                      json.dumps({**report, "metrics": metrics}, indent=2) + "\n")
     return {"path": path, "metrics_path": metrics_path, "metrics": metrics}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 
 from brorl.compare import ArmResult, build_report
 from brorl.params import ExperimentParams, load_params
+from brorl.train.checkpoint import atomic_write_text
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -59,15 +61,18 @@ def compare_metrics(result: dict[str, Any]) -> dict[str, float]:
 @task(name="report", **_TASK)
 def report(arm_params: dict[str, dict[str, Any]], report_dir: str,
            metrics_path: str | None = None) -> dict[str, Any]:
-    """The Markdown/JSON/PNG report from the arms' run folders; with `metrics_path`, its
-    `compare_metrics` as JSON there too (the DVC stage's metrics file)."""
+    """The Markdown/JSON/PNG report from the arms' run folders; with `metrics_path`, its headline
+    there too (the DVC stage's metrics: the paired test's mean difference and one-tailed p)."""
     arms = [ArmResult.load(name, tracking.ROOT / p["train"]["run_dir"])
             for name, p in arm_params.items()]
     out = build_report(arms, tracking.ROOT / report_dir)
     if metrics_path is not None:
         path = tracking.ROOT / metrics_path
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(compare_metrics(out), indent=2, sort_keys=True) + "\n")
+        test = out.get("paired_test") or {}
+        headline = {"delta": round(test.get("delta", math.nan), 4),
+                    "p": round(test.get("p_one_tailed", math.nan), 4)}
+        atomic_write_text(path, json.dumps(headline, indent=2) + "\n")
     return {**out, "report_dir": str(tracking.ROOT / report_dir)}
 
 

@@ -11,6 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from brorl.data import DataConfig, make_splits, save_splits, split_counts
 from brorl.params import DataParams
+from brorl.train.checkpoint import atomic_write_text
 from tasks import tracking
 
 
@@ -20,8 +21,10 @@ def build_data(params: DataParams, metrics_path: str) -> dict[str, Any]:
     splits = make_splits(DataConfig.from_params(params))
     save_splits(splits, params.path)
     counts = {f"data/{key}": n for key, n in split_counts(splits).items()}
-    Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(metrics_path).write_text(json.dumps(counts, indent=2, sort_keys=True) + "\n")
+    problems = sum(n for key, n in counts.items() if key.endswith("/total"))
+    atomic_write_text(Path(metrics_path), json.dumps({"problems": problems}, indent=2) + "\n")
+    atomic_write_text(Path(params.path).parent / "counts.json",
+                      json.dumps(counts, indent=2, sort_keys=True) + "\n")
     return {"path": params.path, "metrics_path": metrics_path, "counts": counts}
 
 

@@ -37,12 +37,14 @@ def merge_results(results: list[SimulationResult]) -> list[SimulationResult]:
 @task(name="simulate_report", cache_policy=NO_CACHE, persist_result=False)
 def write_report(merged: list[SimulationResult], out_dir: Path, plots_dir: Path,
                  metrics_path: Path, report_steps: list[int]) -> dict[str, Path]:
-    """The results table and figure (out_dir), curves as CSV/JSON (plots_dir), DVC metrics."""
+    """The results table, figure and every metric (out_dir), curves as CSV/JSON (plots_dir), the
+    headline (`report.headline`) as DVC metrics."""
     paths = report.write_curves(merged, plots_dir)
     table = out_dir / "results.md"
     report.atomic_write_text(table, report.results_table(merged, report_steps))
     summary = report.summary_metrics(merged, report_steps)
-    report.atomic_write_text(metrics_path, json.dumps(summary, indent=2, allow_nan=True))
+    report.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=True))
+    report.atomic_write_text(metrics_path, json.dumps(report.headline(merged), indent=2) + "\n")
     figure = report.plot_figure(merged, out_dir / "simulate.png")
     return {**paths, "table": table, "figure": figure, "metrics": metrics_path}
 

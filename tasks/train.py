@@ -135,7 +135,7 @@ def finish_run(run: Run, tracker: Tracker, params: dict[str, Any]) -> dict[str, 
     summary = run.finish()
     metrics_path = tracking.ROOT / p.tracking.metrics_dir / f"{p.name}.json"
     plot_path = tracking.ROOT / p.tracking.plots_dir / p.name / "eval.csv"
-    dvc_files(run.state, run.step_count, metrics_path, plot_path)
+    dvc_files(run.state, metrics_path, plot_path)
     client = MlflowClient(tracker.tracking_uri)
     for artifact in (run.run_dir / "summary.json", run.run_dir / "evals.jsonl"):
         if artifact.is_file():

@@ -195,16 +195,22 @@ def _ci_tasks(tmp_path):
 
 def test_data_and_base_tasks_write_splits_checkpoint_and_metrics(tmp_path):
     data, base = _ci_tasks(tmp_path)
-    counts = json.loads((tmp_path / "d.json").read_text())
+    counts = json.loads((tmp_path / "counts.json").read_text())  # beside the splits
     assert counts == data["counts"] and counts["data/train/code"] > 0
+    total = sum(counts[f"data/{split}/total"] for split in ("train", "validation", "test"))
+    assert json.loads((tmp_path / "d.json").read_text()) == {"problems": total}  # the headline
     assert (tmp_path / "problems" / "dataset_dict.json").is_file()
-    metrics = json.loads((tmp_path / "b.json").read_text())
+    report = json.loads((tmp_path / "base" / "report.json").read_text())
+    metrics = report["metrics"]
     assert metrics == base["metrics"] and metrics["base/steps"] == 2.0
     assert {"base/pass_at_1_math", "base/pass_at_1_code", "base/pass_at_1_reasoning",
             "base/in_band"} <= set(metrics)
+    headline = json.loads((tmp_path / "b.json").read_text())  # the paper's score per family
+    assert headline == {f: round(metrics[f"base/score_{f}"], 4)
+                        for f in ("math", "code", "reasoning")}
     model, _ = load_policy(base["path"])
     assert model.config.hidden_size == TINY["hidden_size"]
-    history = json.loads((tmp_path / "base" / "report.json").read_text())["history"]
+    history = report["history"]
     assert [h["step"] for h in history] == [0, 2]
 
 
@@ -226,8 +232,10 @@ def test_data_and_base_flows_run_on_a_prefect_server(tmp_path, monkeypatch):
     with prefect_test_harness(server_startup_timeout=120):
         counts = data(params_path=params, overrides=sizes)["counts"]
         summary = base(params_path=params, overrides=sizes)
-    assert json.loads((tmp_path / "metrics/data.json").read_text()) == counts
-    assert json.loads((tmp_path / "metrics/base.json").read_text())["base/steps"] == 2.0
+    assert json.loads((tmp_path / "metrics/data.json").read_text()) == {
+        "problems": sum(n for k, n in counts.items() if k.endswith("/total"))}
+    assert set(json.loads((tmp_path / "metrics/base.json").read_text())) == {
+        "math", "code", "reasoning"}
     assert load_policy(summary["path"])[0].config.hidden_size == 64  # tiny_ci.yaml's size
     import mlflow
 

@@ -36,21 +36,24 @@ def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
     status = subprocess.run([str(Path(sys.executable).parent / "dvc"), "status", "compare"],
                             cwd=clone, capture_output=True, text=True, timeout=120)
     assert "up to date" in status.stdout  # a second repro would rerun nothing
-    metrics = {arm: json.loads((clone / "metrics" / f"{arm}-ci.json").read_text())
-               for arm in ("prorl", "brorl")}
-    for m in metrics.values():
-        assert m["steps"] >= 1 and m["rollouts"] >= 256
-        assert all(0.0 <= m[f"pass_at_1_{f}"] <= 1.0 for f in FAMILIES)
+    for arm in ("prorl", "brorl"):
+        m = json.loads((clone / "metrics" / f"{arm}-ci.json").read_text())
+        summary = json.loads((clone / "outputs" / "ci" / arm / "summary.json").read_text())
+        assert m["rollouts"] == summary["rollouts"] >= 256 and summary["stopped_by"] == "rollouts"
+        last = [json.loads(x) for x in
+                (clone / "outputs" / "ci" / arm / "evals.jsonl").read_text().splitlines()][-1]
+        assert last["step"] == summary["steps"]  # the arm ended on an evaluation at its budget
+        assert {f: m[f] for f in FAMILIES} == {
+            f: round(last["scores"]["family"][f]["score"], 4) for f in FAMILIES}
     for arm in ("prorl-ci", "brorl-ci", "prorl-warmup-ci"):
         assert (clone / "plots" / arm / "eval.csv").read_text().startswith("step,rollouts")
     compared = json.loads((clone / "metrics" / "compare-ci.json").read_text())
     report = json.loads((clone / "outputs" / "ci" / "compare" / "report.json").read_text())
     # NaN when the arms' last evaluations do not differ anywhere (no variance to test)
-    assert compared["compare/paired_p"] == pytest.approx(report["paired_test"]["p_one_tailed"],
-                                                          nan_ok=True)
-    for arm in ("prorl", "brorl"):
-        assert compared[f"compare/pass_rate_{arm}"] == report["pass_rate"][arm]
-        assert compared[f"compare/rollouts_per_s_{arm}"] > 0
+    test = report["paired_test"]
+    assert compared["p"] == pytest.approx(round(test["p_one_tailed"], 4), nan_ok=True)
+    assert compared["delta"] == pytest.approx(round(test["delta"], 4), nan_ok=True)
+    assert all(report["rollouts_per_s"][arm] > 0 for arm in ("prorl", "brorl"))
 
 
 def test_each_arm_saved_its_rollouts_as_parquet(ci_pipeline):

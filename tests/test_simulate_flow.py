@@ -30,9 +30,11 @@ def test_simulate_flow_leaves_parent_and_child_runs_metrics_figure_and_files(
     history = client.get_metric_history(children[0].info.run_id, "simulate/q_pos")
     assert [m.step for m in history] == [0, 20, 40, 60]  # steps 60, log_every 20
 
-    metrics = json.loads((tmp_path / "m" / "simulate.json").read_text())
-    big, small = metrics["N=4096"]["step_60"], metrics["N=4"]["step_60"]
+    summary = json.loads((tmp_path / "out" / "simulate" / "summary.json").read_text())
+    big, small = summary["N=4096"]["step_60"], summary["N=4"]["step_60"]
     assert big["q_pos"]["mean"] > small["q_pos"]["mean"]
+    headline = json.loads((tmp_path / "m" / "simulate.json").read_text())  # DVC's metrics
+    assert headline == {"delta": round(big["q_pos"]["mean"] - small["q_pos"]["mean"], 4)}
     png = (tmp_path / "out" / "simulate" / "simulate.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (tmp_path / "plots" / "simulate" / "curves.csv").read_text().startswith("rollouts,step,")

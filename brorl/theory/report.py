@@ -70,6 +70,15 @@ def summary_metrics(results: Sequence[SimulationResult], steps: Sequence[int]) -
     }
 
 
+def headline(results: Sequence[SimulationResult]) -> dict[str, float]:
+    """`delta`: Q_pos at the last step, largest N minus smallest N (mean over seeds): how much
+    broader sampling keeps of the correct mass (BroRL §4.1, Fig. 3 left)."""
+    ordered = sorted(results, key=lambda r: r.rollouts)
+    last = int(ordered[0].steps[-1])
+    small, large = (_at_step(r, "q_pos", last)[0] for r in (ordered[0], ordered[-1]))
+    return {"delta": round(float(large - small), 4)}
+
+
 def results_table(results: Sequence[SimulationResult], steps: Sequence[int]) -> str:
     """Markdown table: one row per N, a 'Q_pos / % improved / worst drop' cell per step (means)."""
     seeds = len(results[0].seeds) if results else 0

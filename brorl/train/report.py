@@ -1,7 +1,7 @@
 """A finished run's small result files for DVC: headline metrics (JSON) and the evaluation curve (CSV).
 
-`headline` is what `dvc metrics show` prints for an arm: steps, rollouts, training seconds, the
-dynamic-sampling pass rate and the last evaluation's pass@1 per family. `eval_csv` has one row per
+`headline` is what `dvc metrics show` prints for an arm: the last evaluation's score per family
+and the rollouts spent (details: the run's `summary.json` and `evals.jsonl`). `eval_csv` has one row per
 evaluation (step, rollouts, training seconds, pass@1 per family and their mean), the data of
 `dvc plots`. Both come from the run's state (`brorl.train.run.RunState`) alone.
 """
@@ -15,18 +15,14 @@ from typing import Any
 from brorl.train.checkpoint import atomic_write_text
 
 
-def headline(state: Any, steps: int) -> dict[str, float]:
-    """The arm's headline numbers (a `RunState` and its step count)."""
-    history = [m for m in state.history if m.get("train/step", 0) > 0]
-    metrics: dict[str, float] = {
-        "steps": float(steps), "seconds": round(state.train_seconds, 1),
-        "rollouts": float(state.rollouts),
-        "pass_rate": (sum(m.get("filter/pass_rate", 0.0) for m in history) / len(history)
-                      if history else 0.0),
-    }
+def headline(state: Any) -> dict[str, float]:
+    """What `dvc metrics show` prints for an arm: the last evaluation's score per family (the
+    paper's: pass@1 for math and code, mean reward for reasoning) and the rollouts spent."""
+    metrics: dict[str, float] = {}
     if state.evals:
         for family, row in sorted(state.evals[-1]["scores"]["family"].items()):
-            metrics[f"pass_at_1_{family}"] = row["pass_at_1"]
+            metrics[family] = round(row["score"], 4)
+    metrics["rollouts"] = float(state.rollouts)
     return metrics
 
 
@@ -43,8 +39,7 @@ def eval_csv(evals: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dvc_files(state: Any, steps: int, metrics_path: Path, plot_path: Path) -> None:
+def dvc_files(state: Any, metrics_path: Path, plot_path: Path) -> None:
     """Write the headline metrics JSON and the evaluation CSV, atomically."""
-    atomic_write_text(metrics_path, json.dumps(headline(state, steps), indent=2, sort_keys=True)
-                      + "\n")
+    atomic_write_text(metrics_path, json.dumps(headline(state), indent=2, sort_keys=True) + "\n")
     atomic_write_text(plot_path, eval_csv(state.evals))
