@@ -62,6 +62,7 @@ def ci_pipeline(tmp_path_factory, prefect_harness) -> Path:
     shutil.copy(clone / "params" / "pipeline_ci.yaml", clone / "params" / "pipeline.yaml")
     venv_bin = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
+           "BRORL_PYTHON": sys.executable,  # scripts/python: the clone has no .venv of its own
            "PREFECT_API_URL": PREFECT_API_URL.value(), "OMP_NUM_THREADS": "1",
            "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}",
            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
