@@ -39,8 +39,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	@mkdir -p $(PREFECT_HOME)
 	@touch $(STAMP)
 
+# One Prefect server (PostgreSQL under .cache/prefect when it can run) for the whole dvc repro:
+# every stage reports to it; it stops when dvc ends, fails or is interrupted.
 run: install
-	dvc repro
+	$(PY) -m flows.server --pipeline -- $(VENV)/bin/dvc repro
 	@echo
 	@grep -v '^!\[' outputs/compare/report.md
 	@echo

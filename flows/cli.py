@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
 import sys
 from typing import Annotated, Any
 
@@ -64,19 +63,22 @@ def run(stages: Annotated[list[str] | None, typer.Argument(
         params: Annotated[str | None, typer.Option(
             "--params", help="params file the -S overrides apply to (needed with -S)")] = None,
         overrides: Sets = None) -> None:
-    """The whole pipeline: `dvc repro` (with -S: `dvc exp run -S FILE:KEY=VALUE`)."""
+    """The whole pipeline: `dvc repro` (with -S: `dvc exp run -S FILE:KEY=VALUE`), every stage
+    reporting to one Prefect server started for the run and stopped after it (as `make run`)."""
     overrides = list(overrides or [])
     if overrides and params is None:
         typer.echo("error: -S needs --params FILE: DVC sets a key in one params file.", err=True)
         raise typer.Exit(2)
     if params is not None:
         _check(params, overrides)
+    from flows import server
+
     command = [sys.executable, "-m", "dvc"]
     if overrides:
         command += ["exp", "run", *(a for o in overrides for a in ("-S", f"{params}:{o}"))]
     else:
         command += ["repro"]
-    raise typer.Exit(subprocess.run([*command, *(stages or [])]).returncode)
+    raise typer.Exit(server.main(["--pipeline", "--", *command, *(stages or [])]))
 
 
 @app.command()

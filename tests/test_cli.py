@@ -56,13 +56,12 @@ def test_simulate_command_runs_the_flow_into_the_given_folders(prefect_harness, 
 
 def test_run_is_dvc_repro_and_with_overrides_dvc_exp_run(monkeypatch):
     calls = []
-    monkeypatch.setattr(cli.subprocess, "run",
-                        lambda command: calls.append(command) or subprocess.CompletedProcess(command, 0))
+    monkeypatch.setattr("flows.server.main", lambda argv: calls.append(argv) or 0)
     assert runner.invoke(cli.app, ["run"]).exit_code == 0
     result = runner.invoke(cli.app, ["run", "simulate", "--params", CI_PARAMS,
                                      "-S", "simulate.num_seeds=4"])
     assert result.exit_code == 0, result.output
-    dvc = [sys.executable, "-m", "dvc"]
+    dvc = ["--pipeline", "--", sys.executable, "-m", "dvc"]  # one pipeline server around dvc
     assert calls == [[*dvc, "repro"],
                      [*dvc, "exp", "run", "-S", f"{CI_PARAMS}:simulate.num_seeds=4", "simulate"]]
     assert runner.invoke(cli.app, ["run", "-S", "simulate.num_seeds=4"]).exit_code == 2
