@@ -105,7 +105,7 @@ def postgres(data: Path, log: Path | None = None, timeout_s: float = 60) -> Iter
                "-c", "unix_socket_directories=", "-c", "synchronous_commit=off"]
     process = servers.start(command, log=log)
     try:
-        ready = [str(bin_dir / "pg_isready"), "-q", "-h", HOST, "-p", str(port)]
+        ready = [str(bin_dir / "pg_isready"), "-q", "-h", HOST, "-p", str(port), "-U", "prefect"]
         deadline = time.monotonic() + timeout_s
         while subprocess.run(ready).returncode != 0:
             if process.poll() is not None or time.monotonic() > deadline:
