@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,14 +125,18 @@ def main(argv: list[str] | None = None) -> int:
                   "prorl_warmup`) first, or pass another folder.", file=sys.stderr)
             return 2
     from brorl.servers import free_port
-    from flows import server
+    from flows import PIPELINE_SERVER, server
 
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
           f"loadavg {Path('/proc/loadavg').read_text().split()[:3]}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
-        with server.running(free_port(), home=tmp / "prefect", log=tmp / "server.log") as url:
+        with ExitStack() as stack:  # the server `make run` starts for a pipeline run
+            settings = stack.enter_context(server.database(tmp / "prefect", tmp / "pg.log"))
+            url = stack.enter_context(server.running(
+                free_port(), tmp / "prefect", tmp / "server.log",
+                settings={**settings, **PIPELINE_SERVER}))
             os.environ["PREFECT_API_URL"] = url
             results = {arm: run_arm(arm, args.steps, args.data, args.init, tmp)
                        for arm in args.arms}

@@ -17,6 +17,7 @@ from prefect import flow
 
 from brorl.params import load_params
 from brorl.train import Run, Timed
+from flows import prefect_settings
 from flows.entry import run_flow_cli
 from tasks import train as t
 
@@ -50,7 +51,8 @@ def train_arm(params: dict[str, Any], name: str, parent_run_id: str | None = Non
     tracker = None
     try:
         tracker = t.start_tracking(run, params, parent_run_id)
-        run.train(PrefectDriver(tracker))
+        with prefect_settings():  # no heartbeat thread to join at each iteration's end
+            run.train(PrefectDriver(tracker))
         return t.finish_run(run, tracker, params)
     except BaseException:
         t.fail_run(tracker)
