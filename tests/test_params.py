@@ -84,8 +84,14 @@ def test_pipeline_vars_agree_with_the_params_files_they_name(path):
     import yaml
 
     stages = yaml.safe_load(path.read_text())
+    dirs = stages.pop("dirs")
     assert set(stages) == {"data", "base", "prorl_warmup", "prorl", "brorl", "compare"}
     p = {name: load_params(ROOT / s["params"]) for name, s in stages.items()}
+    for params in p.values():  # the metrics and plots dvc.yaml declares are where flows write
+        assert (params.tracking.metrics_dir, params.tracking.plots_dir) == \
+            (dirs["metrics"], dirs["plots"])
+    if path.name != "pipeline.yaml":  # a CI-sized pipeline never touches the committed results
+        assert not {dirs["metrics"], dirs["plots"]} & {"metrics", "plots"}
     assert Path(p["data"].data.path).parent == Path(stages["data"]["out"])
     assert Path(p["base"].base.path).parent == Path(stages["base"]["out"])
     for arm in ("prorl_warmup", "prorl", "brorl"):
