@@ -1,0 +1,243 @@
+"""What Prefect costs per training step: K `iteration` subflows of 7 trivial tasks, per configuration.
+
+    python benchmarks/prefect_overhead.py                     # every configuration, K=20
+    python benchmarks/prefect_overhead.py -k 40 --configs defaults pipeline
+
+A training step of the `train` flow is an `iteration` subflow whose stages are tasks
+(flows/train.py). Here each iteration is that shape with no work: 7 tasks that log one line and
+return, called directly (sync) inside the subflow. Each configuration runs in a fresh process (Prefect
+reads most settings at import) against its own server (`flows.server.running`) on a free 127.0.0.1
+port with a fresh database in a temporary folder; the table prints them side by side, with "7 tasks
+without subflow" (the same tasks called in the parent flow) as the floor.
+
+After its flow, each process checks on the server what the UI would show: K Completed flow runs of
+`iteration`, 7 Completed task runs in each, and all 7K task log lines; and it counts the server's
+"database is locked" answers (each a 503 that the client retries after about 2 s).
+
+Configurations (`flows/__init__.py` holds the chosen settings, `flows/server.py` the database):
+    defaults      Prefect 3.7 as installed: SQLite, heartbeats, task-run states recorded one event
+                  per transaction, every server service
+    no-heartbeat  defaults without flow-run heartbeats (`flows.prefect_settings()`)
+    lean-sqlite   no heartbeat, events recorded in batches, only the services a pipeline needs
+                  (`flows.PIPELINE_SERVER`), SQLite
+    pipeline      lean-sqlite on PostgreSQL (`flows.server.database`): what `make run` starts
+
+With `--stage N`, it also times a DVC stage process whose work is under a second, N times each way:
+`python -m flows.data --params params/tiny_ci.yaml` (written to a temporary folder) against the
+pipeline's server (as `make run` runs stages) and with none (a temporary server per process, as a
+stage run on its own), beside that process's imports alone; process - imports is the stage's fixed
+cost plus its small work.
+
+Prints the thread count and /proc/loadavg beside the figures: a busy second core slows all of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, nullcontext
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flows  # noqa: E402  (offline, project-local environment defaults; imports no prefect)
+
+TASKS = 7
+BATCHED = [f"PREFECT_SERVER_SERVICES_{service}_{knob}" for service in ("TASK_RUN_RECORDER",
+           "EVENT_PERSISTER") for knob in ("BATCH_SIZE", "READ_BATCH_SIZE")]
+PREFECT_DEFAULTS = dict.fromkeys(BATCHED, "1") | {
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "20"}
+# name: (no heartbeat, server settings, PostgreSQL)
+CONFIGS = {
+    "defaults": (False, PREFECT_DEFAULTS, False),
+    "no-heartbeat": (True, PREFECT_DEFAULTS, False),
+    "lean-sqlite": (True, flows.PIPELINE_SERVER, False),
+    "pipeline": (True, flows.PIPELINE_SERVER, True),
+}
+LOCKED = "Encountered retryable exception in request"  # logged with LOG_RETRYABLE_ERRORS
+
+
+def run_config(name: str, iterations: int, tmp: Path) -> dict:
+    """In this process: start the configuration's server, run the flow, check the server's record."""
+    from brorl.servers import free_port
+    from flows import server
+
+    no_heartbeat, settings, use_postgres = CONFIGS[name]
+    log = tmp / "server.log"
+    with ExitStack() as stack:
+        db = stack.enter_context(server.database(tmp, tmp / "postgres.log")) if use_postgres else {}
+        if use_postgres and not db:
+            raise SystemExit("PostgreSQL could not start (see above)")
+        started = time.perf_counter()
+        url = stack.enter_context(server.running(
+            free_port(), home=tmp / "prefect", log=log,
+            settings={**settings, **db, "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true"}))
+        start_s = time.perf_counter() - started
+        os.environ["PREFECT_API_URL"] = url  # before prefect is imported
+        with flows.prefect_settings() if no_heartbeat else nullcontext():
+            times = measure(iterations)
+        record = check(iterations)
+    return {"server_start_s": start_s, **times, **record,
+            "locked": log.read_text(errors="replace").count(LOCKED)}
+
+
+def measure(iterations: int) -> dict[str, list[float]]:
+    """Seconds per iteration subflow and per 7 tasks without a subflow, in one parent flow."""
+    from prefect import flow, get_run_logger, task
+    from prefect.cache_policies import NO_CACHE
+
+    @task(name="trivial", cache_policy=NO_CACHE, persist_result=False)
+    def trivial(step: int, index: int) -> int:
+        get_run_logger().info("trivial task %d of step %d", index, step)
+        return index
+
+    @flow(name="iteration", flow_run_name="step-{step}", validate_parameters=False)
+    def iteration(step: int) -> int:
+        return sum(trivial(step, index) for index in range(TASKS))
+
+    @flow(name="overhead")
+    def overhead() -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {"subflow": [], "tasks": []}
+        for step in range(iterations):
+            started = time.perf_counter()
+            iteration(step)
+            out["subflow"].append(time.perf_counter() - started)
+        for step in range(iterations):
+            started = time.perf_counter()
+            sum(trivial(-1 - step, index) for index in range(TASKS))
+            out["tasks"].append(time.perf_counter() - started)
+        return out
+
+    return overhead()
+
+
+def check(iterations: int, timeout_s: float = 30) -> dict[str, int]:
+    """Flow runs, task runs and task log lines the server holds for the iterations (waits for the
+    batched recorders, which flush every 5 s)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (FlowFilter, FlowFilterName, FlowRunFilter,
+                                                FlowRunFilterId, LogFilter, LogFilterFlowRunId)
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)  # logs ship every 2 s; send what is queued
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["iteration"])))
+            ids = [run.id for run in runs]
+            run_filter = FlowRunFilter(id=FlowRunFilterId(any_=ids))
+            tasks = read_all(client.read_task_runs, flow_run_filter=run_filter)
+            logs = read_all(client.read_logs, log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
+            record = {
+                "flow_runs": sum(run.state_name == "Completed" for run in runs),
+                "task_runs": sum(t.state_name == "Completed" for t in tasks),
+                "task_logs": sum(log.message.startswith("trivial task") for log in logs),
+            }
+            if record["task_runs"] == iterations * TASKS and record["task_logs"] == iterations * TASKS:
+                return record
+            if time.monotonic() > deadline:
+                return record
+            time.sleep(1)
+
+
+def read_all(read, **filters) -> list:
+    """Every row of a paged Prefect read (the API returns at most 200 per call)."""
+    rows: list = []
+    while page := read(**filters, limit=200, offset=len(rows)):
+        rows += page
+    return rows
+
+
+def stage_seconds(repeats: int, tmp: Path) -> dict[str, list[float]]:
+    """Wall seconds of the `data` stage process with the pipeline's server, with a temporary
+    one, and of its imports alone."""
+    from brorl.servers import free_port
+    from flows import server
+
+    sets = [f"data.path={tmp / 'data' / 'problems'}", f"tracking.metrics_dir={tmp / 'metrics'}"]
+    stage = [sys.executable, "-m", "flows.data", "--params", "params/tiny_ci.yaml",
+             *(a for s in sets for a in ("-S", s))]
+    imports = [sys.executable, "-c", "import flows.data, tasks.data, brorl.data, prefect, mlflow"]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
+    env.pop("PREFECT_API_URL", None)
+
+    def timed(command: list[str], env: dict[str, str]) -> float:
+        started = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)
+        return time.perf_counter() - started
+
+    # the same stage inside flows.prefect_settings() (no heartbeat join at the flow's end)
+    quiet = [sys.executable, "-c", "import sys, flows; from flows.data import data; "
+             "from flows.entry import run_flow_cli\nwith flows.prefect_settings(): "
+             "run_flow_cli(data, sys.argv[1:])", *stage[3:]]
+    out: dict[str, list[float]] = {"imports": [], "temporary server": [], "pipeline server": [],
+                                   "pipeline, no heartbeat": []}
+    for _ in range(repeats):
+        out["imports"].append(timed(imports, env))
+        out["temporary server"].append(timed(stage, env))  # the project's PREFECT_HOME, SQLite
+    with ExitStack() as stack:
+        db = stack.enter_context(server.database(tmp, tmp / "postgres.log"))
+        url = stack.enter_context(server.running(free_port(), home=tmp / "prefect", log=tmp / "server.log",
+                                                 settings={**flows.PIPELINE_SERVER, **db}))
+        for _ in range(repeats):
+            out["pipeline server"].append(timed(stage, {**env, "PREFECT_API_URL": url}))
+            out["pipeline, no heartbeat"].append(timed(quiet, {**env, "PREFECT_API_URL": url}))
+    return out
+
+
+def summary(values: list[float]) -> str:
+    return (f"{min(values):6.3f} {statistics.median(values):6.3f} {max(values):6.3f}"
+            if values else "     -      -      -")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-k", "--iterations", type=int, default=20, help="iterations per configuration")
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--stage", type=int, default=0, metavar="N",
+                        help="also time the data stage process N times each way")
+    parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("RESULT " + json.dumps(run_config(args.child, args.iterations, Path(tmp))))
+        return 0
+    print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+          f"{os.cpu_count()} cores, loadavg {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; "
+          f"K={args.iterations} iterations of {TASKS} tasks")
+    results = {}
+    for name in args.configs:
+        done = subprocess.run([sys.executable, __file__, "--child", name, "-k", str(args.iterations)],
+                              capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode != 0 or not lines:
+            print(f"{name}: failed (exit {done.returncode})\n{done.stderr[-3000:]}", file=sys.stderr)
+            continue
+        results[name] = json.loads(lines[-1].removeprefix("RESULT "))
+    expected = args.iterations * TASKS
+    print(f"\n{'seconds per iteration':22s} {'min':>6s} {'median':>6s} {'max':>6s}   locked  "
+          f"flow runs  task runs  task logs  server start")
+    for name, r in results.items():
+        print(f"{name:22s} {summary(r['subflow'])}   {r['locked']:6d}  {r['flow_runs']:4d}/{args.iterations:<4d}"
+              f" {r['task_runs']:5d}/{expected:<4d} {r['task_logs']:5d}/{expected:<4d} {r['server_start_s']:8.1f} s")
+    for name, r in results.items():
+        print(f"{'7 tasks, no subflow':22s} {summary(r['tasks'])}   ({name})")
+    if args.stage:
+        with tempfile.TemporaryDirectory() as tmp:
+            stages = stage_seconds(args.stage, Path(tmp))
+        print(f"\n{'data stage process, s':22s} {'min':>6s} {'median':>6s} {'max':>6s}")
+        for name, values in stages.items():
+            print(f"{name:22s} {summary(values)}")
+    print(f"loadavg after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
