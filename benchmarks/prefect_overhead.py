@@ -1,14 +1,14 @@
-"""What Prefect costs per training step: K `iteration` subflows of 7 trivial tasks, per configuration.
+"""What Prefect costs per training step: K `iteration` subflows of 7 trivial tasks, per config.
 
     python benchmarks/prefect_overhead.py                     # every configuration, K=20
     python benchmarks/prefect_overhead.py -k 40 --configs defaults pipeline
 
 A training step of the `train` flow is an `iteration` subflow whose stages are tasks
 (flows/train.py). Here each iteration is that shape with no work: 7 tasks that log one line and
-return, called directly (sync) inside the subflow. Each configuration runs in a fresh process (Prefect
-reads most settings at import) against its own server (`flows.server.running`) on a free 127.0.0.1
-port with a fresh database in a temporary folder; the table prints them side by side, with "7 tasks
-without subflow" (the same tasks called in the parent flow) as the floor.
+return, called directly (sync) inside the subflow. Each configuration runs in a fresh process
+(Prefect reads most settings at import) against its own server (`flows.server.running`) on a free
+127.0.0.1 port with a fresh database in a temporary folder; the table prints them side by side,
+with "7 tasks without subflow" (the same tasks called in the parent flow) as the floor.
 
 After its flow, each process checks on the server what the UI would show: K Completed flow runs of
 `iteration`, 7 Completed task runs in each, and all 7K task log lines; and it counts the server's
@@ -22,11 +22,12 @@ Configurations (`flows/__init__.py` holds the chosen settings, `flows/server.py`
                   (`flows.PIPELINE_SERVER`), SQLite
     pipeline      lean-sqlite on PostgreSQL (`flows.server.database`): what `make run` starts
 
-With `--stage N`, it also times a DVC stage process whose work is under a second, N times each way:
-`python -m flows.data --params params/tiny_ci.yaml` (written to a temporary folder) against the
-pipeline's server (as `make run` runs stages) and with none (a temporary server per process, as a
-stage run on its own), beside that process's imports alone; process - imports is the stage's fixed
-cost plus its small work.
+With `--stage N`, it also times a DVC stage process whose work is about a second, N times each way:
+the `data` flow at `params/tiny_ci.yaml` size (written to a temporary folder) as `python -m
+flows.data` runs it, with no server (a temporary one per process, as a stage run on its own) and
+against the pipeline's server (as `make run` runs stages), heartbeats on and off. The process
+reports its imports, the time inside its tasks' functions (the work) and its interpreter teardown;
+fixed cost = wall - those three.
 
 Prints the thread count and /proc/loadavg beside the figures: a busy second core slows all of it.
 """
@@ -65,7 +66,7 @@ LOCKED = "Encountered retryable exception in request"  # logged with LOG_RETRYAB
 
 
 def run_config(name: str, iterations: int, tmp: Path) -> dict:
-    """In this process: start the configuration's server, run the flow, check the server's record."""
+    """In this process: start the configuration's server, run the flow, check its record."""
     from brorl.servers import free_port
     from flows import server
 
@@ -130,19 +131,20 @@ def check(iterations: int, timeout_s: float = 30) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while True:
-            runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["iteration"])))
+            runs = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["iteration"])))
             ids = [run.id for run in runs]
-            run_filter = FlowRunFilter(id=FlowRunFilterId(any_=ids))
-            tasks = read_all(client.read_task_runs, flow_run_filter=run_filter)
-            logs = read_all(client.read_logs, log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
+            tasks = read_all(client.read_task_runs,
+                             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+            logs = read_all(client.read_logs,
+                            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
             record = {
                 "flow_runs": sum(run.state_name == "Completed" for run in runs),
                 "task_runs": sum(t.state_name == "Completed" for t in tasks),
                 "task_logs": sum(log.message.startswith("trivial task") for log in logs),
             }
-            if record["task_runs"] == iterations * TASKS and record["task_logs"] == iterations * TASKS:
-                return record
-            if time.monotonic() > deadline:
+            complete = record["task_runs"] == record["task_logs"] == iterations * TASKS
+            if complete or time.monotonic() > deadline:
                 return record
             time.sleep(1)
 
@@ -155,41 +157,73 @@ def read_all(read, **filters) -> list:
     return rows
 
 
+# A stage process that reports its own phases: imports; the time inside its tasks' functions (the
+# work, lazy library imports and first MLflow use included, as a run without Prefect pays); and
+# when its last exit handler ran (registered first, it runs after Prefect's log and event flushes),
+# after which the interpreter tears the libraries down (about 3 s for torch, mlflow, datasets).
+PROBE = """import atexit, contextlib, sys, time
+atexit.register(lambda: print("FINAL", time.time(), flush=True))
+started = time.perf_counter()
+import flows, flows.data, tasks.data
+from flows.entry import run_flow_cli
+imported = time.perf_counter()
+work = []
+def timed(fn):
+    def wrapper(*args, **kwargs):
+        begun = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            work.append(time.perf_counter() - begun)
+    return wrapper
+for task in (tasks.data.build_data, tasks.data.log_data):
+    task.fn = timed(task.fn)
+with flows.prefect_settings() if sys.argv[1] == "quiet" else contextlib.nullcontext():
+    run_flow_cli(flows.data.data, sys.argv[2:])
+print("PHASES", imported - started, sum(work), flush=True)
+"""
+
+
 def stage_seconds(repeats: int, tmp: Path) -> dict[str, list[float]]:
-    """Wall seconds of the `data` stage process with the pipeline's server, with a temporary
-    one, and of its imports alone."""
+    """Per run of the `data` stage process: wall seconds, its imports and interpreter teardown,
+    its tasks' work and its fixed cost (wall - those), with a temporary server (as a stage run on
+    its own) and with the pipeline's server (as `make run` runs stages), heartbeats on and off."""
     from brorl.servers import free_port
     from flows import server
 
     sets = [f"data.path={tmp / 'data' / 'problems'}", f"tracking.metrics_dir={tmp / 'metrics'}"]
-    stage = [sys.executable, "-m", "flows.data", "--params", "params/tiny_ci.yaml",
-             *(a for s in sets for a in ("-S", s))]
-    imports = [sys.executable, "-c", "import flows.data, tasks.data, brorl.data, prefect, mlflow"]
+    args = ["--params", "params/tiny_ci.yaml", *(a for s in sets for a in ("-S", s))]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
     env.pop("PREFECT_API_URL", None)
+    out: dict[str, list[float]] = {}
 
-    def timed(command: list[str], env: dict[str, str]) -> float:
+    def run(mode: str, quiet: bool, extra: dict[str, str]) -> None:
         started = time.perf_counter()
-        subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)
-        return time.perf_counter() - started
+        done = subprocess.run([sys.executable, "-c", PROBE, "quiet" if quiet else "-", *args],
+                              cwd=ROOT, env={**env, **extra}, check=True, capture_output=True,
+                              text=True)
+        wall, ended = time.perf_counter() - started, time.time()
+        imports, work = map(float, done.stdout.split("PHASES")[-1].split()[:2])
+        teardown = ended - float(done.stdout.split("FINAL")[-1].split()[0])
+        for key, value in (("wall", wall), ("imports + teardown", imports + teardown),
+                           ("work", work), ("fixed", wall - imports - teardown - work)):
+            out.setdefault(f"{mode}: {key}", []).append(value)
 
-    # the same stage inside flows.prefect_settings() (no heartbeat join at the flow's end)
-    quiet = [sys.executable, "-c", "import sys, flows; from flows.data import data; "
-             "from flows.entry import run_flow_cli\nwith flows.prefect_settings(): "
-             "run_flow_cli(data, sys.argv[1:])", *stage[3:]]
-    out: dict[str, list[float]] = {"imports": [], "temporary server": [], "pipeline server": [],
-                                   "pipeline, no heartbeat": []}
-    for _ in range(repeats):
-        out["imports"].append(timed(imports, env))
-        out["temporary server"].append(timed(stage, env))  # the project's PREFECT_HOME, SQLite
+    for _ in range(repeats):  # the project's PREFECT_HOME and SQLite, as a stage run alone
+        run("temporary server", False, {})
     with ExitStack() as stack:
         db = stack.enter_context(server.database(tmp, tmp / "postgres.log"))
-        url = stack.enter_context(server.running(free_port(), home=tmp / "prefect", log=tmp / "server.log",
-                                                 settings={**flows.PIPELINE_SERVER, **db}))
+        url = stack.enter_context(server.running(
+            free_port(), home=tmp / "prefect", log=tmp / "server.log",
+            settings={**flows.PIPELINE_SERVER, **db}))
         for _ in range(repeats):
-            out["pipeline server"].append(timed(stage, {**env, "PREFECT_API_URL": url}))
-            out["pipeline, no heartbeat"].append(timed(quiet, {**env, "PREFECT_API_URL": url}))
+            run("pipeline server", False, {"PREFECT_API_URL": url})
+            run("pipeline server, no heartbeat", True, {"PREFECT_API_URL": url})
     return out
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def summary(values: list[float]) -> str:
@@ -199,7 +233,8 @@ def summary(values: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-k", "--iterations", type=int, default=20, help="iterations per configuration")
+    parser.add_argument("-k", "--iterations", type=int, default=20,
+                        help="iterations per configuration")
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--stage", type=int, default=0, metavar="N",
                         help="also time the data stage process N times each way")
@@ -210,32 +245,34 @@ def main(argv: list[str] | None = None) -> int:
             print("RESULT " + json.dumps(run_config(args.child, args.iterations, Path(tmp))))
         return 0
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
-          f"{os.cpu_count()} cores, loadavg {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; "
-          f"K={args.iterations} iterations of {TASKS} tasks")
+          f"{os.cpu_count()} cores, loadavg {loadavg()}; K={args.iterations} iterations of "
+          f"{TASKS} tasks")
     results = {}
     for name in args.configs:
-        done = subprocess.run([sys.executable, __file__, "--child", name, "-k", str(args.iterations)],
-                              capture_output=True, text=True)
+        done = subprocess.run([sys.executable, __file__, "--child", name,
+                               "-k", str(args.iterations)], capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode != 0 or not lines:
-            print(f"{name}: failed (exit {done.returncode})\n{done.stderr[-3000:]}", file=sys.stderr)
+            print(f"{name}: failed (exit {done.returncode})\n{done.stderr[-3000:]}",
+                  file=sys.stderr)
             continue
         results[name] = json.loads(lines[-1].removeprefix("RESULT "))
     expected = args.iterations * TASKS
     print(f"\n{'seconds per iteration':22s} {'min':>6s} {'median':>6s} {'max':>6s}   locked  "
           f"flow runs  task runs  task logs  server start")
     for name, r in results.items():
-        print(f"{name:22s} {summary(r['subflow'])}   {r['locked']:6d}  {r['flow_runs']:4d}/{args.iterations:<4d}"
-              f" {r['task_runs']:5d}/{expected:<4d} {r['task_logs']:5d}/{expected:<4d} {r['server_start_s']:8.1f} s")
+        print(f"{name:22s} {summary(r['subflow'])}   {r['locked']:6d}  "
+              f"{r['flow_runs']:4d}/{args.iterations:<4d} {r['task_runs']:5d}/{expected:<4d} "
+              f"{r['task_logs']:5d}/{expected:<4d} {r['server_start_s']:8.1f} s")
     for name, r in results.items():
         print(f"{'7 tasks, no subflow':22s} {summary(r['tasks'])}   ({name})")
     if args.stage:
         with tempfile.TemporaryDirectory() as tmp:
             stages = stage_seconds(args.stage, Path(tmp))
-        print(f"\n{'data stage process, s':22s} {'min':>6s} {'median':>6s} {'max':>6s}")
+        print(f"\n{'data stage process, s':48s} {'min':>6s} {'median':>6s} {'max':>6s}")
         for name, values in stages.items():
-            print(f"{name:22s} {summary(values)}")
-    print(f"loadavg after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+            print(f"{name:48s} {summary(values)}")
+    print(f"loadavg after: {loadavg()}")
     return 0
 
 

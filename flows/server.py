@@ -46,7 +46,8 @@ def server_command(port: int) -> list[str]:
     return [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)]
 
 
-def server_env(home: Path | None = None, settings: Mapping[str, str] | None = None) -> dict[str, str]:
+def server_env(home: Path | None = None,
+               settings: Mapping[str, str] | None = None) -> dict[str, str]:
     """The server's environment: analytics off, `settings` on top, its own PREFECT_HOME (created),
     no PREFECT_API_URL."""
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
@@ -157,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="PREFECT_HOME of the server (default $PREFECT_HOME, .cache/prefect)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for startup")
     parser.add_argument("--pipeline", action="store_true",
-                        help="a server for one pipeline run (`make run`): only the services that "
-                             "record runs (flows.PIPELINE_SERVER), its output in PREFECT_HOME/server.log; "
-                             "an already set PREFECT_API_URL is used instead")
+                        help="a server for one pipeline run (`make run`): only the services "
+                             "that record runs (flows.PIPELINE_SERVER), its output in "
+                             "PREFECT_HOME/server.log; an already set PREFECT_API_URL is used "
+                             "instead")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="after `--`: a command to run in the foreground against the server")
     args = parser.parse_args(argv)
