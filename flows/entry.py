@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from brorl.params import ParamsError
+from flows import prefect_settings
 
 
 def run_flow_cli(flow: Callable[..., Any], argv: list[str] | None = None) -> Any:
@@ -21,7 +22,8 @@ def run_flow_cli(flow: Callable[..., Any], argv: list[str] | None = None) -> Any
                         metavar="KEY=VALUE", help="override one params key, e.g. simulate.steps=200")
     args = parser.parse_args(argv)
     try:
-        return flow(params_path=args.params, overrides=list(args.overrides))
+        with prefect_settings():  # no heartbeat thread joined at the end of each flow run
+            return flow(params_path=args.params, overrides=list(args.overrides))
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
