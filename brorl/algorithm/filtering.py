@@ -1,13 +1,19 @@
 """Dynamic sampling (DAPO; spec §4.2, §7.3): keep only informative groups, refill on a budget.
 
-A group is informative when its rewards are not all equal, tested exactly on the whole group
-(max != min). This works for continuous rewards, unlike a filter on the mean score
-(OpenRLHF#1270), and never splits a group, unlike a leave-one-out std (NeMo-RL#3469).
+Two keep rules (`filter.keep_rule`):
+- `binary` (the paper's, the default): keep a group iff 0 < #correct < N, a rollout being correct
+  when its reward is >= `correct_reward` (spec §4.2: 0 < sum_i 1(M_i = M_correct) < N). A code or
+  reasoning group with partial credit but no fully correct rollout is dropped.
+- `any_difference`: keep a group whose rewards are not all equal, tested exactly (max != min), so
+  partial credit counts. Unlike a filter on the mean score (OpenRLHF#1270) it drops a uniform
+  group of 0.3s; unlike a leave-one-out std (NeMo-RL#3469) it never splits a group.
 
-`collect_informative` draws more prompts' groups through a callback until it holds the target
-number of informative groups or the draw budget is spent. When the budget runs out it returns what
-it kept, flagged, rather than raising (verl#953) or looping forever (verl's `max_num_gen_batches=0`).
-Its stats give the pass rate (kept / generated rollouts: 41% for ProRL vs 62% for BroRL, spec §4.4).
+`collect_informative` draws prompts' groups through a callback until it holds the target number
+of kept groups, the draw budget is spent, or the rollout cap (`max_groups` groups, the run's
+remaining rollout budget) is reached. It then returns what it kept, flagged, rather than raising
+(verl#953) or looping forever (verl's `max_num_gen_batches=0`). Its stats hold both rules' pass
+rates whatever rule is active: rollouts of generated groups that pass / rollouts generated (the
+paper's Table 2 quantity, 41% for ProRL vs 62% for BroRL, spec §4.4, §5.5).
 
 Deliberately ignored: soft band-pass filters (verl#2791) and per-rollout validity (a failed
 rollout should carry the reward the verifier gives it, e.g. 0 for truncation, spec §7.3).
@@ -18,10 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Generic, Literal, Protocol, Self, TypeVar
 
 import torch
 from torch import Tensor
+
+KeepRule = Literal["binary", "any_difference"]
+"""Which groups dynamic sampling keeps (see the module docstring)."""
 
 
 class GroupBatch(Protocol):
@@ -38,8 +47,7 @@ class GroupBatch(Protocol):
 G = TypeVar("G", bound=GroupBatch)
 
 
-def informative_groups(rewards: Tensor) -> Tensor:
-    """bool `[B]` from rewards `[B, N]`: True where a group's rewards are not all equal (exactly)."""
+def _check(rewards: Tensor) -> None:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, N], got shape {tuple(rewards.shape)}.")
     if not torch.isfinite(rewards).all():
@@ -47,48 +55,84 @@ def informative_groups(rewards: Tensor) -> Tensor:
             f"rewards hold non-finite values ({rewards[~torch.isfinite(rewards)][:3].tolist()}); "
             "NaN would make a uniform group look informative: give failed rollouts a finite reward."
         )
+
+
+def informative_groups(rewards: Tensor) -> Tensor:
+    """bool `[B]` from rewards `[B, N]`: True where a group's rewards are not all equal (exactly)."""
+    _check(rewards)
     return rewards.amax(dim=1) != rewards.amin(dim=1)
+
+
+def mixed_outcome_groups(rewards: Tensor, correct_reward: float = 1.0) -> Tensor:
+    """bool `[B]` from rewards `[B, N]`: True where 0 < #(reward >= correct_reward) < N."""
+    _check(rewards)
+    correct = (rewards >= correct_reward).sum(dim=1)
+    return (correct > 0) & (correct < rewards.shape[1])
 
 
 @dataclass
 class FilterStats:
-    """Counters of one `collect_informative` call (groups = prompts, rollouts = groups x N)."""
+    """Counters of one `collect_informative` call (groups = prompts, rollouts = groups x N).
+
+    `groups_informative` counts groups passing the active rule; `rollouts_binary` and
+    `rollouts_any_difference` count rollouts of groups passing each rule, active or not.
+    """
 
     rounds: int = 0
     groups_generated: int = 0
     rollouts_generated: int = 0
     groups_informative: int = 0
+    rollouts_binary: int = 0
+    rollouts_any_difference: int = 0
     groups_kept: int = 0
     rollouts_kept: int = 0
     groups_all_correct: int = 0
     groups_all_wrong: int = 0
     groups_uniform_other: int = 0
+    groups_none_correct: int = 0
     groups_surplus: int = 0
     budget_exhausted: bool = False
     source_exhausted: bool = False
+    rollout_cap_reached: bool = False
+    keep_rule: KeepRule = "binary"
+
+    def _rate(self, rollouts: int) -> float:
+        return rollouts / self.rollouts_generated if self.rollouts_generated else 0.0
+
+    @property
+    def pass_rate_binary(self) -> float:
+        """Rollouts of groups with 0 < #correct < N / rollouts generated; 0 before any draw."""
+        return self._rate(self.rollouts_binary)
+
+    @property
+    def pass_rate_any_difference(self) -> float:
+        """Rollouts of groups whose rewards are not all equal / rollouts generated."""
+        return self._rate(self.rollouts_any_difference)
 
     @property
     def pass_rate(self) -> float:
-        """Kept / generated rollouts (the paper's pass rate, spec §4.4); 0 before any draw."""
-        return self.rollouts_kept / self.rollouts_generated if self.rollouts_generated else 0.0
+        """The active rule's pass rate: the paper's dynamic-sampling pass rate (spec §5.5)."""
+        return self.pass_rate_binary if self.keep_rule == "binary" \
+            else self.pass_rate_any_difference
 
     @property
-    def informative_rate(self) -> float:
-        """Informative / generated groups; equals `pass_rate` unless uniform groups are kept or
-        an oversampled surplus is dropped."""
-        return self.groups_informative / self.groups_generated if self.groups_generated else 0.0
+    def kept_rate(self) -> float:
+        """Rollouts kept for the update / rollouts generated: below `pass_rate` by the dropped
+        surplus, above it when the filter is off (every group kept)."""
+        return self._rate(self.rollouts_kept)
 
     def as_metrics(self) -> dict[str, float]:
         """Metrics named `filter/<quantity>` (see docs/metrics.md)."""
         names = (
             "rounds groups_generated rollouts_generated groups_informative groups_kept "
-            "rollouts_kept groups_all_correct groups_all_wrong groups_uniform_other groups_surplus"
+            "rollouts_kept groups_all_correct groups_all_wrong groups_uniform_other "
+            "groups_none_correct groups_surplus"
         ).split()
         metrics = {f"filter/{n}": float(getattr(self, n)) for n in names}
-        metrics["filter/pass_rate"] = self.pass_rate
-        metrics["filter/informative_rate"] = self.informative_rate
-        metrics["filter/budget_exhausted"] = float(self.budget_exhausted)
-        metrics["filter/source_exhausted"] = float(self.source_exhausted)
+        metrics.update({f"filter/{n}": getattr(self, n) for n in (
+            "pass_rate", "pass_rate_binary", "pass_rate_any_difference", "kept_rate")})
+        for flag in ("budget_exhausted", "source_exhausted", "rollout_cap_reached"):
+            metrics[f"filter/{flag}"] = float(getattr(self, flag))
         return metrics
 
 
@@ -110,15 +154,6 @@ class Collected(Generic[G]):
         return torch.cat([p.rewards for p in self.pieces], dim=0)
 
 
-def _count_uniform(
-    stats: FilterStats, rewards: Tensor, informative: Tensor, correct: float, wrong: float
-) -> None:
-    uniform = rewards[~informative, 0]
-    stats.groups_all_correct += int((uniform >= correct).sum())
-    stats.groups_all_wrong += int((uniform <= wrong).sum())
-    stats.groups_uniform_other += int(((uniform > wrong) & (uniform < correct)).sum())
-
-
 class InformativeCollector(Generic[G]):
     """The refill loop of `collect_informative` one draw at a time, for callers that own the loop
     (a pipeline running generation and verification as separate tasks):
@@ -131,7 +166,8 @@ class InformativeCollector(Generic[G]):
 
     def __init__(self, target_groups: int, max_draws: int, oversample: float = 1.0,
                  correct_reward: float = 1.0, wrong_reward: float = 0.0,
-                 keep_uniform: bool = False) -> None:
+                 keep_uniform: bool = False, keep_rule: KeepRule = "binary",
+                 max_groups: int | None = None) -> None:
         if target_groups < 1:
             raise ValueError(
                 f"target_groups must be >= 1, got {target_groups}; it is prompts per step.")
@@ -141,10 +177,14 @@ class InformativeCollector(Generic[G]):
             raise ValueError(
                 f"oversample must be >= 1, got {oversample}; 1 asks for exactly the missing groups."
             )
+        if max_groups is not None and max_groups < 1:
+            raise ValueError(
+                f"max_groups must be >= 1 or None, got {max_groups}: a step that cannot afford one "
+                "group of N rollouts must not start (the run stops first).")
         self.target_groups, self.max_draws, self.oversample = target_groups, max_draws, oversample
         self.correct_reward, self.wrong_reward = correct_reward, wrong_reward
-        self.keep_uniform = keep_uniform
-        self.out: Collected[G] = Collected()
+        self.keep_uniform, self.max_groups = keep_uniform, max_groups
+        self.out: Collected[G] = Collected(stats=FilterStats(keep_rule=keep_rule))
 
     @property
     def stats(self) -> FilterStats:
@@ -152,17 +192,23 @@ class InformativeCollector(Generic[G]):
 
     @property
     def done(self) -> bool:
-        """True once the target is met, the draw budget is spent or the source ran dry."""
+        """True once the target is met, the draw budget is spent, the source ran dry or the
+        rollout cap is reached."""
         s = self.out.stats
         return (s.groups_kept >= self.target_groups or s.rounds >= self.max_draws
-                or s.source_exhausted)
+                or s.source_exhausted or s.rollout_cap_reached)
 
     def request(self) -> int:
-        """How many prompts' groups the next draw should bring: ceil(missing * oversample)."""
-        return math.ceil((self.target_groups - self.out.stats.groups_kept) * self.oversample)
+        """How many prompts' groups the next draw should bring: ceil(missing * oversample),
+        at most what the rollout cap leaves."""
+        s = self.out.stats
+        wanted = math.ceil((self.target_groups - s.groups_kept) * self.oversample)
+        if self.max_groups is None:
+            return wanted
+        return min(wanted, self.max_groups - s.groups_generated)
 
     def add(self, batch: G) -> None:
-        """Count one draw's groups and keep its informative ones, up to the target."""
+        """Count one draw's groups and keep those the rule passes, up to the target."""
         if self.done:
             raise RuntimeError("the collector is done; call result() instead of drawing again.")
         stats = self.out.stats
@@ -171,25 +217,39 @@ class InformativeCollector(Generic[G]):
         if rewards.shape[0] == 0:
             stats.source_exhausted = True
             return
-        informative = informative_groups(rewards)
-        _count_uniform(stats, rewards, informative, self.correct_reward, self.wrong_reward)
-        keep = torch.ones_like(informative) if self.keep_uniform else informative
-        index = keep.nonzero().flatten()
+        n = rewards.shape[1]
+        binary = mixed_outcome_groups(rewards, self.correct_reward)
+        different = informative_groups(rewards)
+        passing = binary if stats.keep_rule == "binary" else different
+        uniform = rewards[~different, 0]
+        stats.groups_all_correct += int((uniform >= self.correct_reward).sum())
+        stats.groups_all_wrong += int((uniform <= self.wrong_reward).sum())
+        stats.groups_uniform_other += int(
+            ((uniform > self.wrong_reward) & (uniform < self.correct_reward)).sum())
+        stats.groups_none_correct += int(((rewards >= self.correct_reward).sum(1) == 0).sum())
         stats.groups_generated += rewards.shape[0]
         stats.rollouts_generated += rewards.numel()
-        stats.groups_informative += int(informative.sum())
+        stats.groups_informative += int(passing.sum())
+        stats.rollouts_binary += int(binary.sum()) * n
+        stats.rollouts_any_difference += int(different.sum()) * n
+        keep = torch.ones_like(passing) if self.keep_uniform else passing
+        index = keep.nonzero().flatten()
         room = self.target_groups - stats.groups_kept
         stats.groups_surplus += max(index.numel() - room, 0)
         index = index[:room]
         if index.numel():
             self.out.pieces.append(batch.select(index))
             stats.groups_kept += index.numel()
-            stats.rollouts_kept += index.numel() * rewards.shape[1]
+            stats.rollouts_kept += index.numel() * n
+        if self.max_groups is not None and stats.groups_generated >= self.max_groups:
+            stats.rollout_cap_reached = True
 
     def result(self) -> Collected[G]:
-        """The kept groups and stats (`budget_exhausted` set when the target was missed)."""
+        """The kept groups and stats (`budget_exhausted` set when the draw budget ran out
+        before the target; not when the source or the rollout cap ended the loop)."""
         stats = self.out.stats
-        stats.budget_exhausted = stats.groups_kept < self.target_groups and not stats.source_exhausted
+        stats.budget_exhausted = (stats.groups_kept < self.target_groups
+                                  and not stats.source_exhausted and not stats.rollout_cap_reached)
         return self.out
 
 
@@ -201,19 +261,24 @@ def collect_informative(
     correct_reward: float = 1.0,
     wrong_reward: float = 0.0,
     keep_uniform: bool = False,
+    keep_rule: KeepRule = "binary",
+    max_groups: int | None = None,
 ) -> Collected[G]:
-    """Draw groups until `target_groups` informative ones are kept or `max_draws` draws are made.
+    """Draw groups until `target_groups` pass `keep_rule`, `max_draws` draws are made, or
+    `max_groups` groups were generated.
 
-    Each round asks `draw(n)` for n = ceil(missing * oversample) new prompts' groups, with
-    rewards `[b, N]` (b may differ from n; b = 0 means the prompt source is empty and ends the
-    loop). Informative groups are kept up to the target; the excess of the last round is counted
-    as surplus. Uniform groups are counted as all-correct (value >= `correct_reward`), all-wrong
-    (value <= `wrong_reward`) or other. `keep_uniform=True` (dynamic sampling off) keeps every
-    group, so one draw normally suffices, with the same stats. Never raises for lack of groups: check
-    `stats.budget_exhausted` (and `source_exhausted`); at most `max_draws` calls are made.
+    Each round asks `draw(n)` for n = min(ceil(missing * oversample), max_groups - generated)
+    new prompts' groups, with rewards `[b, N]` (b may differ from n; b = 0 means the prompt
+    source is empty and ends the loop). Passing groups are kept up to the target; the excess of
+    the last round is counted as surplus. Uniform groups are counted as all-correct (value >=
+    `correct_reward`), all-wrong (value <= `wrong_reward`) or other; groups without one correct
+    rollout as none-correct. `keep_uniform=True` (dynamic sampling off) keeps every group, so
+    one draw normally suffices, with the same stats. Never raises for lack of groups: check
+    `stats.budget_exhausted` (and `source_exhausted`, `rollout_cap_reached`).
     """
     collector: InformativeCollector[G] = InformativeCollector(
-        target_groups, max_draws, oversample, correct_reward, wrong_reward, keep_uniform)
+        target_groups, max_draws, oversample, correct_reward, wrong_reward, keep_uniform,
+        keep_rule, max_groups)
     while not collector.done:
         collector.add(draw(collector.request()))
     return collector.result()
