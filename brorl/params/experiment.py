@@ -11,6 +11,7 @@ from brorl.params.data import BaseParams, DataParams, ModelParams
 from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
 from brorl.params.run import CompareParams, TrackingParams, TrainParams
 from brorl.params.section import Section
+from brorl.params.study import StudyParams
 from brorl.params.theory import SimulateParams
 
 
@@ -30,3 +31,4 @@ class ExperimentParams(Section):
     train: TrainParams = TrainParams()
     compare: CompareParams = CompareParams()
     tracking: TrackingParams = TrackingParams()
+    study: StudyParams = StudyParams()
