@@ -1,0 +1,144 @@
+"""A study run's folder between sessions (resume, redo or start) and the study's progress line.
+
+Each run folder holds a marker, `study_run.json`: the digest of what the run was started with
+(its params without the `study` section, and the content of its start checkpoint), whether it
+finished, and its wall seconds. `prepare_run_dir` decides from it before a session:
+- no folder: start;
+- the same digest, unfinished, with a checkpoint (an interrupted session): resume from the run's
+  newest checkpoint in `<folder>/checkpoints`;
+- anything else (other params or start policy; or a finished run asked to run again, which DVC
+  does only when the run's code or data changed): the folder is cleared and the run starts over.
+`progress` counts the finished runs whose digest is current and estimates the time left from
+their wall seconds: per remaining run, the mean of the finished runs of the same N, else of all.
+
+Deliberately ignored: code changes outside DVC (a finished run asked again is redone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from brorl.study.plan import StudyRun, plan_runs, run_dir, run_params, run_tree
+from brorl.train.checkpoint import atomic_write_text, latest_checkpoint
+
+if TYPE_CHECKING:
+    from brorl.params import ExperimentParams
+
+MARKER = "study_run.json"
+
+
+def folder_digest(path: Path) -> str:
+    """sha256 over a folder's files (relative path and bytes, in path order), 16 hex digits;
+    'missing' when there is no such folder."""
+    if not path.exists():
+        return "missing"
+    digest = hashlib.sha256()
+    for file in sorted(f for f in path.rglob("*") if f.is_file()):
+        digest.update(file.relative_to(path).as_posix().encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def run_digest(tree: dict[str, Any], start_digest: str) -> str:
+    """The identity of a run's work: its params tree (without `study`) and its start policy."""
+    text = json.dumps(tree, sort_keys=True) + start_digest
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    path = folder / MARKER
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """What `prepare_run_dir` did: `resume` or `start`, and the MLflow run id of a cleared
+    session (None if none), which the caller may retire."""
+
+    action: str
+    cleared_mlflow_run: str | None
+
+
+def prepare_run_dir(folder: Path, run_id: str, digest: str) -> Preparation:
+    """Get `folder` ready for a session of the run (module docstring); the marker written."""
+    marker, cleared = read_marker(folder), None
+    if marker is not None and marker["digest"] == digest and not marker["finished"] and \
+            latest_checkpoint(folder / "checkpoints") is not None:
+        action = "resume"
+    else:
+        action = "start"
+        if folder.exists():
+            mlflow_marker = folder / "mlflow_run.json"
+            if mlflow_marker.is_file():
+                cleared = json.loads(mlflow_marker.read_text()).get("run_id")
+            shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sessions = (marker or {}).get("sessions", 0) + 1 if action == "resume" else 1
+    atomic_write_text(folder / MARKER, json.dumps(
+        {"run": run_id, "digest": digest, "finished": False, "sessions": sessions}) + "\n")
+    return Preparation(action, cleared)
+
+
+def mark_finished(folder: Path, wall_seconds: float) -> None:
+    """Record in the marker that the run finished, with its last session's wall seconds."""
+    marker = read_marker(folder) or {}
+    marker.update(finished=True, wall_seconds=wall_seconds)
+    atomic_write_text(folder / MARKER, json.dumps(marker) + "\n")
+
+
+def digests(params: ExperimentParams, root: Path) -> dict[str, str]:
+    """Run id -> current digest, for every run of the study (the start policy hashed once)."""
+    start = folder_digest(root / params.train.init_checkpoint)
+    return {run.id: run_digest(run_tree(run_params(params, run)), start)
+            for run in plan_runs(params.study)}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Runs finished of the total, seconds elapsed and estimated to go (None: no estimate)."""
+
+    done: int
+    total: int
+    elapsed: float
+    eta: float | None
+
+
+def progress(params: ExperimentParams, root: Path, current: str,
+             started: float | None = None) -> Progress:
+    """The study's progress before run `current`. `started` (epoch seconds) gives the elapsed
+    time; without it, elapsed is the wall time of the finished runs."""
+    runs: dict[str, StudyRun] = {r.id: r for r in plan_runs(params.study)}
+    walls: dict[str, float] = {}
+    for run_id, digest in digests(params, root).items():
+        marker = read_marker(root / run_dir(params.study, runs[run_id]))
+        if marker and marker["finished"] and marker["digest"] == digest:
+            walls[run_id] = float(marker.get("wall_seconds", 0.0))
+    elapsed = time.time() - started if started is not None else sum(walls.values())
+    eta = None
+    if walls:
+        overall = sum(walls.values()) / len(walls)
+        eta = 0.0
+        for run_id in (r for r in runs if r not in walls):
+            same = [w for r, w in walls.items()
+                    if runs[r].rollouts_per_prompt == runs[run_id].rollouts_per_prompt]
+            eta += sum(same) / len(same) if same else overall
+    return Progress(len(walls), len(runs), elapsed, eta)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def progress_line(name: str, run: StudyRun, p: Progress) -> str:
+    """`study <name>: run n64_s1 (N=64, B=5, seed 1) | 7/19 runs done | elapsed 23m10s | ETA 41m`."""
+    eta = _clock(p.eta) if p.eta is not None else "unknown until a run finishes"
+    return (f"study {name}: run {run.id} (N={run.rollouts_per_prompt}, B={run.prompts_per_step}, "
+            f"seed {run.seed}) | {p.done}/{p.total} runs done | elapsed {_clock(p.elapsed)} "
+            f"| ETA {eta}")
