@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from brorl.data import (
+    DataConfig,
     build_problems,
     dedupe,
     generate_code,
@@ -15,12 +17,16 @@ from brorl.data import (
     load_math_jsonl,
     load_split,
     make_problem,
+    make_splits,
     normalise_prompt,
     reasoning_problems,
     save_splits,
+    split_counts,
     split_problems,
 )
 from brorl.params import ParamsError, load_params
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write_jsonl(path, rows):
@@ -155,3 +161,18 @@ def test_a_typo_or_impossible_fractions_in_the_data_section_fail(tmp_path):
     bad.write_text("data:\n  validation_fraction: 0.5\n  test_fraction: 0.6\n")
     with pytest.raises(ParamsError, match="nothing to train on"):
         load_params(bad)
+
+
+def test_code_max_constant_bounds_the_generated_constants():
+    # 400 draws per template from k in 1..2 and 4 names: every one of 7 x 2 x 4 = 56 prompts
+    problems = build_problems(seed=0, code_per_task=400, code_max_constant=2)
+    assert len(dedupe(problems)) == 56
+    assert len(dedupe(build_problems(seed=0, code_per_task=400))) == 7 * 9 * 4  # default k <= 9
+
+
+def test_the_tiny_params_hold_100_test_instances_per_family():
+    # The study's held-out set: >= 300 test instances, >= 100 per family (data only, no training)
+    params = load_params(ROOT / "params" / "tiny.yaml")
+    counts = split_counts(make_splits(DataConfig.from_params(params.data)))
+    assert all(counts[f"test/{f}"] >= 100 for f in ("math", "code", "reasoning")), counts
+    assert counts["test/total"] >= 300

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 def build_problems(*, seed: int, math_per_task: int = 0, code_per_task: int = 0,
                    reasoning_per_task: int = 0, math_max_operand: int = 9,
+                   code_max_constant: int = 9,
                    reasoning_tasks: dict[str, dict[str, Any]] | None = None,
                    math_jsonl: tuple[str | Path, ...] = (),
                    code_jsonl: tuple[str | Path, ...] = ()) -> list[Problem]:
@@ -35,7 +36,7 @@ def build_problems(*, seed: int, math_per_task: int = 0, code_per_task: int = 0,
     if math_per_task:
         problems += generate_math(math_per_task, seed=seed, max_operand=math_max_operand)
     if code_per_task:
-        problems += generate_code(code_per_task, seed=seed)
+        problems += generate_code(code_per_task, seed=seed, max_constant=code_max_constant)
     if reasoning_per_task:
         tasks = DEFAULT_REASONING_TASKS if reasoning_tasks is None else reasoning_tasks
         for name, config in tasks.items():
@@ -56,6 +57,7 @@ class DataConfig:
     math_per_task: int
     math_max_operand: int
     code_per_task: int
+    code_max_constant: int
     reasoning_per_task: int
     reasoning_tasks: dict[str, dict[str, Any]] | None
     math_jsonl: tuple[str, ...]
@@ -68,7 +70,8 @@ class DataConfig:
         """The `data` section's fields of the same names; where to save is the caller's (`path`)."""
         p = params
         return cls(seed=p.seed, math_per_task=p.math_per_task, math_max_operand=p.math_max_operand,
-                   code_per_task=p.code_per_task, reasoning_per_task=p.reasoning_per_task,
+                   code_per_task=p.code_per_task, code_max_constant=p.code_max_constant,
+                   reasoning_per_task=p.reasoning_per_task,
                    reasoning_tasks=p.reasoning_tasks, math_jsonl=tuple(p.math_jsonl),
                    code_jsonl=tuple(p.code_jsonl), validation_fraction=p.validation_fraction,
                    test_fraction=p.test_fraction)
@@ -79,6 +82,7 @@ def make_splits(config: DataConfig) -> dict[str, list[Problem]]:
     c = config
     problems = build_problems(seed=c.seed, math_per_task=c.math_per_task,
                               code_per_task=c.code_per_task,
+                              code_max_constant=c.code_max_constant,
                               reasoning_per_task=c.reasoning_per_task,
                               math_max_operand=c.math_max_operand,
                               reasoning_tasks=c.reasoning_tasks, math_jsonl=c.math_jsonl,

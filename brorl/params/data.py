@@ -26,6 +26,10 @@ class DataParams(Section):
     """Largest operand of the generated math tasks (9: one-digit facts a tiny model can learn)."""
     code_per_task: NonNegativeInt = 600
     """Generated code draws per template (7 one-line function templates); 0 leaves them out."""
+    code_max_constant: PositiveInt = 9
+    """Largest constant k of the generated code templates (k in 1..this). Distinct problems are
+    7 templates x k values x 4 function names: 9 gives 252 (49 in a 20% test split), 20 gives 560
+    (112 in test), enough for 100 held-out code instances. Our choice."""
     reasoning_per_task: NonNegativeInt = 600
     """Reasoning-gym items per task; 0 leaves reasoning-gym out."""
     reasoning_tasks: dict[str, dict[str, Any]] | None = None
