@@ -1,31 +1,52 @@
-"""The ProRL-vs-BroRL report: the paper's Table 1 and Table 2 layouts, a paired test, two plots.
+"""The ProRL-vs-BroRL report: the paper's Table 1 and Table 2 layouts, a paired test, plots.
 
-Inputs are each arm's run outputs: `summary.json` (per-step metrics) and `evals.jsonl` (one line
-per held-out evaluation: step, seconds, rollouts, per-family scores, per-instance pass@1 over the
-same problem ids). Table 1 (spec §5.1): for each evaluation, steps, wall time, rollouts and
-pass@1 per family. Table 2 (spec §5.5): N, prompts per step, the dynamic-sampling pass rate and
-generation throughput. The paired test compares the arms' last evaluations instance by instance
-(`brorl.evaluate.paired_comparison`, spec §5.3: the paper uses a paired t-test).
+Inputs are each arm's run outputs: `summary.json` (per-step metrics, training / evaluation /
+checkpoint seconds) and `evals.jsonl` (one row per (step, split): training seconds and rollouts so
+far, per-family scores, per-instance scores over the same problem ids). Only TEST rows are
+reported (rows without "split" are old files and count as test); validation rows choose
+checkpoints and never score an arm.
 
-Deliberately ignored: confidence bands over seeds (one seed per arm on CPU).
+- Table 1 (spec §5.1): per evaluation, step, rollouts, each family's headline score (pass@1 =
+  avg@k of correctness for math and code; the mean continuous reward for reasoning, spec §7.1,
+  with its pass@1 beside it) and the training seconds so far (evaluation and checkpoints out).
+- Table 2 (spec §5.5): N, prompts per step, the dynamic-sampling pass rate and generation
+  throughput, both POOLED over steps (sum of kept over sum of generated rollouts; sum of rollouts
+  over sum of generation seconds), not means of per-step ratios; evaluation and checkpoint
+  seconds apart from training seconds.
+- The paired test (spec §5.3): each arm minus the named baseline (`compare.baseline`), never the
+  order of the arms, on their last test rows, per-instance headline scores
+  (`brorl.stats.paired_test`: t interval, d_z, Wilcoxon p, minimum detectable difference). Arms
+  that generated different numbers of rollouts are refused: the comparison is at equal budget.
+
+Deliberately ignored: seed-to-seed variation. Each arm is one RL seed, so the test's only noise
+is which instances were drawn; the report says so. The multi-seed study reports intervals over
+seeds and instances.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from brorl.evaluate import paired_comparison
+from brorl.evaluate import HEADLINE
+from brorl.stats import PairedTest, paired_test
 
 FAMILIES = ("math", "code", "reasoning")
+ALPHA = 0.05
+"""Significance level of the report's wording and intervals (two-sided); our choice."""
+
+
+def is_test(record: dict[str, Any]) -> bool:
+    """Whether an evaluation row scores the test split (rows without "split" predate splits)."""
+    return record.get("split", "test") == "test"
 
 
 @dataclass(frozen=True)
 class ArmResult:
-    """One arm's outputs, read from its run folder."""
+    """One arm's outputs, read from its run folder; `evals` holds its test rows by step."""
 
     name: str
     summary: dict[str, Any]
@@ -39,61 +60,153 @@ class ArmResult:
             if not path.is_file():
                 raise FileNotFoundError(f"{path} is missing: train arm {name!r} first "
                                         "(python -m flows.train, or the compare flow).")
-        evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
-        last = {}
-        for record in evals:  # one record per step (a resumed run rewrites the file from its state)
-            last[record["step"]] = record
+        rows = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
+        last = {r["step"]: r for r in rows if is_test(r)}  # the last row of a step wins
+        if not last:
+            raise ValueError(f"{evals_path} has no test rows: evaluate arm {name!r} on the test "
+                             "split (train.eval_splits must include \"test\").")
         return cls(name, json.loads(summary_path.read_text()), [last[k] for k in sorted(last)])
 
-    def mean_metric(self, key: str) -> float:
-        values = [m[key] for m in self.summary["history"] if key in m and m.get("train/step", 0) > 0]
-        return sum(values) / len(values) if values else math.nan
+    def pooled(self, numerator: str, denominator: str, *, weighted: bool = False) -> float:
+        """Sum of `numerator` (times `denominator` when `weighted`: a per-step fraction) over sum
+        of `denominator`, over the steps that logged both; NaN when none did."""
+        steps = [m for m in self.summary.get("history", [])
+                 if numerator in m and denominator in m]
+        total = sum(m[denominator] for m in steps)
+        if not total:
+            return math.nan
+        return sum(m[numerator] * (m[denominator] if weighted else 1) for m in steps) / total
+
+    def pass_rate(self, key: str = "filter/pass_rate") -> float:
+        """Pooled pass rate: sum(rate x rollouts generated) / sum(rollouts generated)."""
+        return self.pooled(key, "filter/rollouts_generated", weighted=True)
+
+    def throughput(self) -> float:
+        """Pooled generation throughput: sum(rollouts) / sum(generation seconds)."""
+        return self.pooled("generate/rollouts", "generate/seconds")
 
 
-def _pass(record: dict, family: str) -> float:
-    return record["scores"]["family"].get(family, {}).get("pass_at_1", math.nan)
+def family_value(record: dict[str, Any], family: str, quantity: str = "score") -> float:
+    """A family's `quantity` in an evaluation row; "score" is its headline (spec §7.1)."""
+    row = record["scores"]["family"].get(family, {})
+    if quantity == "score" and "score" not in row:  # rows written before "score" existed
+        quantity = HEADLINE[family]
+    return float(row.get(quantity, math.nan))
+
+
+def _label(family: str, quantity: str) -> str:
+    name = HEADLINE[family] if quantity == "score" else quantity
+    return f"{family} " + ("mean reward" if name == "reward_mean" else name.replace("_at_", "@"))
+
+
+def _pct(value: float) -> str:
+    return "–" if math.isnan(value) else f"{100 * value:.2f}"
 
 
 def table1(arms: list[ArmResult]) -> str:
-    """Markdown: pass@1 per family at each evaluation, with steps, time and rollouts."""
-    lines = ["| arm | step | time (s) | rollouts | " + " | ".join(f.capitalize() for f in FAMILIES)
-             + " |", "|---|---:|---:|---:|" + "---:|" * len(FAMILIES)]
+    """Markdown: the headline score per family at each test evaluation (percent), reasoning's
+    pass@1 beside its mean reward, then the training seconds so far."""
+    lines = ["| arm | step | rollouts | Math pass@1 | Code pass@1 | Reasoning mean reward "
+             "| Reasoning pass@1 | training time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for arm in arms:
         for r in arm.evals:
-            cells = " | ".join(f"{100 * _pass(r, f):.2f}" for f in FAMILIES)
-            lines.append(f"| {arm.name} | {r['step']} | {r['seconds']:.1f} | {int(r['rollouts'])} "
-                         f"| {cells} |")
+            cells = [family_value(r, "math"), family_value(r, "code"),
+                     family_value(r, "reasoning"), family_value(r, "reasoning", "pass_at_1")]
+            lines.append(f"| {arm.name} | {r['step']} | {int(r['rollouts'])} | "
+                         + " | ".join(_pct(v) for v in cells) + f" | {r['seconds']:.1f} |")
     return "\n".join(lines)
 
 
 def table2(arms: list[ArmResult]) -> str:
-    """Markdown: N, B, pass rate and throughput per arm (means over the arm's steps)."""
-    lines = ["| arm | N | prompts/step | pass rate | rollouts/s | tokens/s | s/step |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    """Markdown: N, B, pooled pass rates (the active keep rule, then both rules when logged),
+    pooled throughput, and training / evaluation / checkpoint seconds apart."""
+    lines = ["| arm | N | prompts/step | pass rate | pass rate (binary) "
+             "| pass rate (any difference) | rollouts/s | training (s) | evaluation (s) "
+             "| checkpoints (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for arm in arms:
-        lines.append(
-            f"| {arm.name} | {arm.summary.get('rollouts_per_prompt', '?')} "
-            f"| {arm.summary.get('prompts_per_step', '?')} "
-            f"| {100 * arm.mean_metric('filter/pass_rate'):.1f}% "
-            f"| {arm.mean_metric('generate/rollouts_per_s'):.1f} "
-            f"| {arm.mean_metric('generate/tokens_per_s'):.0f} "
-            f"| {arm.mean_metric('train/seconds'):.2f} |")
+        s = arm.summary
+        rates = [arm.pass_rate(k) for k in ("filter/pass_rate", "filter/pass_rate_binary",
+                                            "filter/pass_rate_any_difference")]
+        seconds = [s.get(k, math.nan) for k in ("train_seconds", "eval_seconds",
+                                                 "checkpoint_seconds")]
+        lines.append(f"| {arm.name} | {s.get('rollouts_per_prompt', '?')} "
+                     f"| {s.get('prompts_per_step', '?')} | "
+                     + " | ".join("–" if math.isnan(r) else f"{100 * r:.1f}%" for r in rates)
+                     + f" | {arm.throughput():.1f} | "
+                     + " | ".join(f"{v:.1f}" for v in seconds) + " |")
     return "\n".join(lines)
 
 
-def paired(a: ArmResult, b: ArmResult) -> dict[str, Any]:
-    """Paired t-test of b over a on their last evaluations' common instances."""
-    ea, eb = a.evals[-1], b.evals[-1]
-    scores_a = dict(zip(ea["problem_ids"], ea["pass_at_1"]))
-    scores_b = dict(zip(eb["problem_ids"], eb["pass_at_1"]))
-    common = [i for i in ea["problem_ids"] if i in scores_b]
-    result = paired_comparison([scores_a[i] for i in common], [scores_b[i] for i in common])
-    return {"baseline": a.name, "arm": b.name, "instances": result.n, "delta": result.delta,
-            "t": result.t, "p_one_tailed": result.p_one_tailed}
+def _instance_scores(record: dict[str, Any]) -> dict[str, float]:
+    """Problem id -> its headline score ("score"; rows before it carry only "pass_at_1")."""
+    values = record.get("score", record["pass_at_1"])
+    return dict(zip(record["problem_ids"], values, strict=True))
 
 
-def plot(arms: list[ArmResult], path: Path) -> Path:
-    """Pass@1 per family against wall time (top row) and against rollouts (bottom row)."""
+def paired(baseline: ArmResult, arm: ArmResult, *, alpha: float = ALPHA) -> dict[str, Any]:
+    """`arm` - `baseline` on their last test rows' common instances (`brorl.stats.paired_test`),
+    overall and per family. Raises ValueError when the two rows' rollouts differ."""
+    eb, ea = baseline.evals[-1], arm.evals[-1]
+    if int(eb["rollouts"]) != int(ea["rollouts"]):
+        raise ValueError(
+            f"paired: {arm.name} generated {int(ea['rollouts'])} rollouts and {baseline.name} "
+            f"{int(eb['rollouts'])} at their last test evaluations; compare at an equal budget "
+            "(a compare.budget_rollouts divisible by every arm's N ends each run exactly on it).")
+    sb, sa = _instance_scores(eb), _instance_scores(ea)
+    common = [i for i in eb["problem_ids"] if i in sa]
+    if len(common) < 2:
+        raise ValueError(f"paired: {baseline.name} and {arm.name} share {len(common)} test "
+                         "instances; evaluate both on the same instances (train.eval_seed).")
+    ids = eb["problem_ids"]
+    families = dict(zip(ids, eb.get("families") or [None] * len(ids), strict=True))
+    result = {"baseline": baseline.name, "arm": arm.name, "rollouts": int(eb["rollouts"]),
+              "unmatched": len(set(sb) ^ set(sa)),
+              **_test_dict(paired_test([sb[i] for i in common], [sa[i] for i in common],
+                                       alpha=alpha)), "families": {}}
+    for fam in FAMILIES:
+        ids = [i for i in common if families[i] == fam]
+        if len(ids) >= 2:
+            result["families"][fam] = _test_dict(
+                paired_test([sb[i] for i in ids], [sa[i] for i in ids], alpha=alpha))
+    return result
+
+
+def _test_dict(test: PairedTest) -> dict[str, Any]:
+    """A `PairedTest` as the report's JSON: `instances`, and the paper's `p_one_tailed`."""
+    d = asdict(test)
+    d.pop("n")
+    d["instances"] = test.n
+    d["p_one_tailed"] = d.pop("p_one_sided")  # the paper's name (spec §5.3)
+    return d
+
+
+def verdict(test: dict[str, Any], alpha: float = ALPHA) -> str:
+    """Plain words for one paired test: significant or not, the interval, what it can detect."""
+    head = (f"{test['arm']} - {test['baseline']} over {test['instances']} test instances at "
+            f"{test['rollouts']} rollouts each: mean difference {100 * test['delta']:+.2f} points "
+            f"({100 * (1 - alpha):g}% CI {100 * test['ci_low']:+.2f} to "
+            f"{100 * test['ci_high']:+.2f}), t = {test['t']:.2f}, two-sided p = {test['p_two_sided']:.3g} (one-tailed "
+            f"p = {test['p_one_tailed']:.3g}), d_z = {test['effect_size_dz']:.2f}, Wilcoxon "
+            f"p = {test['wilcoxon_p']:.3g}.")
+    if math.isnan(test["p_two_sided"]):
+        said = "The test is undefined: every instance differs by the same amount."
+    elif test["p_two_sided"] < alpha:
+        better = test["arm"] if test["delta"] > 0 else test["baseline"]
+        said = (f"The difference is significant at the {alpha:g} level (two-sided): {better} "
+                "scores higher on these instances.")
+    else:
+        said = (f"The difference is NOT significant at the {alpha:g} level (two-sided): these "
+                "data do not show that either arm is better.")
+    return (f"{head} {said} With this spread the test detects a difference of "
+            f"{100 * test['mde']:.2f} points with 80% power. Each arm is ONE training seed, so "
+            "the test covers the choice of instances only, not seed-to-seed variation: a "
+            "difference here may not hold for another seed.")
+
+
+def plot(arms: list[ArmResult], path: Path, quantity: str = "score") -> Path:
+    """One quantity per family (headline score or pass@1) against training seconds (top row)
+    and rollouts (bottom row)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,13 +218,14 @@ def plot(arms: list[ArmResult], path: Path) -> Path:
                                                 ("rollouts", "rollouts generated"))):
             ax = axes[row][col]
             for arm in arms:
-                ax.plot([r[x_key] for r in arm.evals], [_pass(r, family) for r in arm.evals],
+                ax.plot([r[x_key] for r in arm.evals],
+                        [family_value(r, family, quantity) for r in arm.evals],
                         marker="o", label=arm.name)
             ax.set_xlabel(x_label)
-            ax.set_ylabel(f"{family} pass@1")
+            ax.set_ylabel(_label(family, quantity))
             ax.grid(alpha=0.3)
     axes[0][0].legend()
-    fig.suptitle("ProRL vs BroRL: held-out pass@1 (same start, equal budget)")
+    fig.suptitle("ProRL vs BroRL: held-out test scores (same start, equal budget, one seed each)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -119,33 +233,61 @@ def plot(arms: list[ArmResult], path: Path) -> Path:
     return path
 
 
-def build_report(arms: list[ArmResult], out_dir: str | Path) -> dict[str, Any]:
-    """Write `report.md`, `report.json` and `pass_at_1.png` under `out_dir`; return the JSON."""
+def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> dict[str, Any]:
+    """Write `report.md`, `report.json`, `scores.png` and `pass_at_1.png` under `out_dir`; return
+    the JSON. `paired_test` is the first non-baseline arm's test, `paired_tests` every arm's."""
+    by_name = {a.name: a for a in arms}
+    if baseline not in by_name:
+        raise ValueError(f"compare.baseline {baseline!r} is not an arm; choose from "
+                         f"{sorted(by_name)}.")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    test = paired(arms[0], arms[-1]) if len(arms) >= 2 else None
-    figure = plot(arms, out_dir / "pass_at_1.png")
-    final = {arm.name: {f: _pass(arm.evals[-1], f) for f in FAMILIES} for arm in arms}
-    text = [
-        "# ProRL vs BroRL", "",
-        "Both arms start from the same checkpoint with an equal budget. Pass@1 in percent on the "
-        "same held-out instances (Table 1 layout, spec §5.1).", "",
-        table1(arms), "",
-        "## Dynamic-sampling pass rate and generation throughput (Table 2 layout, spec §5.5)", "",
-        table2(arms), "",
-    ]
-    if test is not None:
-        text += ["## Paired test on the last evaluation", "",
-                 f"{test['arm']} - {test['baseline']} over {test['instances']} instances: "
-                 f"mean difference {test['delta']:+.4f} pass@1, t = {test['t']:.3f}, "
-                 f"one-tailed p = {test['p_one_tailed']:.4f}.", ""]
-    text += [f"![pass@1]({figure.name})", ""]
+    tests = {a.name: paired(by_name[baseline], a) for a in arms if a.name != baseline}
+    figures = [plot(arms, out_dir / "scores.png"), plot(arms, out_dir / "pass_at_1.png",
+                                                        "pass_at_1")]
+    text = ["# ProRL vs BroRL", "",
+            "Every arm starts from the same checkpoint with an equal rollout budget and is scored "
+            "on the same held-out test instances. Scores in percent (Table 1 layout, spec §5.1): "
+            "pass@1 (mean correctness over the evaluation samples) for Math and Code, the mean "
+            "continuous reward for Reasoning (spec §7.1) with its pass@1 beside it; training "
+            "time excludes evaluation and checkpoints.", "", table1(arms), "",
+            "## Dynamic-sampling pass rate and generation throughput (Table 2 layout, spec §5.5)",
+            "", "Pooled over each arm's steps: kept / generated rollouts, rollouts / generation "
+            "seconds.", "", table2(arms), ""]
+    for test in tests.values():
+        text += [f"## Paired test: {test['arm']} - {test['baseline']} (last test evaluation)", "",
+                 verdict(test), ""]
+        if test["families"]:
+            text += ["| family | instances | difference (points) | 95% CI | p (two-sided) |",
+                     "|---|---:|---:|---:|---:|"]
+        text += [f"| {fam} | {t['instances']} | {100 * t['delta']:+.2f} | {100 * t['ci_low']:+.2f}"
+                 f" to {100 * t['ci_high']:+.2f} | {t['p_two_sided']:.3g} |"
+                 for fam, t in test["families"].items()] + [""]
+    text += [f"![{f.stem}]({f.name})" for f in figures] + [""]
     (out_dir / "report.md").write_text("\n".join(text))
-    report = {"final_pass_at_1": final, "paired_test": test,
-              "arms": {a.name: {k: a.summary[k] for k in ("steps", "rollouts", "train_seconds",
-                                                          "stopped_by") if k in a.summary}
-                       for a in arms},
-              "pass_rate": {a.name: a.mean_metric("filter/pass_rate") for a in arms},
-              "rollouts_per_s": {a.name: a.mean_metric("generate/rollouts_per_s") for a in arms}}
+    report = {
+        "baseline": baseline,
+        "final_score": {a.name: {f: family_value(a.evals[-1], f) for f in FAMILIES} for a in arms},
+        "final_pass_at_1": {a.name: {f: family_value(a.evals[-1], f, "pass_at_1")
+                                     for f in FAMILIES} for a in arms},
+        "paired_test": next(iter(tests.values()), None), "paired_tests": tests,
+        "arms": {a.name: {k: a.summary[k] for k in ("steps", "rollouts", "train_seconds",
+                                                    "eval_seconds", "checkpoint_seconds",
+                                                    "stopped_by") if k in a.summary}
+                 for a in arms},
+        "pass_rate": {a.name: a.pass_rate() for a in arms},
+        "rollouts_per_s": {a.name: a.throughput() for a in arms}}
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
     return report
+
+
+DVC_METRICS = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p": "p_one_tailed",
+               "p_two_sided": "p_two_sided", "mde": "mde"}
+"""The DVC metrics of a comparison -> their key in the paired test. `p` is one-tailed (arm above
+the baseline), the paper's test (spec §5.3); the report's wording uses the two-sided p."""
+
+
+def headline(report: dict[str, Any]) -> dict[str, float]:
+    """The few numbers `dvc metrics show` prints: the first paired test, rounded; NaN without."""
+    test = report.get("paired_test") or {}
+    return {name: round(float(test.get(key, math.nan)), 4) for name, key in DVC_METRICS.items()}

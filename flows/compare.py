@@ -3,7 +3,8 @@
 `python -m flows.compare --params params/compare.yaml`. Composition only: resolve the arms
 (shared start and budget applied and checked), train each arm as a `train-arm` subflow when
 `compare.train_arms` (resuming earlier progress; their MLflow runs are children of the
-comparison's run), then write the report (Markdown, JSON, PNG) and attach it in MLflow.
+comparison's run), then write the report (Markdown, JSON, PNG; each arm tested against
+`compare.baseline`) and attach it in MLflow.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def compare(params_path: str, overrides: list[str] | None = None) -> dict[str, A
         for name, arm in arms.items():
             train_arm(arm, arm["name"], parent_run_id=run_id)
     result = c.report(arms, params.compare.report_dir,
-                      f"{params.tracking.metrics_dir}/{params.name}.json")
+                      f"{params.tracking.metrics_dir}/{params.name}.json", params.compare.baseline)
     result["mlflow_run_id"] = c.log_report(dumped, result, run_id)
     return result
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +10,18 @@ from mlflow.tracking import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from brorl.compare import ArmResult, build_report
+from brorl.compare import ArmResult, build_report, headline
 from brorl.params import ExperimentParams, load_params
 from brorl.train.checkpoint import atomic_write_text
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
+_PAIRED = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p": "p_one_tailed",
+           "p_two_sided": "p_two_sided", "dz": "effect_size_dz", "wilcoxon_p": "wilcoxon_p",
+           "mde": "mde"}
+"""Metric name -> the paired test's key in report.json."""
+_EVAL_KEYS = ("eval_per_family", "eval_samples", "eval_temperature", "eval_top_p")
+"""`train` fields the arms must share: the paired test scores the same instances the same way."""
 
 
 @task(name="resolve-arms", **_TASK)
@@ -24,7 +29,8 @@ def resolve_arms(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm's resolved params, with the comparison's shared start and budget applied.
 
     Fails, naming the arms and values, if the arms would not start from the same checkpoint
-    with the same budget: the comparison is only fair at equal start and budget (spec §5.1, §8).
+    with the same budget and evaluation protocol: the comparison is only fair at equal start and
+    budget (spec §5.1, §8), and the paired test needs the same instances scored the same way.
     """
     c = ExperimentParams.model_validate(params).compare
     shared = []
@@ -35,44 +41,41 @@ def resolve_arms(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if c.budget_seconds is not None:
         shared.append(f"train.max_seconds={c.budget_seconds}")
     arms = {name: load_params(tracking.ROOT / path, shared) for name, path in c.arms.items()}
-    for key in ("init_checkpoint", "max_rollouts", "max_seconds", "steps"):
+    fixes = {"init_checkpoint": "set compare.init_checkpoint", "max_rollouts":
+             "set compare.budget_rollouts", "max_seconds": "set compare.budget_seconds"}
+    for key in ("init_checkpoint", "max_rollouts", "max_seconds", "steps", *_EVAL_KEYS):
         values = {name: getattr(p.train, key) for name, p in arms.items()}
         if len(set(values.values())) > 1:
-            raise ValueError(f"compare: arms differ in train.{key} {values}; set compare."
-                             f"{'init_checkpoint' if key == 'init_checkpoint' else 'budget_rollouts'}"
-                             " or make the arms' params equal.")
+            raise ValueError(f"compare: arms differ in train.{key} {values}; "
+                             f"{fixes.get(key, 'give the arms equal values')}.")
     return {name: p.model_dump(mode="json") for name, p in arms.items()}
 
 
 def compare_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """Flat `compare/...` metrics of a report: final pass@1 per family and arm, the pass rate
-    and generation throughput per arm, the paired test's mean difference and p-value."""
-    metrics = {f"compare/pass_at_1_{fam}_{arm}": v for arm, row in result["final_pass_at_1"].items()
-               for fam, v in row.items()}
+    """Flat `compare/...` metrics of a report: final score and pass@1 per family and arm, the
+    pooled pass rate and generation throughput per arm, and the first non-baseline arm's paired
+    test against the baseline as `compare/paired_<q>` (report.json holds every arm's)."""
+    metrics = {f"compare/{q}_{fam}_{arm}": v for q in ("score", "pass_at_1")
+               for arm, row in result[f"final_{q}"].items() for fam, v in row.items()}
     metrics.update({f"compare/pass_rate_{a}": v for a, v in result["pass_rate"].items()})
     metrics.update({f"compare/rollouts_per_s_{a}": v for a, v in result["rollouts_per_s"].items()})
     test = result.get("paired_test") or {}
-    if test:
-        metrics["compare/paired_delta"] = test["delta"]
-        metrics["compare/paired_p"] = test["p_one_tailed"]
+    metrics.update({f"compare/paired_{q}": test[k] for q, k in _PAIRED.items() if test})
     return metrics
 
 
 @task(name="report", **_TASK)
 def report(arm_params: dict[str, dict[str, Any]], report_dir: str,
-           metrics_path: str | None = None) -> dict[str, Any]:
-    """The Markdown/JSON/PNG report from the arms' run folders; with `metrics_path`, its headline
-    there too (the DVC stage's metrics: the paired test's mean difference and one-tailed p)."""
+           metrics_path: str | None = None, baseline: str = "prorl") -> dict[str, Any]:
+    """The Markdown/JSON/PNG report from the arms' run folders, each arm tested against
+    `baseline`; with `metrics_path`, its `headline` there too (the DVC stage's metrics)."""
     arms = [ArmResult.load(name, tracking.ROOT / p["train"]["run_dir"])
             for name, p in arm_params.items()]
-    out = build_report(arms, tracking.ROOT / report_dir)
+    out = build_report(arms, tracking.ROOT / report_dir, baseline)
     if metrics_path is not None:
         path = tracking.ROOT / metrics_path
         path.parent.mkdir(parents=True, exist_ok=True)
-        test = out.get("paired_test") or {}
-        headline = {"delta": round(test.get("delta", math.nan), 4),
-                    "p": round(test.get("p_one_tailed", math.nan), 4)}
-        atomic_write_text(path, json.dumps(headline, indent=2) + "\n")
+        atomic_write_text(path, json.dumps(headline(out), indent=2) + "\n")
     return {**out, "report_dir": str(tracking.ROOT / report_dir)}
 
 
@@ -88,7 +91,7 @@ def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | Non
     metrics = {k: [v] for k, v in compare_metrics(result).items()}
     tracking.log_metric_series(uri, run_id, [0], metrics)
     folder = Path(result["report_dir"])
-    for name in ("report.md", "report.json", "pass_at_1.png"):
+    for name in ("report.md", "report.json", "scores.png", "pass_at_1.png"):
         client.log_artifact(run_id, str(folder / name), artifact_path="report")
     client.set_terminated(run_id, status="FINISHED")
     return run_id

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from brorl.params.section import Section
 
@@ -92,9 +92,25 @@ class CompareParams(Section):
     """Each arm's budget in generated rollouts (set as `train.max_rollouts`); None: the arms'
     own, which must then be equal."""
     budget_seconds: float | None = Field(None, gt=0)
-    """Each arm's wall-clock budget (set as `train.max_seconds`); None: the arms' own."""
+    """Each arm's budget in training seconds (set as `train.max_seconds`; evaluation and
+    checkpoints excluded); None: the arms' own."""
+    baseline: str = "prorl"
+    """The arm every other arm is tested against (each paired difference is arm - baseline,
+    whatever the order of `arms`); must be a key of `arms`."""
     report_dir: str = "outputs/compare"
     """Folder of the report (Markdown, JSON, PNG plots)."""
+
+    @model_validator(mode="after")
+    def _check_baseline(self) -> CompareParams:
+        if len(self.arms) < 2:
+            raise ValueError(f"compare.arms {sorted(self.arms)} needs at least two arms (arm name "
+                             "-> params file): a comparison of one arm tests nothing.")
+        if self.baseline not in self.arms:
+            raise ValueError(
+                f"compare.baseline {self.baseline!r} is not a key of compare.arms "
+                f"{sorted(self.arms)}: name the arm the others are tested against (e.g. prorl)."
+            )
+        return self
 
 
 class TrackingParams(Section):

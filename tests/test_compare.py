@@ -1,0 +1,156 @@
+"""The comparison report (brorl.compare) on hand-built run folders in the
+evaluation-record format (one row per (step, split)): which rows count, the baseline's direction,
+the budget check, pooled Table 2 fractions, Table 1 columns and the report's wording."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from brorl.compare import ArmResult, build_report, headline, paired, table1, table2
+from brorl.params import ParamsError, load_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+IDS = ["m0", "m1", "c0", "c1", "r0", "r1"]
+FAMS = ["math", "math", "code", "code", "reasoning", "reasoning"]
+
+
+def _row(step, rollouts, score, *, split="test", seconds=0.0, pass_at_1=None, family=None):
+    """One evaluation row; `score` per instance (None: an old row with pass_at_1 only)."""
+    row = {"step": step, "split": split, "seconds": seconds, "rollouts": rollouts,
+           "scores": {"family": family or {}}, "problem_ids": IDS, "families": FAMS,
+           "pass_at_1": pass_at_1 if pass_at_1 is not None else score}
+    if split is None:
+        del row["split"]
+    if score is not None:
+        row["score"] = score
+    return row
+
+
+def _arm(tmp_path, name, rows, history=(), **summary):
+    folder = tmp_path / name
+    folder.mkdir()
+    summary = {"steps": rows[-1]["step"], "rollouts_per_prompt": 16, "prompts_per_step": 8,
+               "train_seconds": 10.0, "eval_seconds": 4.0, "checkpoint_seconds": 1.0,
+               "history": list(history), **summary}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ArmResult.load(name, folder)
+
+
+BASE = [0.0, 0.5, 0.25, 0.75, 0.3, 0.4]
+
+
+def test_only_test_rows_count_and_the_last_row_of_a_step_wins(tmp_path):
+    arm = _arm(tmp_path, "prorl", [
+        _row(0, 0, BASE), _row(0, 0, [1.0] * 6, split="validation"),
+        _row(2, 256, [0.0] * 6, split=None),  # an old row without "split" counts as test
+        _row(2, 256, BASE, split=None),  # a resumed run rewrote step 2: the later row wins
+        _row(4, 512, [1.0] * 6, split="validation")])
+    assert [(r["step"], r["score"]) for r in arm.evals] == [(0, BASE), (2, BASE)]
+
+
+def test_an_arm_without_test_rows_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no test rows"):
+        _arm(tmp_path, "prorl", [_row(0, 0, BASE, split="validation")])
+
+
+def test_the_paired_difference_is_arm_minus_baseline_whatever_the_order(tmp_path):
+    arm_scores = [0.25, 0.5, 0.5, 1.0, 0.6, 0.4]  # differences 0.25, 0, 0.25, 0.25, 0.3, 0
+    prorl = _arm(tmp_path, "prorl", [_row(4, 512, BASE)])
+    brorl = _arm(tmp_path, "brorl", [_row(1, 512, arm_scores)])
+    for order in ([prorl, brorl], [brorl, prorl]):
+        test = build_report(order, tmp_path / "out", "prorl")["paired_test"]
+        assert (test["arm"], test["baseline"], test["instances"]) == ("brorl", "prorl", 6)
+        assert test["delta"] == pytest.approx(1.05 / 6)  # (0.25 + 0.25 + 0.25 + 0.3) / 6
+    assert paired(brorl, prorl)["delta"] == pytest.approx(-1.05 / 6)
+    fams = paired(prorl, brorl)["families"]
+    assert {f: t["delta"] for f, t in fams.items()} == pytest.approx(
+        {"math": 0.125, "code": 0.25, "reasoning": 0.15})
+
+
+def test_paired_refuses_unequal_budgets_naming_both_counts(tmp_path):
+    prorl = _arm(tmp_path, "prorl", [_row(16, 2048, BASE)])
+    brorl = _arm(tmp_path, "brorl", [_row(3, 3072, BASE)])
+    with pytest.raises(ValueError, match="brorl generated 3072 rollouts and prorl 2048"):
+        paired(prorl, brorl)
+
+
+def test_paired_uses_the_headline_score_and_falls_back_to_pass_at_1(tmp_path):
+    # new rows: "score" (reasoning: mean reward) differs from pass_at_1; the test uses score
+    prorl = _arm(tmp_path, "prorl", [_row(4, 512, BASE, pass_at_1=[0.0] * 6)])
+    brorl = _arm(tmp_path, "brorl", [_row(1, 512, [s + 0.1 for s in BASE],
+                                          pass_at_1=[1.0] * 6)])
+    assert paired(prorl, brorl)["delta"] == pytest.approx(0.1)
+    # old rows: only pass_at_1 per instance
+    old_a = _arm(tmp_path, "old_a", [_row(4, 512, None, pass_at_1=[0.0, 0.5] * 3)])
+    old_b = _arm(tmp_path, "old_b", [_row(1, 512, None, pass_at_1=[0.5, 0.5] * 3)])
+    assert paired(old_a, old_b)["delta"] == pytest.approx(0.25)
+
+
+def test_table2_pools_pass_rate_and_throughput_over_steps(tmp_path):
+    # step 1: 100 rollouts, pass rate 0.5, 1 s of generation; step 2: 300, 1.0, 10 s.
+    # Pooled pass rate (50 + 300) / 400 = 87.5% (the mean of ratios would say 75%); pooled
+    # throughput 400 / 11 = 36.4 rollouts/s (the mean of ratios would say 65).
+    history = [{"filter/pass_rate": 0.5, "filter/pass_rate_binary": 0.2,
+                "filter/rollouts_generated": 100.0, "generate/rollouts": 100.0,
+                "generate/seconds": 1.0},
+               {"filter/pass_rate": 1.0, "filter/pass_rate_binary": 0.6,
+                "filter/rollouts_generated": 300.0, "generate/rollouts": 300.0,
+                "generate/seconds": 10.0}]
+    arm = _arm(tmp_path, "prorl", [_row(2, 400, BASE)], history, train_seconds=12.3,
+               eval_seconds=3.5, checkpoint_seconds=0.7)
+    assert arm.pass_rate() == pytest.approx(0.875) and arm.throughput() == pytest.approx(400 / 11)
+    # binary: (20 + 180) / 400 = 50%; any_difference not logged: a dash
+    assert table2([arm]).splitlines()[-1] == \
+        "| prorl | 16 | 8 | 87.5% | 50.0% | – | 36.4 | 12.3 | 3.5 | 0.7 |"
+
+
+def test_table1_scores_reasoning_by_mean_reward_with_pass_at_1_beside_it(tmp_path):
+    family = {"math": {"pass_at_1": 0.3, "reward_mean": 0.3, "score": 0.3},
+              "code": {"pass_at_1": 0.5, "reward_mean": 0.7, "score": 0.5},
+              "reasoning": {"pass_at_1": 0.25, "reward_mean": 0.35, "score": 0.35}}
+    arm = _arm(tmp_path, "prorl", [_row(4, 256, BASE, seconds=12.5, family=family)])
+    header, _, line = table1([arm]).splitlines()
+    assert "Reasoning mean reward | Reasoning pass@1 | training time (s)" in header
+    assert line == "| prorl | 4 | 256 | 30.00 | 50.00 | 35.00 | 25.00 | 12.5 |"
+
+
+def _significance_report(tmp_path, differences):
+    prorl = _arm(tmp_path, "prorl", [_row(4, 512, [0.25] * 6)])
+    brorl = _arm(tmp_path, "brorl", [_row(1, 512, [0.25 + d for d in differences])])
+    report = build_report([prorl, brorl], tmp_path / "out", "prorl")
+    return report, (tmp_path / "out" / "report.md").read_text()
+
+
+def test_report_says_when_the_difference_is_not_significant(tmp_path):
+    report, text = _significance_report(tmp_path, [0.25, -0.25, 0.5, -0.5, 0.25, -0.25])
+    assert report["paired_test"]["p_two_sided"] == pytest.approx(1.0)  # mean difference 0
+    assert "NOT significant" in text and "ONE training seed" in text
+    assert (tmp_path / "out" / "scores.png").stat().st_size > 10_000
+    assert (tmp_path / "out" / "pass_at_1.png").stat().st_size > 10_000
+
+
+def test_report_says_when_the_difference_is_significant(tmp_path):
+    report, text = _significance_report(tmp_path, [0.5, 0.45, 0.55, 0.5, 0.4, 0.6])
+    assert report["paired_test"]["p_two_sided"] < 0.001
+    assert "is significant at the 0.05 level (two-sided): brorl scores higher" in text
+    assert "ONE training seed" in text
+
+
+def test_the_headline_metrics_stay_small(tmp_path):
+    report, _ = _significance_report(tmp_path, [0.5, 0.45, 0.55, 0.5, 0.4, 0.6])
+    test = report["paired_test"]
+    got = headline(report)
+    assert set(got) == {"delta", "ci_low", "ci_high", "p", "p_two_sided", "mde"}
+    assert got["delta"] == 0.5 and got["p"] == round(test["p_one_tailed"], 4)
+    assert got["p_two_sided"] == round(test["p_two_sided"], 4) < 0.001
+
+
+def test_the_baseline_must_be_an_arm():
+    with pytest.raises(ParamsError, match="compare.baseline 'grpo' is not a key of compare.arms"):
+        load_params(ROOT / "params" / "compare.yaml", ["compare.baseline=grpo"])
+    assert load_params(ROOT / "params" / "compare.yaml").compare.baseline == "prorl"
