@@ -260,9 +260,9 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
         if test["families"]:
             text += ["| family | instances | difference (points) | 95% CI | p (two-sided) |",
                      "|---|---:|---:|---:|---:|"]
-        text += [f"| {fam} | {t['instances']} | {100 * t['delta']:+.2f} | {100 * t['ci_low']:+.2f}"
-                 f" to {100 * t['ci_high']:+.2f} | {t['p_two_sided']:.3g} |"
-                 for fam, t in test["families"].items()] + [""]
+            text += [f"| {fam} | {t['instances']} | {100 * t['delta']:+.2f} "
+                     f"| {100 * t['ci_low']:+.2f} to {100 * t['ci_high']:+.2f} "
+                     f"| {t['p_two_sided']:.3g} |" for fam, t in test["families"].items()] + [""]
     text += [f"![{f.stem}]({f.name})" for f in figures] + [""]
     (out_dir / "report.md").write_text("\n".join(text))
     report = {
