@@ -7,6 +7,8 @@
   the paper's pass@1), then means per task, per family and overall. A family's score averages
   its tasks (the paper's "Avg" columns average benchmarks, spec §5.2); the headline score is
   pass@1 for math and code and the mean continuous reward for reasoning (spec §7.1 protocol).
+- `instance_scores`: the same per instance (avg@k pass@1 and the headline score), the unit of the
+  paired tests and of the bootstrap over instances.
 - `paired_comparison`: a paired t-test over the same instances, one-tailed that B beats A, as the
   paper's §4.2.2 (spec §5.3: Delta = 0.0033, t = 4.84 over > 10,000 instances).
 - `evaluate_policy`: render with `brorl.prompts`, sample with plain transformers generation,
@@ -85,6 +87,18 @@ def score_rewards(problems: Sequence[Problem], rewards: np.ndarray,
     overall = {name: float(np.mean([f[name] for f in families.values()]))
                for name in (*per_problem, "score")}
     return {"task": tasks, "family": families, "overall": overall}
+
+
+def instance_scores(problems: Sequence[Problem], rewards: np.ndarray,
+                    success_threshold: float = 1.0) -> dict[str, list[float]]:
+    """Per instance, in order: `pass_at_1` (the share of its k samples that are correct: avg@k)
+    and `score` (its family's headline quantity, `HEADLINE`: pass@1 for math and code, the mean
+    continuous reward for reasoning). What a paired test over instances compares."""
+    if len(problems) != len(rewards):
+        raise ValueError(f"{len(problems)} problems but {len(rewards)} reward rows; one row each.")
+    per = problem_scores(rewards, (1,), success_threshold)
+    return {"pass_at_1": per["pass_at_1"].tolist(),
+            "score": [float(per[HEADLINE[p.family]][i]) for i, p in enumerate(problems)]}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,13 @@ import pytest
 from scipy import stats
 
 from brorl.data import make_problem
-from brorl.evaluate import paired_comparison, pass_at_k, problem_scores, score_rewards
+from brorl.evaluate import (
+    instance_scores,
+    paired_comparison,
+    pass_at_k,
+    problem_scores,
+    score_rewards,
+)
 
 
 def _brute_pass_at_k(outcomes: list[bool], k: int) -> float:
@@ -85,3 +91,18 @@ def test_paired_comparison_detects_a_small_shift_over_many_instances():
     assert res.delta > 0 and res.p_one_tailed < 1e-6
     with pytest.raises(ValueError, match="equal length"):
         paired_comparison([1.0, 0.0], [1.0])
+
+
+def test_instance_scores_give_avg_at_k_and_each_familys_headline():
+    problems = [make_problem("math", "a", "Compute 2 + 2.", answer="4"),
+                make_problem("code", "c", "Write f.", tests=("assert f() == 1",)),
+                make_problem("reasoning", "r", "Spell dog backward.", answer="god")]
+    rewards = np.array([[1.0, 0.0, 1.0, 1.0],    # math: 3 of 4 correct
+                        [0.5, 1.0, 0.0, 0.25],   # code: partial credit, 1 of 4 fully correct
+                        [0.5, 1.0, 0.0, 0.25]])  # reasoning: the same rewards
+    out = instance_scores(problems, rewards)
+    assert out["pass_at_1"] == [0.75, 0.25, 0.25]
+    # math and code score pass@1; reasoning the mean reward (.5 + 1 + 0 + .25) / 4 = 0.4375
+    assert out["score"] == [0.75, 0.25, 0.4375]
+    with pytest.raises(ValueError, match="one row each"):
+        instance_scores(problems[:2], rewards)

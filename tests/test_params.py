@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from brorl.base import BaseConfig
 from brorl.data import DataConfig
-from brorl.params import ExperimentParams, ParamsError, load_params
+from brorl.params import ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
 from brorl.train.config import LossConfig, TrainerConfig
 from brorl.train.run import RunConfig
@@ -85,6 +85,7 @@ def test_pipeline_vars_agree_with_the_params_files_they_name(path):
 
     stages = yaml.safe_load(path.read_text())
     dirs = stages.pop("dirs")
+    stages.pop("study", None)  # the study's runs and outputs: tests/test_study.py
     assert set(stages) == {"data", "base", "prorl_warmup", "prorl", "brorl", "compare"}
     p = {name: load_params(ROOT / s["params"]) for name, s in stages.items()}
     for params in p.values():  # the metrics and plots dvc.yaml declares are where flows write
@@ -126,11 +127,13 @@ TRAINER_RENAMED = {
 }
 NOT_THE_TRAINERS = {f"train.{f}" for f in (
     "algorithm", "run_dir", "save_rollouts", "steps", "max_rollouts", "max_seconds",
-    "plateau_patience", "eval_every", "checkpoint_every", "eval_per_family", "eval_samples",
-    "eval_temperature", "eval_top_p")}
+    "plateau_patience", "eval_every", "checkpoint_every", "eval_splits", "eval_per_family",
+    "eval_seed", "eval_samples", "eval_temperature", "eval_top_p")}
 """`train` fields the run loop reads (budgets, schedules, evaluation, outputs), not
 `TrainerConfig`: `RunConfig` takes them (`Run.open` reads `eval_per_family`, `algorithm` is
 the MLflow tag)."""
+BASE = ExperimentParams(train=TrainParams(eval_splits=["validation", "test"]))
+"""The defaults with both evaluation splits, so that `plateau_patience` can change alone."""
 
 
 def _flat(config) -> dict[str, object]:
@@ -159,8 +162,10 @@ def _other_value(section: BaseModel, name: str) -> BaseModel:
         candidates = [value * 2, value / 2, value + 1, value + 0.05]
     elif isinstance(value, str):
         candidates = [c for c in choices if isinstance(c, str)] + [value + "-other"]
-    elif isinstance(value, list):
-        candidates = [value[:1], [*value, "extra.jsonl"]]
+    elif isinstance(value, list):  # a list of a Literal (eval_splits) or of file names
+        inner = get_args(choices[0]) if choices else ()
+        candidates = [value[:1], [c for c in inner if c not in value] + value,
+                      [*value, "extra.jsonl"]]
     elif isinstance(value, dict):
         candidates = [{**value, "extra": "params/extra.yaml"}]
     else:  # None
@@ -175,10 +180,11 @@ def _other_value(section: BaseModel, name: str) -> BaseModel:
     raise AssertionError(f"no valid non-default value for {type(section).__name__}.{name}")
 
 
-def _changed_by(build, sections: tuple[str, ...]) -> tuple[dict[str, set[str]], set[str]]:
+def _changed_by(build, sections: tuple[str, ...], default: ExperimentParams | None = None,
+                ) -> tuple[dict[str, set[str]], set[str]]:
     """Config leaf -> the params fields whose change changes it; and the params fields that
-    change none, found by changing one field of the defaults at a time."""
-    default = ExperimentParams()
+    change none, found by changing one field of `default` (the schema's defaults) at a time."""
+    default = default or ExperimentParams()
     before = _flat(build(default))
     changed: dict[str, set[str]] = {key: set() for key in before}
     unused = set()
@@ -204,7 +210,7 @@ def _same_name(key: str, sections: tuple[str, ...]) -> set[str]:
 
 
 def test_trainer_config_takes_every_field_from_its_params_field():
-    changed, unused = _changed_by(TrainerConfig.from_params, TRAINER_SECTIONS)
+    changed, unused = _changed_by(TrainerConfig.from_params, TRAINER_SECTIONS, BASE)
     expected = {key: TRAINER_RENAMED.get(key) or _same_name(key, TRAINER_SECTIONS)
                 for key in changed}
     assert changed == expected
@@ -239,14 +245,44 @@ def test_data_and_base_configs_take_every_field_from_their_sections():
 
 def test_run_config_takes_every_field_from_its_params_field():
     changed, unused = _changed_by(lambda p: RunConfig.from_params(p, Path("/r")),
-                                  ("train", "generate", "verify"))
+                                  ("train", "generate", "verify", "data"), BASE)
     renamed = {"name": set(), "eval_max_response_tokens": {"generate.max_response_tokens"},
-               "eval_seed": {"train.seed"}, "eval_workers": {"verify.workers"}}
+               "eval_workers": {"verify.workers"}, "data_path": {"data.path"}}
     assert changed == {key: renamed.get(key, {f"train.{key}"}) for key in changed}
     assert {f"train.{f}" for f in ("run_dir", "steps", "max_rollouts", "max_seconds",
-                                   "plateau_patience", "eval_every", "checkpoint_every")} \
-        .isdisjoint(unused)
+                                   "plateau_patience", "eval_every", "checkpoint_every",
+                                   "eval_splits", "eval_seed")}.isdisjoint(unused)
+    assert "train.seed" in unused  # the evaluation never depends on the training seed
     assert RunConfig.from_params(ExperimentParams(name="x"), Path("/r")).name == "x"
+
+
+def test_plateau_without_validation_and_tis_with_top_p_are_refused_naming_both_keys(tmp_path):
+    with pytest.raises(ParamsError) as err:
+        load_params(ROOT / "params" / "prorl_warmup.yaml", ["train.eval_splits=[test]"])
+    message = str(err.value)
+    assert "train.plateau_patience" in message and "train.eval_splits" in message
+    assert "add validation to eval_splits or set plateau_patience: null" in message
+    with pytest.raises(ParamsError) as err:
+        load_params(ROOT / "params" / "prorl.yaml", ["generate.top_p=0.9"])
+    message = str(err.value)
+    assert "update.tis_mode = 'truncate' needs generate.top_p = 1 (got 0.9)" in message
+    assert "set generate.top_p: 1.0 or update.tis_mode: none" in message
+    assert "got {" not in message and len(message.splitlines()) == 2  # the file, one rule line
+    both = load_params(ROOT / "params" / "prorl.yaml", ["generate.top_p=0.9",
+                                                        "update.tis_mode=none"])
+    assert both.generate.top_p == 0.9
+    with pytest.raises(ParamsError, match="names a split twice"):
+        load_params(ROOT / "params" / "prorl.yaml", ["train.eval_splits=[test, test]"])
+
+
+def test_the_warm_up_selects_on_validation_and_the_arms_report_test():
+    warmup = [load_params(ROOT / "params" / f) for f in ("prorl_warmup.yaml",
+                                                          "prorl_warmup_ci.yaml")]
+    assert all(p.train.eval_splits == ["validation"] and p.train.plateau_patience for p in warmup)
+    for name in ("prorl", "brorl", "prorl_ci", "brorl_ci"):
+        p = load_params(ROOT / "params" / f"{name}.yaml")
+        assert p.train.eval_splits == ["test"] and p.filter.keep_rule == "binary", name
+        assert p.train.max_rollouts % p.update.rollouts_per_prompt == 0, name  # ends exactly
 
 
 @pytest.mark.parametrize("config", [TrainerConfig, LossConfig, SimConfig, DataConfig, BaseConfig,

@@ -48,7 +48,7 @@ def _run(config: TrainerConfig, problems: list, run_dir: Path, *, checkpoint_eve
     policy = replace(RunConfig.from_params(load_params(ROOT / "params/tiny_ci.yaml"), ROOT),
                      run_dir=str(run_dir), steps=10**6, eval_every=10**6,
                      checkpoint_every=checkpoint_every, save_rollouts=False)
-    return Run(trainer, policy, [])
+    return Run(trainer, policy, {})
 
 
 def _steps(run: Run, count: int) -> list[dict]:
@@ -154,6 +154,41 @@ def test_resume_after_k_steps_gives_the_weights_and_metrics_of_k_plus_m(easy_bas
     assert _stable(second.state.history) == _stable(history)
     assert sorted(p.name for p in (tmp_path / "split").glob("step_*")) == \
         ["step_000002", "step_000003"]  # keep_checkpoints = 2
+
+
+def test_a_fresh_run_continues_its_starts_stream_and_seeds_and_resumes_exactly(
+        easy_base, easy_split, tmp_path):
+    """A start folder with a run.json (as a finished run leaves its policy) sets the step offset
+    and the prompt cursor; rollouts are seeded by the global step; a resume keeps both."""
+    import shutil
+
+    from brorl.train.sampler import PromptSampler, run_record
+
+    train = easy_split.train
+    start = tmp_path / "warm_policy"
+    shutil.copytree(easy_base, start)
+    warm = PromptSampler(train, seed=0)
+    warm.take(13)
+    (start / "run.json").write_text(json.dumps(run_record(0, 7, warm.state, "d", len(train))))
+    config = _config(start, tmp_path / "ck")
+    run = _run(config, train, tmp_path / "run")
+    cont = run.trainer
+    assert (cont.step_offset, cont.global_step) == (7, 7)
+    assert vars(cont.sampler.state) == vars(warm.state)  # epoch 0, position 13
+    plain = Trainer(replace(config, continue_stream=False, checkpoint_dir=str(tmp_path / "p")),
+                    train, resume=False)
+    assert (plain.step_offset, vars(plain.sampler.state)) == (0, {"epoch": 0, "position": 0,
+                                                                 "carry": []})
+    plain.step_count = 7  # the same global step: the same sampling seed, the same rollouts
+    assert cont.generate_rollouts(train[:2], 0).texts == plain.generate_rollouts(train[:2], 0).texts
+    del plain
+    _steps(run, 1)
+    assert cont.global_step == 8
+    resumed = Trainer(config, train, resume=True)
+    assert (resumed.step_offset, resumed.global_step) == (7, 8)
+    assert vars(resumed.sampler.state) == vars(cont.sampler.state)
+
+
 
 
 def test_a_step_with_nothing_informative_is_reported_not_fatal(easy_base, easy_split, tmp_path):

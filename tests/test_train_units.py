@@ -15,7 +15,7 @@ from brorl.train import checkpoint as ckpt
 from brorl.train.config import TrainerConfig
 from brorl.train.ppo import accumulate_mini_batch, response_logprobs, score_batch
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
-from brorl.train.sampler import PromptSampler, SamplerState
+from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, run_record
 from brorl.types import Problem
 
 PROBLEMS = [Problem(id=f"p{i}", family="math", task="t", prompt=f"{i}+{i}=", answer=str(2 * i))
@@ -81,6 +81,60 @@ def test_trainer_logprobs_equal_the_engines_sampling_logprobs(policy, groups):
     some = torch.tensor([2, 7])
     partial = score_batch(model, groups.batch, 1.0, 5, rows=some)
     assert torch.equal(partial[some], scored[some]) and partial[[0, 1, 3]].abs().sum() == 0
+
+
+def _ids(problems) -> list[str]:
+    return [p.id for p in problems]
+
+
+def _round_trip(record: dict) -> dict:
+    return json.loads(json.dumps(record))  # as run.json stores it
+
+
+def test_continuing_with_the_same_seed_takes_up_the_saved_cursor_exactly():
+    warm = PromptSampler(PROBLEMS, seed=1)
+    warm.take(7)
+    record = _round_trip(run_record(1, 5, warm.state, "data/problems", len(PROBLEMS)))
+    offset, state = continue_stream(record, seed=1, problems=len(PROBLEMS))
+    assert offset == 5
+    assert _ids(PromptSampler(PROBLEMS, 1, state).take(13)) == _ids(warm.take(13))
+
+
+def test_another_seed_draws_the_unseen_rest_of_the_epoch_first_then_its_own_epochs():
+    warm = PromptSampler(PROBLEMS, seed=1)
+    seen = set(_ids(warm.take(4)))
+    record = _round_trip(run_record(1, 3, warm.state, "data/problems", len(PROBLEMS)))
+    _, state = continue_stream(record, seed=2, problems=len(PROBLEMS))
+    arm = PromptSampler(PROBLEMS, 2, state)
+    rest = _ids(arm.take(6))
+    assert set(rest) == {p.id for p in PROBLEMS} - seen  # the 6 unseen, none of the 4 again
+    assert rest != _ids(warm.take(6))  # in an order of its own seed
+    own = PromptSampler(PROBLEMS, 2, SamplerState(epoch=1)).take(10)
+    assert _ids(arm.take(10)) == _ids(own)  # then seed 2's own epoch 1
+
+
+def test_a_continued_stream_resumes_exactly_and_continues_again():
+    warm = PromptSampler(PROBLEMS, seed=1)
+    warm.take(4)
+    _, state = continue_stream(_round_trip(run_record(1, 3, warm.state, "d", 10)), 2, 10)
+    arm = PromptSampler(PROBLEMS, 2, state)
+    arm.take(3)  # 3 of the epoch's 6 unseen
+    saved = _round_trip(vars(arm.state))  # what a checkpoint holds
+    resumed = PromptSampler(PROBLEMS, 2, SamplerState(**saved))
+    left = _ids(arm.take(3))
+    assert _ids(resumed.take(3)) == left
+    # a third run (seed 3) continuing the arm's end-of-run record mid-epoch draws its 3 unseen
+    arm = PromptSampler(PROBLEMS, 2, SamplerState(**saved))
+    _, state = continue_stream(_round_trip(run_record(2, 9, arm.state, "d", 10)), 3, 10)
+    assert sorted(_ids(PromptSampler(PROBLEMS, 3, state).take(3))) == sorted(left)
+
+
+def test_a_continuation_over_another_problem_list_is_refused():
+    record = run_record(1, 3, SamplerState(0, 4), "outputs/data/problems", 2074)
+    with pytest.raises(ValueError, match="continue_stream: false"):
+        continue_stream(record, seed=1, problems=len(PROBLEMS))
+
+
 
 
 def _grads_after(model, groups, micro: int, count: int | None = None) -> list[torch.Tensor]:

@@ -2,10 +2,13 @@
 
 Plain configs are built beside what reads them (`TrainerConfig.from_params`,
 `SimConfig.from_params`, `DataConfig.from_params`, `BaseConfig.from_params`); this package never
-imports them, so a default lives here only.
+imports them, so a default lives here only. Rules that tie two sections together are checked
+here (`_check_sections`).
 """
 
 from __future__ import annotations
+
+from pydantic import model_validator
 
 from brorl.params.data import BaseParams, DataParams, ModelParams
 from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
@@ -32,3 +35,13 @@ class ExperimentParams(Section):
     compare: CompareParams = CompareParams()
     tracking: TrackingParams = TrackingParams()
     study: StudyParams = StudyParams()
+
+    @model_validator(mode="after")
+    def _check_sections(self) -> ExperimentParams:
+        if self.update.tis_mode != "none" and self.generate.top_p < 1:
+            raise ValueError(
+                f"update.tis_mode = {self.update.tis_mode!r} needs generate.top_p = 1 (got "
+                f"{self.generate.top_p}): the trainer scores log-probs without top-p, so the "
+                "engine->trainer ratio would be the nucleus mass, not an off-policy correction; "
+                "set generate.top_p: 1.0 or update.tis_mode: none.")
+        return self

@@ -75,6 +75,8 @@ def _describe(err: ValidationError, source: str) -> str:
         where = ".".join(str(x) for x in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
             lines.append(f"  {where}: unknown key; check its spelling against brorl/params/.")
+        elif isinstance(e.get("input"), dict):  # a rule over a section: its message names keys
+            lines.append(f"  {where}: {e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  {where}: {e['msg']} (got {e.get('input')!r}).")
     return "\n".join(lines)

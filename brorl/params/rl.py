@@ -53,7 +53,8 @@ class UpdateParams(Section):
     """Clamp of the per-token KL estimate. NeMo-RL: 10 (spec §7.3)."""
     tis_mode: Literal["none", "truncate", "icepop"] = "truncate"
     """Engine->trainer correction: truncated IS as the paper names it (spec §4.2); NeMo-RL uses
-    `icepop` (spec §7.3); `none` turns it off."""
+    `icepop` (spec §7.3); `none` turns it off. Needs `generate.top_p: 1` (checked in
+    `ExperimentParams`): the trainer scores log-probs without top-p."""
     tis_cap: float = Field(5.0, gt=0)
     """Upper bound of the engine->trainer ratio (truncate: cap; icepop: band top). UNCONFIRMED
     (spec §4.3); NeMo-RL: 5.0 (spec §7.3): our choice."""
@@ -100,10 +101,16 @@ class UpdateParams(Section):
 
 
 class FilterParams(Section):
-    """Dynamic sampling (DAPO; spec §4.2, §7.3): drop groups whose rewards are all equal, refill."""
+    """Dynamic sampling (DAPO; spec §4.2, §7.3): drop groups the keep rule fails, refill."""
 
     enabled: bool = True
-    """Filter uniform groups and refill (spec §4.2). False trains on every drawn group."""
+    """Filter groups by `keep_rule` and refill (spec §4.2). False trains on every drawn group
+    (the pass rates are still logged)."""
+    keep_rule: Literal["binary", "any_difference"] = "binary"
+    """`binary`: keep a group iff 0 < #correct < N, correct = reward >= `correct_reward` (the
+    paper's rule, spec §4.2, Table 2). `any_difference`: keep a group whose rewards are not all
+    equal, so partial credit (code, reasoning) keeps a group with no correct rollout: our
+    option. Both pass rates are logged whichever is active."""
     max_draws: PositiveInt = 10
     """Most draws (generate + verify rounds) per step; then train on what was kept and flag it.
     NeMo-RL: `dynamic_sampling_max_gen_batches: 10` (spec §7.3)."""
@@ -111,7 +118,9 @@ class FilterParams(Section):
     """Each draw asks for ceil(missing groups * oversample) prompts; the excess is dropped.
     NeMo-RL's `batch_multiplier` is 1.5 (spec §7.3); ours 1.0 wastes no rollouts: our choice."""
     correct_reward: float = 1.0
-    """A uniform group at or above this reward counts as all-correct (`filter/groups_all_correct`)."""
+    """A rollout with at least this reward is correct (the binary rule's M_i = M_correct, spec
+    §4.2); a uniform group at or above it counts as all-correct (`filter/groups_all_correct`).
+    1.0: full credit, as the evaluation's pass@1 (`brorl.evaluate`)."""
     wrong_reward: float = 0.0
     """A uniform group at or below this reward counts as all-wrong (`filter/groups_all_wrong`)."""
 
@@ -120,7 +129,7 @@ class FilterParams(Section):
         if self.wrong_reward >= self.correct_reward:
             raise ValueError(
                 f"wrong_reward ({self.wrong_reward}) must be below correct_reward "
-                f"({self.correct_reward}); they only classify discarded groups, e.g. 0 and 1."
+                f"({self.correct_reward}); they classify rollouts and dropped groups, e.g. 0 and 1."
             )
         return self
 
@@ -136,7 +145,7 @@ class GenerateParams(Section):
     """Sampling temperature; 0 is greedy. ProRL v1: 1.2 (spec §7.1)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus top-p of rollouts; 1 turns it off. Not stated for ProRL or BroRL training (spec
-    §4.3, §11 item 4): 1 is our choice."""
+    §4.3, §11 item 4): 1 is our choice; below 1 requires `update.tis_mode: none`."""
     max_response_tokens: PositiveInt = 64
     """Longest response (tokens); longer rollouts end with finish reason `length`. ProRL v1: 8k
     (spec §7.1); CPU-sized here."""

@@ -45,7 +45,13 @@ class TrainParams(Section):
     warmup_steps: NonNegativeInt = 0
     """Linear LR warm-up in optimizer steps; 0: constant LR as ProRL v1 (spec §7.1)."""
     seed: int = 0
-    """Seed of the prompt order, the rollout sampling and the mini-batch shuffle."""
+    """Seed of the prompt order, the rollout sampling and the mini-batch shuffle (what a study's
+    seeds vary); never of the evaluation (`eval_seed`)."""
+    continue_stream: bool = True
+    """When `init_checkpoint` holds a `run.json` (written by an earlier run's end), continue its
+    prompt stream and per-step seeds instead of restarting them (spec §4.3 leaves the
+    continuation's data order open: our choice, so the arms never replay the warm-up's prompts).
+    False: start at step 0 of a fresh stream."""
     checkpoint_dir: str = "outputs/train/checkpoints"
     """Folder of `step_XXXXXX/` checkpoints and the `latest` pointer."""
     checkpoint_every: PositiveInt = 10
@@ -59,22 +65,48 @@ class TrainParams(Section):
     save_rollouts: bool = True
     """Write every verified draw's rollouts to `<run_dir>/rollouts/step_XXXXXX_drawK.parquet`."""
     max_rollouts: PositiveInt | None = None
-    """Budget: stop once this many rollouts were generated (refills included); None: no limit."""
+    """Budget: rollouts generated (refills included), never exceeded: each draw is capped at
+    floor(remaining / N) prompts and the run stops once fewer than N remain, so a budget
+    divisible by N ends exactly on it; None: no limit."""
     max_seconds: float | None = Field(None, gt=0)
-    """Budget: stop once the run's steps took this long (s, summed over sessions); None: none."""
+    """Budget: stop once the run's training stages took this long (s, summed over sessions;
+    evaluation and checkpoints excluded); None: none."""
     plateau_patience: PositiveInt | None = None
-    """Stop after this many evaluations without a new best held-out mean pass@1 (the
-    `prorl_warmup` stage's saturation rule); None: never stop early."""
+    """Stop after this many validation evaluations without a new best `val/score_mean` (the
+    `prorl_warmup` stage's saturation rule); needs "validation" in `eval_splits`, so the
+    stopping point is never chosen on the test instances that later score the arms. None:
+    never stop early."""
     eval_every: PositiveInt = 5
-    """Steps between held-out evaluations (also at step 0 and at the end)."""
+    """Steps between held-out evaluations (also at step 0 and at the step that spends a budget)."""
+    eval_splits: list[Literal["validation", "test"]] = Field(["test"], min_length=1)
+    """Splits each evaluation scores (one record per split): `test` for reported results,
+    `validation` for model selection and the plateau rule (never test: selection bias)."""
     eval_per_family: PositiveInt = 20
-    """Held-out test problems per family in each evaluation (the same instances every time)."""
+    """Instances per family of each evaluated split (the same instances every time)."""
+    eval_seed: int = 0
+    """Seed that draws the evaluation instances per family and seeds the evaluation sampling:
+    every seed of a study is scored on the same instances with the same sampling seed. It is
+    not `seed`. Our choice."""
     eval_samples: PositiveInt = 4
-    """Samples per problem for pass@1 (spec §5.2 uses 16; 4 on CPU)."""
+    """k, samples per instance: pass@1 is the mean correctness over them (avg@k), unbiased pass@k
+    beside it (spec §5.2 uses 16; 4 on CPU)."""
     eval_temperature: float = Field(0.6, ge=0)
     """Evaluation sampling temperature (spec §5.2: 0.6)."""
     eval_top_p: float = Field(0.95, gt=0, le=1)
     """Evaluation nucleus top-p (spec §5.2: 0.95)."""
+
+    @model_validator(mode="after")
+    def _check_train(self) -> TrainParams:
+        if len(set(self.eval_splits)) != len(self.eval_splits):
+            raise ValueError(f"train.eval_splits {self.eval_splits} names a split twice; list "
+                             "each of validation, test at most once.")
+        if self.plateau_patience is not None and "validation" not in self.eval_splits:
+            raise ValueError(
+                f"train.plateau_patience = {self.plateau_patience} needs 'validation' in "
+                f"train.eval_splits (got {self.eval_splits}): the plateau rule watches "
+                "val/score_mean only, never test scores; add validation to eval_splits or set "
+                "plateau_patience: null.")
+        return self
 
 
 class CompareParams(Section):

@@ -54,6 +54,8 @@ class TrainerConfig:
     """train.checkpoint_dir: folder of `step_XXXXXX/` checkpoints and `latest`."""
     seed: int
     """train.seed: seed of prompt order, rollout sampling and mini-batch shuffle."""
+    continue_stream: bool
+    """train.continue_stream: continue the stream and seeds of a `run.json` in `init_checkpoint`."""
     # update (spec §4, §8)
     prompts_per_step: int
     """update.prompts_per_step: B."""
@@ -77,13 +79,15 @@ class TrainerConfig:
     """update.reset_optimizer_on_reference_reset."""
     # dynamic sampling
     filter_enabled: bool
-    """filter.enabled: drop uniform groups and refill."""
+    """filter.enabled: drop the groups `keep_rule` fails and refill."""
+    keep_rule: Literal["binary", "any_difference"]
+    """filter.keep_rule: 0 < #correct < N (the paper) or rewards not all equal."""
     filter_max_draws: int
     """filter.max_draws: most generate + verify rounds per step."""
     filter_oversample: float
     """filter.oversample: prompts asked per missing group."""
     correct_reward: float
-    """filter.correct_reward: a uniform group at or above it is all-correct."""
+    """filter.correct_reward: a rollout at or above it is correct."""
     wrong_reward: float
     """filter.wrong_reward: a uniform group at or below it is all-wrong."""
     # generation
@@ -137,13 +141,14 @@ class TrainerConfig:
         u, f, g, v, t = params.update, params.filter, params.generate, params.verify, params.train
         return cls(
             init_checkpoint=t.init_checkpoint, checkpoint_dir=t.checkpoint_dir,
-            seed=t.seed, prompts_per_step=u.prompts_per_step,
+            seed=t.seed, continue_stream=t.continue_stream, prompts_per_step=u.prompts_per_step,
             rollouts_per_prompt=u.rollouts_per_prompt, lr=u.lr,
             mini_batches_per_step=u.mini_batches_per_step, epochs_per_step=u.epochs_per_step,
             micro_batch_rollouts=t.micro_batch_rollouts, advantage_estimator=u.advantage_estimator,
             loss=LossConfig.from_params(u), reference_reset_every=u.reference_reset_every,
             reset_optimizer_on_reference_reset=u.reset_optimizer_on_reference_reset,
-            filter_enabled=f.enabled, filter_max_draws=f.max_draws, filter_oversample=f.oversample,
+            filter_enabled=f.enabled, keep_rule=f.keep_rule, filter_max_draws=f.max_draws,
+            filter_oversample=f.oversample,
             correct_reward=f.correct_reward, wrong_reward=f.wrong_reward,
             engine=g.engine, temperature=g.temperature, top_p=g.top_p,
             max_response_tokens=g.max_response_tokens,

@@ -1,9 +1,12 @@
 """A finished run's small result files for DVC: headline metrics (JSON) and the evaluation curve (CSV).
 
-`headline` is what `dvc metrics show` prints for an arm: the last evaluation's score per family
-and the rollouts spent (details: the run's `summary.json` and `evals.jsonl`). `eval_csv` has one row per
-evaluation (step, rollouts, training seconds, pass@1 per family and their mean), the data of
-`dvc plots`. Both come from the run's state (`brorl.train.run.RunState`) alone.
+`headline` is what `dvc metrics show` prints for an arm: the last test evaluation's score per
+family (`math`, `code`, `reasoning`), the last validation evaluation's as `val_<family>` (a
+validation-only run such as the warm-up has only these), and the rollouts spent (details: the
+run's `summary.json` and `evals.jsonl`). `eval_csv` has one row per evaluation of one split
+(test when the run scored it, else validation): step, rollouts, training seconds, the family
+scores and pass@1 and their means, the data of `dvc plots`. Both read the run's state
+(`brorl.train.run.RunState`) alone.
 """
 
 from __future__ import annotations
@@ -13,29 +16,42 @@ from pathlib import Path
 from typing import Any
 
 from brorl.train.checkpoint import atomic_write_text
+from brorl.train.evals import row_split
+
+
+def _rows(evals: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    return [r for r in evals if row_split(r) == split]
 
 
 def headline(state: Any) -> dict[str, float]:
-    """What `dvc metrics show` prints for an arm: the last evaluation's score per family (the
-    paper's: pass@1 for math and code, mean reward for reasoning) and the rollouts spent."""
+    """What `dvc metrics show` prints for an arm: the last test (and validation, prefixed
+    `val_`) evaluation's score per family (the paper's: pass@1 for math and code, mean reward
+    for reasoning) and the rollouts spent."""
     metrics: dict[str, float] = {}
-    if state.evals:
-        for family, row in sorted(state.evals[-1]["scores"]["family"].items()):
-            metrics[family] = round(row["score"], 4)
+    for split, prefix in (("test", ""), ("validation", "val_")):
+        rows = _rows(state.evals, split)
+        if rows:
+            for family, row in sorted(rows[-1]["scores"]["family"].items()):
+                metrics[prefix + family] = round(row["score"], 4)
     metrics["rollouts"] = float(state.rollouts)
     return metrics
 
 
 def eval_csv(evals: list[dict[str, Any]]) -> str:
-    """`step,rollouts,seconds,pass_at_1_<family>...,pass_at_1_mean`, one row per evaluation."""
-    families = sorted(evals[-1]["scores"]["family"]) if evals else []
-    lines = ["step,rollouts,seconds," + ",".join(f"pass_at_1_{f}" for f in families)
-             + ",pass_at_1_mean"]
-    for r in evals:
-        passes = [r["scores"]["family"][f]["pass_at_1"] for f in families]
-        mean = sum(passes) / len(passes) if passes else 0.0
-        lines.append(f"{r['step']},{int(r['rollouts'])},{r['seconds']:.2f},"
-                     + ",".join(f"{v:.4f}" for v in passes) + f",{mean:.4f}")
+    """`step,rollouts,seconds,split,score_<family>...,score_mean,pass_at_1_<family>...,
+    pass_at_1_mean`, one row per evaluation of the test split (the validation split when the run
+    scored no test rows)."""
+    rows = _rows(evals, "test") or _rows(evals, "validation")
+    families = sorted(rows[-1]["scores"]["family"]) if rows else []
+    columns = [f"{q}_{f}" for q in ("score", "pass_at_1") for f in [*families, "mean"]]
+    lines = ["step,rollouts,seconds,split," + ",".join(columns)]
+    for r in rows:
+        cells = []
+        for q in ("score", "pass_at_1"):
+            values = [r["scores"]["family"][f][q] for f in families]
+            cells += [*values, sum(values) / len(values) if values else 0.0]
+        lines.append(f"{r['step']},{int(r['rollouts'])},{r['seconds']:.2f},{row_split(r)},"
+                     + ",".join(f"{v:.4f}" for v in cells))
     return "\n".join(lines) + "\n"
 
 

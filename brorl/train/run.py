@@ -3,33 +3,39 @@ torchrun, the Prefect flow `flows/train.py`).
 
 A `Run` wraps a `Trainer` (the mechanics of a step) with what a run is: its `RunState` (rollout
 counter, training seconds with evaluation and checkpoint time kept apart, per-step metrics, the
-evaluation records and the best held-out score), the stop rules (`RunConfig`: steps, rollout
+evaluation rows and the best validation score), the stop rules (`RunConfig`: steps, rollout
 budget, training-time budget, plateau), the evaluation and checkpoint schedule, and resume: the
 state is saved inside every checkpoint, so a resumed run continues its counters and records
 exactly where the checkpoint left them (no repeated evaluation rows).
+
+The budgets are the paper's bookkeeping (spec §4.4, §8): a step never spends past
+`max_rollouts` (its draws are capped at the rollouts left, and the run stops once fewer than N
+remain), and time is the training stages' seconds only (`TRAIN_STAGES`). Evaluations score each
+split of `eval_splits` on fixed instances (`brorl.train.evals` holds the row format); the plateau
+rule follows `val/score_mean` only. A run's end writes `run.json` beside its policy, so a run
+that starts from that policy continues its prompt stream and seeds (`brorl.train.sampler`).
 
 The loop is written once, here (`train`, `step`). Orchestration plugs in through a `Driver`:
 `stage(run, name, *args)` runs the stage method `run.<name>(*args)` (the Prefect driver runs it
 as a task of that name), `iteration(step, body)` runs one step (the Prefect driver makes it a
 subflow), `on_step(run, metrics)` observes a finished step (MLflow logging). `Direct` runs
-everything in place. Every
-stage method takes its inputs and returns its output with its own seconds (`Timed`), so the
-orchestration's share of a step is the step's wall time minus the stages' seconds.
+everything in place. Every stage method takes its inputs and returns its output with its own
+seconds (`Timed`), so the orchestration's share of a step is the step's wall time minus the
+stages' seconds.
 
 Multi-process (torchrun / deepspeed launcher): rank 0 samples, generates, verifies and
-evaluates; what the other ranks need (the kept groups, evaluation records, stop decisions) is
+evaluates; what the other ranks need (the kept groups, evaluation rows, stop decisions) is
 broadcast from rank 0, so every rank takes the same branch at the same step.
 
-Deliberately ignored: early stopping on anything but the held-out mean pass@1, best-checkpoint
-selection (the last state is the run's result).
+Deliberately ignored: early stopping on anything but `val/score_mean`; best-checkpoint selection
+(the last state is the run's result; the best validation step is reported in the summary).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -39,7 +45,9 @@ from brorl.base import sample_per_family
 from brorl.data import load_split
 from brorl.evaluate import evaluate_policy
 from brorl.train import checkpoint as ckpt
+from brorl.train.evals import SELECTION_METRIC, eval_metrics, eval_record, evals_jsonl, row_split
 from brorl.train.rollouts import ScoredGroups, save_groups
+from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.trainer import Collected, Collection, RewardFn, Trainer
 from brorl.types import Problem, RolloutBatch
 
@@ -71,6 +79,7 @@ class RunConfig:
 
     name: str
     run_dir: str
+    data_path: str
     steps: int
     max_rollouts: int | None
     max_seconds: float | None
@@ -78,6 +87,7 @@ class RunConfig:
     eval_every: int
     checkpoint_every: int
     save_rollouts: bool
+    eval_splits: tuple[str, ...]
     eval_samples: int
     eval_temperature: float
     eval_top_p: float
@@ -90,13 +100,14 @@ class RunConfig:
         """The `train` section's run policy; `run_dir` resolved against `root`."""
         t = params.train
         return cls(
-            name=params.name, run_dir=str(root / t.run_dir), steps=t.steps,
-            max_rollouts=t.max_rollouts, max_seconds=t.max_seconds,
+            name=params.name, run_dir=str(root / t.run_dir), data_path=params.data.path,
+            steps=t.steps, max_rollouts=t.max_rollouts, max_seconds=t.max_seconds,
             plateau_patience=t.plateau_patience, eval_every=t.eval_every,
             checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
-            eval_samples=t.eval_samples, eval_temperature=t.eval_temperature,
-            eval_top_p=t.eval_top_p, eval_max_response_tokens=params.generate.max_response_tokens,
-            eval_seed=t.seed, eval_workers=params.verify.workers)
+            eval_splits=tuple(t.eval_splits), eval_samples=t.eval_samples,
+            eval_temperature=t.eval_temperature, eval_top_p=t.eval_top_p,
+            eval_max_response_tokens=params.generate.max_response_tokens,
+            eval_seed=t.eval_seed, eval_workers=params.verify.workers)
 
 
 @dataclass
@@ -110,12 +121,14 @@ class RunState:
     eval_seconds: float = 0.0
     checkpoint_seconds: float = 0.0
     best_eval: float | None = None
-    """Best held-out mean pass@1 so far (the plateau rule's reference)."""
+    """Best `val/score_mean` so far (the plateau rule's reference); None without validation."""
+    best_step: int | None = None
+    """The step of `best_eval`."""
     evals_since_best: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     """Per-step metrics, one dict per finished step."""
     evals: list[dict[str, Any]] = field(default_factory=list)
-    """Evaluation records (step, seconds, rollouts, scores, per-instance pass@1)."""
+    """Evaluation rows, one per (step, split) (`brorl.train.evals`)."""
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> RunState:
@@ -150,12 +163,13 @@ class Direct:
 
 
 class Run:
-    """A trainer, its run policy and state; `train()` is the loop (see the module docstring)."""
+    """A trainer, its run policy and state; `train()` is the loop (see the module docstring).
+    `eval_problems` maps each evaluated split to its fixed instances."""
 
     def __init__(self, trainer: Trainer, config: RunConfig,
-                 eval_problems: Sequence[Problem]) -> None:
+                 eval_problems: Mapping[str, Sequence[Problem]]) -> None:
         self.trainer, self.config = trainer, config
-        self.eval_problems = list(eval_problems)
+        self.eval_problems = {split: list(problems) for split, problems in eval_problems.items()}
         self.state = RunState.from_dict(trainer.resumed_state) if trainer.resumed_state \
             else RunState()
         self.run_dir = Path(config.run_dir)
@@ -164,8 +178,9 @@ class Run:
     def open(cls, params: ExperimentParams, root: Path | str = ".", *, resume: bool = True,
              reward_fn: RewardFn | None = None) -> Run:
         """The run of `params` (relative paths taken from `root`), resumed from its newest
-        checkpoint unless `resume` is False. Evaluation uses the test split's instances drawn
-        by `train.eval_per_family` and `train.seed` (the same instances at every evaluation)."""
+        checkpoint unless `resume` is False. Each split of `train.eval_splits` is scored on
+        `train.eval_per_family` instances per family drawn by `train.eval_seed` (the same
+        instances at every evaluation, and in every run with that seed)."""
         from dataclasses import replace
 
         from brorl.train.config import TrainerConfig
@@ -174,10 +189,14 @@ class Run:
         config = TrainerConfig.from_params(params)
         config = replace(config, init_checkpoint=str(root / config.init_checkpoint),
                          checkpoint_dir=str(root / config.checkpoint_dir))
-        data = root / params.data.path
+        data, t = root / params.data.path, params.train
+        eval_problems = {split: sample_per_family(load_split(data, split), t.eval_per_family,
+                                                  t.eval_seed) for split in t.eval_splits}
+        empty = [split for split, problems in eval_problems.items() if not problems]
+        if empty:
+            raise ValueError(f"{data}: the {empty} split holds no problems; drop it from "
+                             "train.eval_splits or regenerate the data with that split.")
         trainer = Trainer(config, load_split(data, "train"), reward_fn=reward_fn, resume=resume)
-        eval_problems = sample_per_family(load_split(data, "test"), params.train.eval_per_family,
-                                          params.train.seed)
         return cls(trainer, RunConfig.from_params(params, root), eval_problems)
 
     @property
@@ -185,12 +204,18 @@ class Run:
         return self.trainer.step_count
 
     # -- the stop rules and schedules ---------------------------------------------------------
+    def rollouts_left(self) -> int | None:
+        """Rollouts the budget still allows (None: no budget)."""
+        c = self.config
+        return None if c.max_rollouts is None else c.max_rollouts - self.state.rollouts
+
     def _budget_reason(self) -> str | None:
         c, s = self.config, self.state
+        left = self.rollouts_left()
         if self.step_count >= c.steps:
             return "steps"
-        if c.max_rollouts is not None and s.rollouts >= c.max_rollouts:
-            return "rollouts"
+        if left is not None and left < self.trainer.config.rollouts_per_prompt:
+            return "rollouts"  # not one more group of N fits
         if c.max_seconds is not None and s.train_seconds >= c.max_seconds:
             return "seconds"
         return None
@@ -220,7 +245,7 @@ class Run:
 
     def generate_rollouts(self, problems: list[Problem],
                           collection: Collection) -> Timed[RolloutBatch]:
-        """N rollouts per prompt from the current policy, seeded by (step, draw)."""
+        """N rollouts per prompt from the current policy, seeded by (global step, draw)."""
         return timed(self.trainer.generate_rollouts, problems, collection.rounds)
 
     def verify(self, problems: list[Problem], batch: RolloutBatch,
@@ -235,8 +260,9 @@ class Run:
 
     def filter(self, collection: Collection, groups: ScoredGroups,
                seconds: dict[str, float]) -> Timed[bool]:
-        """Keep the draw's informative groups; True once the step has enough (or the draw
-        budget is spent). `seconds` are the draw's generate / verify times, for throughput."""
+        """Keep the draw's groups that pass the keep rule; True once the step has enough (or
+        the draw budget or the rollouts left are spent). `seconds` are the draw's generate /
+        verify times, for throughput."""
         started = time.perf_counter()
         collection.add(groups, seconds)
         return Timed(collection.done, time.perf_counter() - started)
@@ -251,30 +277,38 @@ class Run:
         metrics = self.trainer.end_step(metrics)
         return Timed(metrics, time.perf_counter() - started)
 
+    def _score(self, split: str, problems: list[Problem]) -> dict[str, Any]:
+        """One eval row: k samples of each instance of `split`, seeded by `eval_seed`."""
+        c = self.config
+        k_values = (1,) if c.eval_samples == 1 else (1, c.eval_samples)
+        scores, rewards = evaluate_policy(
+            self.trainer.model, self.trainer.tokenizer, problems, n=c.eval_samples,
+            k_values=k_values, max_new_tokens=c.eval_max_response_tokens,
+            temperature=c.eval_temperature, top_p=c.eval_top_p, seed=c.eval_seed,
+            workers=c.eval_workers)
+        return eval_record(self.step_count, split, self.state.train_seconds, self.state.rollouts,
+                           problems, scores, rewards)
+
     def evaluate(self) -> Timed[dict[str, float]]:
-        """Held-out pass@1 per family (rank 0 samples; all ranks record), evals.jsonl rewritten."""
+        """Score every evaluated split (rank 0 samples; all ranks record); evals.jsonl rewritten;
+        the best `val/score_mean` and the evaluations since it updated."""
         started = time.perf_counter()
-        record = None
+        rows = None
         if self.trainer.rank == 0:
-            c = self.config
-            scores, rewards = evaluate_policy(
-                self.trainer.model, self.trainer.tokenizer, self.eval_problems,
-                n=c.eval_samples, max_new_tokens=c.eval_max_response_tokens,
-                temperature=c.eval_temperature, top_p=c.eval_top_p, seed=c.eval_seed,
-                workers=c.eval_workers)
-            record = {"step": self.step_count, "seconds": self.state.train_seconds,
-                      "rollouts": self.state.rollouts, "scores": scores,
-                      "problem_ids": [p.id for p in self.eval_problems],
-                      "pass_at_1": [float((r >= 1.0).mean()) for r in rewards]}
-        record = self.trainer.broadcast(record)
-        metrics = eval_metrics(record)
+            rows = [self._score(split, problems) for split, problems in self.eval_problems.items()]
+        rows = self.trainer.broadcast(rows)
+        metrics: dict[str, float] = {}
+        for row in rows:
+            metrics.update(eval_metrics(row))
         s = self.state
-        value = metrics["eval/pass_at_1_mean"]
-        if s.best_eval is None or value > s.best_eval:
-            s.best_eval, s.evals_since_best = value, 0
-        else:
-            s.evals_since_best += 1
-        s.evals = [e for e in s.evals if e["step"] != record["step"]] + [record]
+        if SELECTION_METRIC in metrics:
+            value = metrics[SELECTION_METRIC]
+            if s.best_eval is None or value > s.best_eval:
+                s.best_eval, s.best_step, s.evals_since_best = value, self.step_count, 0
+            else:
+                s.evals_since_best += 1
+        fresh = {(r["step"], r["split"]) for r in rows}
+        s.evals = [e for e in s.evals if (e["step"], row_split(e)) not in fresh] + rows
         if self.trainer.rank == 0:
             ckpt.atomic_write_text(self.run_dir / "evals.jsonl", evals_jsonl(s.evals))
         return Timed(metrics, time.perf_counter() - started)
@@ -289,8 +323,9 @@ class Run:
 
     # -- the loop ----------------------------------------------------------------------------
     def step(self, driver: Driver) -> dict[str, float]:
-        """One RL step through `driver`: draws until the filter is satisfied, the update, an
-        evaluation when due, a checkpoint when due. Returns the step's metrics."""
+        """One RL step through `driver`: draws until the filter is satisfied (never past the
+        rollouts left), the update, an evaluation when due, a checkpoint when due. Returns the
+        step's metrics."""
         work: dict[str, float] = {}
 
         def stage(name: str, *args: Any) -> Timed[Any]:
@@ -300,7 +335,7 @@ class Run:
 
         collection = None
         if self.trainer.rank == 0:
-            collection = self.trainer.start_collection()
+            collection = self.trainer.start_collection(self.rollouts_left())
             done = False
             while not done:
                 problems = stage("sample_prompts", collection).value
@@ -351,45 +386,39 @@ class Run:
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
-        """Save the last state (if not saved yet) and the policy folder `<run_dir>/policy`;
-        write `<run_dir>/summary.json`; return the summary."""
+        """Save the last state (if not saved yet) and the policy folder `<run_dir>/policy` with
+        its `run.json` (what a continuing run reads); write `<run_dir>/summary.json`; return
+        the summary."""
         saved = ckpt.latest_checkpoint(self.trainer.config.checkpoint_dir)
         if saved is None or ckpt.read_state(saved)["step"] != self.step_count:
             saved = Path(self.checkpoint(force=True).value)
+        t, s = self.trainer, self.state
         summary = {"name": self.config.name, "steps": self.step_count,
-                   "prompts_per_step": self.trainer.config.prompts_per_step,
-                   "rollouts_per_prompt": self.trainer.config.rollouts_per_prompt,
-                   "stopped_by": self.stop_reason(), "rollouts": self.state.rollouts,
-                   "train_seconds": self.state.train_seconds,
-                   "eval_seconds": self.state.eval_seconds,
-                   "checkpoint_seconds": self.state.checkpoint_seconds,
+                   "step_offset": t.step_offset,
+                   "prompts_per_step": t.config.prompts_per_step,
+                   "rollouts_per_prompt": t.config.rollouts_per_prompt,
+                   "stopped_by": self.stop_reason(), "rollouts": s.rollouts,
+                   "train_seconds": s.train_seconds, "eval_seconds": s.eval_seconds,
+                   "checkpoint_seconds": s.checkpoint_seconds,
+                   "best_val_score": s.best_eval, "best_step": s.best_step,
                    "checkpoint": str(saved), "policy": str(self.run_dir / "policy"),
-                   "history": self.state.history}
-        if self.trainer.rank == 0:
+                   "history": s.history}
+        if t.rank == 0:
             from brorl.policy import save_policy
 
-            save_policy(self.trainer.model, self.trainer.tokenizer, self.run_dir / "policy")
+            save_policy(t.model, t.tokenizer, self.run_dir / "policy")
+            record = run_record(t.config.seed, t.global_step, t.sampler.state,
+                                self.config.data_path, len(t.sampler.problems))
+            ckpt.atomic_write_text(self.run_dir / "policy" / RUN_RECORD,
+                                   json.dumps(record, indent=1) + "\n")
             ckpt.atomic_write_text(self.run_dir / "summary.json",
                                    json.dumps(summary, indent=1) + "\n")
         return summary
 
 
-def evals_jsonl(records: Sequence[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in records)
-
-
-def eval_metrics(record: dict[str, Any]) -> dict[str, float]:
-    """`eval/<quantity>_<family>` and `eval/pass_at_1_mean` (the plateau rule's score)."""
-    families = record["scores"]["family"]
-    metrics = {f"eval/{q}_{fam}": v for fam, row in families.items() for q, v in row.items()
-               if q in ("pass_at_1", "reward_mean", "score")}
-    metrics["eval/pass_at_1_mean"] = (sum(r["pass_at_1"] for r in families.values())
-                                      / len(families)) if families else math.nan
-    return metrics
-
-
 def progress_line(name: str, step: int, m: dict[str, float]) -> str:
-    """One human line per step: reward, pass rate, throughput, held-out pass@1 when evaluated."""
+    """One human line per step: reward, pass rate, throughput, held-out scores when evaluated
+    (test per family, validation mean)."""
     parts = [f"{name} step {step}"]
     if "generate/rollouts" in m:
         parts.append(f"{m['generate/rollouts_per_s']:.0f} rollouts/s "
@@ -397,10 +426,12 @@ def progress_line(name: str, step: int, m: dict[str, float]) -> str:
                      f"{int(m['generate/rollouts_total'])} total)")
         parts.append(f"reward {m['verify/reward_mean']:.3f}")
         parts.append(f"pass rate {100 * m['filter/pass_rate']:.0f}%")
-    evals = [f"{k.removeprefix('eval/pass_at_1_')} {v:.2f}" for k, v in sorted(m.items())
-             if k.startswith("eval/pass_at_1_") and k != "eval/pass_at_1_mean"]
-    if evals:
-        parts.append("held-out pass@1 " + " ".join(evals))
+    scores = [f"{k.removeprefix('eval/score_')} {v:.2f}" for k, v in sorted(m.items())
+              if k.startswith("eval/score_") and k != "eval/score_mean"]
+    if scores:
+        parts.append("test score " + " ".join(scores))
+    if SELECTION_METRIC in m:
+        parts.append(f"validation score {m[SELECTION_METRIC]:.3f}")
     if "time/iteration" in m:
         parts.append(f"{m['time/iteration']:.1f} s")
     return " | ".join(parts)

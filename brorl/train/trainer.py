@@ -3,8 +3,9 @@
 A step's parts are public methods that `brorl.train.run.Run` composes (spec §4.2, §7.2, §8):
 1. `start_collection`, `sample_prompts`, `generate_rollouts`, `verify`: draw prompts from the
    seeded cursor, generate N rollouts each (`brorl.engines`), verify them
-   (`brorl.verifiers.verify_batch`); a `Collection` keeps the informative groups
-   (`brorl.algorithm.filtering.InformativeCollector`), refilling up to `filter_max_draws` rounds;
+   (`brorl.verifiers.verify_batch`); a `Collection` keeps the groups the keep rule passes
+   (`brorl.algorithm.filtering.InformativeCollector`), refilling up to `filter_max_draws` rounds,
+   never past the rollouts the run has left (`start_collection(max_rollouts)`);
 2. `update`: advantages over the kept groups (REINFORCE++-baseline or GRPO), old and reference
    log-probs, then `mini_batches_per_step` PPO mini-batches per epoch, each accumulated from
    micro-batches of `micro_batch_rollouts` rows and applied with one optimizer step;
@@ -18,9 +19,12 @@ of each mini-batch, with the same number of backward calls on every rank. The lo
 by the mini-batch's token count over all ranks and multiplied by the world size, because DeepSpeed
 averages gradients over ranks: the update equals one process on the whole mini-batch.
 
-Exact resume: every random choice comes from (seed, step, round) or from the saved cursor, and a
-checkpoint holds weights, optimizer, scheduler, reference, RNG states, cursor, step and the run's
-state; resuming at step k and running m steps gives the weights and metrics of k + m steps.
+Exact resume: every random choice comes from (seed, global step, round) or from the saved cursor,
+and a checkpoint holds weights, optimizer, scheduler, reference, RNG states, cursor, step, step
+offset and the run's state; resuming at step k and running m steps gives the weights and metrics
+of k + m steps. Continuation: a fresh run whose `init_checkpoint` holds a `run.json` (and
+`continue_stream`) takes its global step as `step_offset` and continues its prompt stream
+(`brorl.train.sampler.continue_stream`).
 
 Deliberately ignored: generation sharded over ranks (rank 0 generates: right for one vLLM engine
 per node, wasteful for the hf engine on many ranks), ZeRO-3 (whole parameters are needed for the
@@ -52,7 +56,7 @@ from brorl.train import checkpoint as ckpt
 from brorl.train.config import TrainerConfig
 from brorl.train.ppo import accumulate_mini_batch, score_batch
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
-from brorl.train.sampler import PromptSampler, SamplerState
+from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, read_run_record
 from brorl.types import Problem, RolloutBatch
 from brorl.verifiers import Verdict, verify_batch
 from brorl.verifiers.sandbox import SandboxLimits
@@ -198,6 +202,8 @@ class Trainer:
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(config))
         self.step_count = 0
+        self.step_offset = 0
+        """Global step of the run this one continues (`run.json` of `init_checkpoint`), or 0."""
         self.resumed_state: dict[str, Any] = {}
         """The resumed checkpoint's `run` record (`save_checkpoint(run_state=...)`), or {}."""
         sampler_state = SamplerState()
@@ -206,8 +212,11 @@ class Trainer:
                                         load_optimizer_states=True, load_lr_scheduler_states=True)
             state = ckpt.read_state(self.resumed_from)
             self.step_count, self.resumed_state = state["step"], state.get("run", {})
+            self.step_offset = state.get("step_offset", 0)
             sampler_state = SamplerState(**state["sampler"])
             ckpt.load_rng(self.resumed_from, self.rank)
+        elif config.continue_stream and (record := read_run_record(start)) is not None:
+            self.step_offset, sampler_state = continue_stream(record, config.seed, len(problems))
         self.sampler = PromptSampler(problems, config.seed, sampler_state)
         self.rollout_engine = None
         if self.rank == 0:  # rank 0 generates for everyone
@@ -224,6 +233,12 @@ class Trainer:
         """The policy being trained (DeepSpeed's module)."""
         return self.engine.module
 
+    @property
+    def global_step(self) -> int:
+        """Steps done counting the run this one continues (`step_offset + step_count`): the step
+        every per-step seed derives from, so a continuation never replays its start's seeds."""
+        return self.step_offset + self.step_count
+
     # -- 1. rollouts ------------------------------------------------------------------------
     def sample_prompts(self, count: int) -> list[Problem]:
         """The next `count` problems from the seeded cursor."""
@@ -236,7 +251,7 @@ class Trainer:
         sampling = SamplingConfig(
             temperature=self.config.temperature, top_p=self.config.top_p,
             max_response_tokens=self.config.max_response_tokens,
-            seed=draw_seed(self.config.seed, self.step_count, draw))
+            seed=draw_seed(self.config.seed, self.global_step, draw))
         prompts = [render_prompt(p, self.tokenizer) for p in problems]
         return self.rollout_engine.generate(prompts, self.config.rollouts_per_prompt, sampling)
 
@@ -247,13 +262,17 @@ class Trainer:
         rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float64).view(-1, n)
         return ScoredGroups(tuple(problems), batch, rewards, tuple(v.reason for v in verdicts))
 
-    def start_collection(self) -> Collection:
-        """An empty dynamic-sampling collection for this step (see `Collection`)."""
+    def start_collection(self, max_rollouts: int | None = None) -> Collection:
+        """An empty dynamic-sampling collection for this step (see `Collection`). With
+        `max_rollouts` (the run's remaining budget) no draw brings more than floor(max_rollouts
+        / N) prompts in all, so the step never spends past the budget."""
         c = self.config
+        max_groups = None if max_rollouts is None else max_rollouts // c.rollouts_per_prompt
         return Collection(InformativeCollector(
             c.prompts_per_step, c.filter_max_draws if c.filter_enabled else 1,
             oversample=c.filter_oversample, correct_reward=c.correct_reward,
-            wrong_reward=c.wrong_reward, keep_uniform=not c.filter_enabled))
+            wrong_reward=c.wrong_reward, keep_uniform=not c.filter_enabled,
+            keep_rule=c.keep_rule, max_groups=max_groups))
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's `value` on every rank (a world of one returns it as is)."""
@@ -265,7 +284,7 @@ class Trainer:
 
     # -- 2. the update ----------------------------------------------------------------------
     def _permutations(self, rows: int) -> list[torch.Tensor]:
-        gen = torch.Generator().manual_seed(draw_seed(self.config.seed, self.step_count, 10_007))
+        gen = torch.Generator().manual_seed(draw_seed(self.config.seed, self.global_step, 10_007))
         return [torch.randperm(rows, generator=gen) for _ in range(self.config.epochs_per_step)]
 
     def update(self, groups: ScoredGroups) -> dict[str, float]:
@@ -375,8 +394,9 @@ class Trainer:
             self.tokenizer.save_pretrained(staged / "policy")
             self.reference.save_pretrained(staged / "reference")
             self.tokenizer.save_pretrained(staged / "reference")
-            ckpt.write_state(staged, {"step": self.step_count, "run": run_state or {},
-                                      "sampler": vars(self.sampler.state), "world_size": self.world})
+            ckpt.write_state(staged, {"step": self.step_count, "step_offset": self.step_offset,
+                                      "run": run_state or {}, "world_size": self.world,
+                                      "sampler": vars(self.sampler.state)})
             final = ckpt.commit(root, self.step_count, self.config.keep_checkpoints)
         self._barrier()
         return final

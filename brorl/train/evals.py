@@ -1,0 +1,65 @@
+"""The eval record: one row per (step, split) of a run's held-out evaluations, and its metrics.
+
+`RunState.evals` and `<run_dir>/evals.jsonl` hold these rows (`eval_record`):
+{"step", "split" ("test" | "validation"), "seconds" (training seconds so far, evaluation and
+checkpoints excluded), "rollouts" (generated so far), "scores" (`brorl.evaluate.score_rewards`
+with k_values (1, k), k = samples per instance), "problem_ids", "families", "pass_at_1" (per
+instance: the share of its k samples that are correct, avg@k), "score" (per instance: the
+family's headline quantity, `brorl.evaluate.HEADLINE`, spec §7.1)}. Rows without "split" (older
+files) count as test rows.
+
+`eval_metrics` names a row's figures: test rows `eval/<q>_<family>` (q: pass_at_1, pass_at_<k>,
+reward_mean, score), `eval/score_mean` (the mean over families of the family score) and
+`eval/pass_at_1_mean`; validation rows the same names under `val/`. Model selection and the
+plateau rule read `val/score_mean` only, never a test figure (issue: selection bias).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from brorl.evaluate import instance_scores
+from brorl.types import Problem
+
+PREFIX = {"test": "eval", "validation": "val"}
+"""Metric prefix of each evaluated split."""
+SELECTION_METRIC = "val/score_mean"
+"""The one figure the plateau rule and the best evaluation follow."""
+
+
+def row_split(row: dict[str, Any]) -> str:
+    """The split of an eval row; rows written before splits existed are test rows."""
+    return row.get("split", "test")
+
+
+def eval_record(step: int, split: str, seconds: float, rollouts: int,
+                problems: Sequence[Problem], scores: dict[str, Any],
+                rewards: np.ndarray) -> dict[str, Any]:
+    """One eval row (see the module docstring) from `evaluate_policy`'s scores and rewards."""
+    per = instance_scores(problems, rewards)
+    return {"step": step, "split": split, "seconds": seconds, "rollouts": rollouts,
+            "scores": scores, "problem_ids": [p.id for p in problems],
+            "families": [p.family for p in problems], "pass_at_1": per["pass_at_1"],
+            "score": per["score"]}
+
+
+def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """`<prefix>/<q>_<family>`, `<prefix>/score_mean` and `<prefix>/pass_at_1_mean` of a row."""
+    prefix = PREFIX[row_split(row)]
+    families = row["scores"]["family"]
+    metrics = {f"{prefix}/{q}_{fam}": v for fam, fam_row in families.items()
+               for q, v in fam_row.items()
+               if q in ("reward_mean", "score") or q.startswith("pass_at_")}
+    for q in ("score", "pass_at_1"):
+        values = [fam_row[q] for fam_row in families.values()]
+        metrics[f"{prefix}/{q}_mean"] = sum(values) / len(values) if values else math.nan
+    return metrics
+
+
+def evals_jsonl(rows: Sequence[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
