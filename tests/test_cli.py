@@ -79,3 +79,25 @@ def test_serve_starts_server_then_deploy_with_the_schedule_options_passed_on(mon
                      "--train-cron", "0 2 * * *", "--evaluate-interval", "3600"]]
     bad = runner.invoke(cli.app, ["serve", "--params", CI_PARAMS, "-S", "simulate.bogus=1"])
     assert bad.exit_code == 2 and len(seen) == 1
+
+
+def test_dvc_stages_run_the_checkouts_venv_without_an_activated_environment(tmp_path):
+    """`dvc repro` / `dvc exp run` typed without activating .venv: every stage command starts with
+    scripts/python, which finds the checkout's .venv when PATH has none of its tools."""
+    import shutil
+
+    import yaml
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    commands = [s.get("cmd") or s["do"]["cmd"] for s in stages.values()]
+    assert commands and all(c.startswith("scripts/python ") for c in commands), commands
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy2(ROOT / "scripts" / "python", checkout / "scripts" / "python")
+    (checkout / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no venv on PATH, no BRORL_PYTHON
+    out = subprocess.run([str(checkout / "scripts" / "python"), "-c",
+                          "import sys, prefect; print(sys.prefix)"],
+                         env=bare, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()).resolve() == Path(sys.prefix).resolve()
