@@ -1,6 +1,7 @@
 # brorl: two commands do all setup on a fresh machine.
 #   make run   install into .venv, then reproduce the pipeline (dvc repro) on the CPU default
 #   make test  install into .venv, then run the test suite
+#   make study install into .venv, then the ProRL-vs-BroRL study (docs/study.md, about 2 h)
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -23,7 +24,7 @@ export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-all simulate serve ui bench lock clean-venv
+.PHONY: install run study test test-all simulate serve ui bench lock clean-venv
 
 install: $(STAMP)
 
@@ -53,6 +54,21 @@ run: install
 	@echo "  warm-up and base  outputs/prorl_warmup, outputs/base (metrics/base.json: base pass@1 per family)"
 	@echo "  simulator         outputs/simulate/results.md, outputs/simulate/simulate.png"
 	@echo "  MLflow runs       make ui, then open http://127.0.0.1:5000 (experiment brorl: prorl vs brorl)"
+
+# The study (docs/study.md): dvc repro study_report under one Prefect server, as `make run`.
+# Each run prints the study's progress first (runs done / total, elapsed, ETA); an interrupted
+# study resumes where it stopped (finished runs are skipped, the interrupted one resumes from its
+# checkpoint). BRORL_STUDY_STARTED dates the elapsed time.
+study: install
+	BRORL_STUDY_STARTED=$$(date +%s) $(PY) -m flows.server --pipeline -- $(VENV)/bin/dvc repro study_report
+	@echo
+	@grep -v '^!\[' outputs/study/report.md
+	@echo
+	@echo "Results:"
+	@echo "  study report  outputs/study/report.md (+ report.json, score_vs_rollouts.png, score_vs_seconds.png, sweep.png, warmup.png)"
+	@echo "  runs          outputs/study/runs/n<N>_s<seed> (evals.jsonl, summary.json, checkpoints/)"
+	@echo "  headline      dvc metrics show metrics/study.json"
+	@echo "  MLflow        make ui: the run named study and its child runs (select them, Compare)"
 
 # Debian's chromium for tests/test_mlflow_ui.py (headless screenshots of the MLflow UI): instant
 # when present; if it cannot install (no root, no apt mirror) the other tests still run and that
