@@ -133,24 +133,30 @@ def arm(params: ExperimentParams, runs: list[RunResult], ids: list[str], familie
 
 
 def peak(tables: dict[int, np.ndarray], study: StudyParams) -> dict[str, Any]:
-    """The N of the highest mean score and how often each N is highest when every N's seeds and
-    the shared instances are resampled (`study.resamples` times); the interval is the central
-    `confidence` range of the resampled argmax, in N order. Our choice of peak uncertainty."""
+    """The N of the highest mean score (`tied`: every N sharing that mean) and each N's share of
+    the resamples in which it is highest, seeds (per N) and the shared instances resampled
+    `study.resamples` times (a tie splits the resample between the tied N); the interval is the
+    central `confidence` range of that distribution over N, in N order. Our choice of peak
+    uncertainty."""
     ns = sorted(tables)
-    best = ns[int(np.argmax([tables[n].mean() for n in ns]))]
+    means = np.array([tables[n].mean() for n in ns])
+    tied = [n for n, m in zip(ns, means) if np.isclose(m, means.max(), rtol=0, atol=1e-12)]
     rng = np.random.default_rng(study.bootstrap_seed)
     size = tables[ns[0]].shape[1]
-    picks = np.empty(study.resamples, dtype=int)
-    for k in range(study.resamples):
+    shares = np.zeros(len(ns))
+    for _ in range(study.resamples):
         inst = rng.integers(0, size, size)
-        means = [tables[n][rng.integers(0, len(tables[n]), len(tables[n]))][:, inst].mean()
-                 for n in ns]
-        picks[k] = int(np.argmax(means))
-    tail = 100 * (1 - study.confidence) / 2
-    low, high = np.percentile(picks, [tail, 100 - tail], method="nearest")
-    shares = {str(n): float(np.mean(picks == j)) for j, n in enumerate(ns)}
-    return {"N": best, "share": shares[str(best)], "interval": [ns[int(low)], ns[int(high)]],
-            "shares": shares}
+        m = np.array([tables[n][rng.integers(0, len(tables[n]), len(tables[n]))][:, inst].mean()
+                      for n in ns])
+        top = np.isclose(m, m.max(), rtol=0, atol=1e-12)
+        shares += top / top.sum()
+    shares /= study.resamples
+    tail, cumulative = (1 - study.confidence) / 2, np.cumsum(shares)
+    low = int(np.searchsorted(cumulative, tail - 1e-12, side="right"))
+    high = int(np.searchsorted(cumulative, 1 - tail - 1e-12, side="left"))
+    return {"N": tied[0], "tied": tied, "share": float(shares[ns.index(tied[0])]),
+            "interval": [ns[low], ns[min(high, len(ns) - 1)]],
+            "shares": {str(n): float(x) for n, x in zip(ns, shares)}}
 
 
 def sweep(results: list[RunResult], study: StudyParams, ids: list[str]) -> dict[str, Any] | None:

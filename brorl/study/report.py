@@ -129,10 +129,12 @@ def verdict(r: dict[str, Any]) -> list[str]:
     s = r["sweep"]
     if s is not None:
         pk, first, last = s["peak"], s["points"][0], s["points"][-1]
-        spread = "does not single out one N" if pk["interval"][0] != pk["interval"][1] else \
-            "singles out this N"
+        where = f"peaks at N = {pk['N']}" if len(pk["tied"]) == 1 else \
+            f"ties at N = {', '.join(str(n) for n in pk['tied'])}"
+        spread = "single out this N" if len(pk["tied"]) == 1 and \
+            pk["interval"][0] == pk["interval"][1] else "do not single out one N"
         lines.append(
-            f"The N-sweep's score at the budget peaks at N = {pk['N']} (the highest in "
+            f"The N-sweep's score at the budget {where} (the highest in "
             f"{100 * pk['share']:.0f}% of bootstrap resamples; {100 * r['confidence']:.0f}% "
             f"range of the peak: N = {pk['interval'][0]} to {pk['interval'][1]}): the data "
             f"{spread}. From N = {first['N']} to {last['N']} the pooled pass rate goes from "
@@ -140,7 +142,10 @@ def verdict(r: dict[str, Any]) -> list[str]:
             f"and generation from {first['rollouts_per_s']['mean']:.0f} to "
             f"{last['rollouts_per_s']['mean']:.0f} rollouts/s.")
     t = r["plateau"]["baseline_vs_start"]["paired_test"]
-    if math.isnan(t["p_two_sided"]) or t["p_two_sided"] >= r["alpha"]:
+    if math.isnan(t["p_two_sided"]):
+        lines.append(f"{r['baseline']}: every instance changes by the same amount from the start "
+                     f"({100 * t['delta']:+.2f} points), so the paired test is undefined.")
+    elif t["p_two_sided"] >= r["alpha"]:
         lines.append(f"{r['baseline']} does not change significantly from the start "
                      f"({100 * t['delta']:+.2f} points, p = {t['p_two_sided']:.3g}): consistent "
                      "with the plateau the paper starts from.")
@@ -198,8 +203,9 @@ def headline(r: dict[str, Any]) -> dict[str, float]:
     out = {"delta_rollouts": eq["delta"], "p_rollouts": eq["p_two_sided"], "mde": eq["mde"],
            "delta_time": et["delta"], "p_time": et["p_two_sided"],
            "baseline_gain": start["delta"], "baseline_gain_p": start["p_two_sided"]}
-    if r["sweep"] is not None:
-        out["peak_n"] = r["sweep"]["peak"]["N"]
+    if r["sweep"] is not None:  # NaN when several N tie for the peak
+        peak = r["sweep"]["peak"]
+        out["peak_n"] = peak["N"] if len(peak["tied"]) == 1 else math.nan
     return {k: round(float(v), 4) for k, v in out.items()}
 
 
