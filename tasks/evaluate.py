@@ -12,10 +12,10 @@ from prefect.cache_policies import NO_CACHE
 
 from brorl.base import sample_per_family
 from brorl.data import load_split
-from brorl.evaluate import evaluate_policy
 from brorl.params import ExperimentParams
 from brorl.policy import load_policy
 from brorl.train.checkpoint import latest_checkpoint
+from brorl.train.evals import score_policy
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -37,13 +37,13 @@ def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[
     path = Path(checkpoint) if checkpoint else default_checkpoint(p)
     model, tokenizer = load_policy(path)
     problems = sample_per_family(load_split(tracking.ROOT / p.data.path, "test"),
-                                 p.train.eval_per_family, p.train.seed)
-    scores, rewards = evaluate_policy(
-        model, tokenizer, problems, n=p.train.eval_samples,
-        max_new_tokens=p.generate.max_response_tokens, temperature=p.train.eval_temperature,
-        top_p=p.train.eval_top_p, seed=p.train.seed, workers=p.verify.workers)
-    return {"checkpoint": str(path), "scores": scores, "problem_ids": [q.id for q in problems],
-            "pass_at_1": [float((r >= 1.0).mean()) for r in rewards]}
+                                 p.train.eval_per_family, p.train.eval_seed)
+    row = score_policy(model, tokenizer, problems, split="test", samples=p.train.eval_samples,
+                       temperature=p.train.eval_temperature, top_p=p.train.eval_top_p,
+                       max_new_tokens=p.generate.max_response_tokens, seed=p.train.eval_seed,
+                       workers=p.verify.workers)
+    return {"checkpoint": str(path), **{k: row[k] for k in
+                                        ("scores", "problem_ids", "families", "pass_at_1", "score")}}
 
 
 @task(name="evaluate-record", **_TASK)

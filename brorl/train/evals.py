@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from brorl.evaluate import instance_scores
+from brorl.evaluate import evaluate_policy, instance_scores
 from brorl.types import Problem
 
 PREFIX = {"test": "eval", "validation": "val"}
@@ -46,6 +46,19 @@ def eval_record(step: int, split: str, seconds: float, rollouts: int,
             "scores": scores, "problem_ids": [p.id for p in problems],
             "families": [p.family for p in problems], "pass_at_1": per["pass_at_1"],
             "score": per["score"]}
+
+
+def score_policy(model, tokenizer, problems: Sequence[Problem], *, split: str, samples: int,
+                 temperature: float, top_p: float, max_new_tokens: int, seed: int,
+                 workers: int | None, step: int = 0, seconds: float = 0.0,
+                 rollouts: int = 0) -> dict[str, Any]:
+    """The eval row of a policy: `samples` samples of each instance (avg@k, pass@k beside pass@1)
+    under one seed; the run's evaluations and the `evaluate` flow both score through here."""
+    scores, rewards = evaluate_policy(
+        model, tokenizer, problems, n=samples, k_values=sorted({1, samples}),
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+        workers=workers)
+    return eval_record(step, split, seconds, rollouts, problems, scores, rewards)
 
 
 def eval_metrics(row: dict[str, Any]) -> dict[str, float]:

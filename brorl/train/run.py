@@ -43,9 +43,8 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from brorl.base import sample_per_family
 from brorl.data import load_split
-from brorl.evaluate import evaluate_policy
 from brorl.train import checkpoint as ckpt
-from brorl.train.evals import SELECTION_METRIC, eval_metrics, eval_record, evals_jsonl, row_split
+from brorl.train.evals import SELECTION_METRIC, eval_metrics, evals_jsonl, row_split, score_policy
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.trainer import Collected, Collection, RewardFn, Trainer
@@ -280,14 +279,11 @@ class Run:
     def _score(self, split: str, problems: list[Problem]) -> dict[str, Any]:
         """One eval row: k samples of each instance of `split`, seeded by `eval_seed`."""
         c = self.config
-        k_values = (1,) if c.eval_samples == 1 else (1, c.eval_samples)
-        scores, rewards = evaluate_policy(
-            self.trainer.model, self.trainer.tokenizer, problems, n=c.eval_samples,
-            k_values=k_values, max_new_tokens=c.eval_max_response_tokens,
-            temperature=c.eval_temperature, top_p=c.eval_top_p, seed=c.eval_seed,
-            workers=c.eval_workers)
-        return eval_record(self.step_count, split, self.state.train_seconds, self.state.rollouts,
-                           problems, scores, rewards)
+        return score_policy(self.trainer.model, self.trainer.tokenizer, problems, split=split,
+                            samples=c.eval_samples, temperature=c.eval_temperature,
+                            top_p=c.eval_top_p, max_new_tokens=c.eval_max_response_tokens,
+                            seed=c.eval_seed, workers=c.eval_workers, step=self.step_count,
+                            seconds=self.state.train_seconds, rollouts=self.state.rollouts)
 
     def evaluate(self) -> Timed[dict[str, float]]:
         """Score every evaluated split (rank 0 samples; all ranks record); evals.jsonl rewritten;
