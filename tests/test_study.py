@@ -209,6 +209,7 @@ def _row(step: int, rollouts: int, seconds: float, scores, split: str = "test") 
 
 def _hand_made_study(tmp_path: Path):
     params = load_params(STUDY_CI, [f"study.out_dir={tmp_path}/study", "study.resamples=2000",
+                                    "study.budget_rollouts=128", "study.evaluations=2",
                                     f"train.init_checkpoint={tmp_path}/warmup/policy"])
     for run_id, final in FINAL.items():
         folder = tmp_path / "study" / "runs" / run_id
@@ -310,8 +311,9 @@ def test_the_report_refuses_a_run_that_ended_off_the_budget(tmp_path):
 
 # --- the whole study at CI size under DVC: interrupted and resumed ---------------------------
 
-TIMING = ("seconds", "per_s", "equal_time", "verdict")
-"""Report keys that hold wall-clock figures (or text quoting them): they differ between runs."""
+TIMING = ("seconds", "per_s", "time/", "equal_time", "verdict")
+"""Keys of report and step metrics that hold wall-clock figures (or text quoting them): they
+differ between two runs of the same work."""
 
 
 def _numbers(tree, prefix: str = "") -> dict[str, object]:

@@ -99,7 +99,8 @@ def _test_sentence(t: dict[str, Any], diff: dict[str, float], alpha: float, powe
         return (f"{what}: every instance differs by the same amount ({100 * t['delta']:+.2f} "
                 "points), so the paired test is undefined.")
     sig = t["p_two_sided"] < alpha
-    direction = "higher" if t["delta"] > 0 else "lower"
+    direction = "apart" if round(100 * abs(t["delta"]), 2) == 0 else \
+        "higher" if t["delta"] > 0 else "lower"
     text = (f"{what}: {100 * abs(t['delta']):.2f} points {direction} (paired t over {t['n']} "
             f"instances: p = {t['p_two_sided']:.3g} two-sided, {100 * (1 - alpha):.0f}% CI "
             f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}], d_z = "
