@@ -56,7 +56,8 @@ def study_report(params_path: str, overrides: list[str] | None = None) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> Any:
-    parser = argparse.ArgumentParser(prog="python -m flows.study", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flows.study",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--params", required=True, help="the study's params file")
     parser.add_argument("-S", "--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override one params key")

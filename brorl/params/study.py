@@ -30,7 +30,7 @@ class StudyArm(Section):
 
 
 class StudyParams(Section):
-    """Runs, budget, evaluation schedule and statistics of a study (`brorl.study`, docs/study.md)."""
+    """Runs, budget, evaluations and statistics of a study (`brorl.study`, docs/study.md)."""
 
     arms: dict[str, StudyArm] = {
         "prorl": StudyArm(rollouts_per_prompt=16, prompts_per_step=8),
@@ -73,7 +73,8 @@ class StudyParams(Section):
     @property
     def exponent(self) -> float:
         """alpha of B(N) = B_base (N_base / N)^alpha, the log-linear rule through both arms:
-        log(B_base / B_other) / log(N_other / N_base); 8 x 16 and 2 x 512 give log 4 / log 32 = 0.4."""
+        log(B_base / B_other) / log(N_other / N_base); 8 x 16 and 2 x 512 give
+        log 4 / log 32 = 0.4."""
         a, b = self.arms[self.baseline], self.arms[self.other]
         return math.log(a.prompts_per_step / b.prompts_per_step) / \
             math.log(b.rollouts_per_prompt / a.rollouts_per_prompt)

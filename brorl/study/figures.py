@@ -48,11 +48,12 @@ def curves(arms: dict[str, list[RunResult]], key: str, path: Path, label: str) -
             ys = []
             for r in runs:
                 xs = [float(e[key]) for e in r.evals]
-                ys.append(np.interp(grid, xs, [family_means(e).get(panel, np.nan) for e in r.evals]))
+                ys.append(np.interp(grid, xs,
+                                    [family_means(e).get(panel, np.nan) for e in r.evals]))
             ys = np.array(ys)
             ax = axes[0][col]
-            line = ax.plot(grid, ys.mean(axis=0), label=f"{name} (N={runs[0].run.rollouts_per_prompt},"
-                           f" {len(runs)} seeds)")[0]
+            label_n = f"{name} (N={runs[0].run.rollouts_per_prompt}, {len(runs)} seeds)"
+            line = ax.plot(grid, ys.mean(axis=0), label=label_n)[0]
             ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), alpha=0.2, color=line.get_color())
             ax.set_title(panel)
             ax.set_xlabel(label)
@@ -64,7 +65,7 @@ def curves(arms: dict[str, list[RunResult]], key: str, path: Path, label: str) -
 
 
 def sweep(points: list[dict[str, Any]], peak: dict[str, Any], path: Path) -> Path:
-    """Score at the budget, pooled pass rate and rollouts/s against N (log scale), with intervals."""
+    """Score at the budget, pooled pass rate and rollouts/s against N (log scale), intervals."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     ns = [p["N"] for p in points]

@@ -65,7 +65,8 @@ def plan_runs(study: StudyParams) -> list[StudyRun]:
     for name, arm in study.arms.items():
         for seed in range(arm.seeds):
             arms[(arm.rollouts_per_prompt, seed)] = name
-    sweep = {(n, seed) for n in study.sweep_rollouts_per_prompt for seed in range(study.sweep_seeds)}
+    sweep = {(n, seed) for n in study.sweep_rollouts_per_prompt
+             for seed in range(study.sweep_seeds)}
     keys = sorted(set(arms) | sweep, key=lambda k: (k[1], k[0]))
     return [StudyRun(n, study.prompts_per_step(n), seed, arms.get((n, seed)), (n, seed) in sweep)
             for n, seed in keys]

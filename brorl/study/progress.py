@@ -137,7 +137,8 @@ def _clock(seconds: float) -> str:
 
 
 def progress_line(name: str, run: StudyRun, p: Progress) -> str:
-    """`study <name>: run n64_s1 (N=64, B=5, seed 1) | 7/19 runs done | elapsed 23m10s | ETA 41m`."""
+    """`study <name>: run n64_s1 (N=64, B=5, seed 1) | 7/19 runs done | elapsed 23m10s | ETA
+    41m00s`."""
     eta = _clock(p.eta) if p.eta is not None else "unknown until a run finishes"
     return (f"study {name}: run {run.id} (N={run.rollouts_per_prompt}, B={run.prompts_per_step}, "
             f"seed {run.seed}) | {p.done}/{p.total} runs done | elapsed {_clock(p.elapsed)} "

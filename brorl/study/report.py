@@ -31,7 +31,8 @@ FIGURES = {"rollouts": "score_vs_rollouts.png", "seconds": "score_vs_seconds.png
 
 def load_results(params: ExperimentParams, root: Path) -> list[RunResult]:
     """Every run of the study's plan, read from its folder."""
-    return [RunResult.load(run, root / run_dir(params.study, run)) for run in plan_runs(params.study)]
+    return [RunResult.load(run, root / run_dir(params.study, run))
+            for run in plan_runs(params.study)]
 
 
 def _pts(iv: dict[str, float]) -> str:

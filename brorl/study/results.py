@@ -1,4 +1,4 @@
-"""A study's finished runs read back from their folders: evaluations, per-instance scores, pooled rates.
+"""A study's finished runs read from their folders: evaluations, per-instance scores, pooled rates.
 
 Each run folder holds `summary.json` (per-step metrics in `history`) and `evals.jsonl`, one row
 per (step, split) with per-instance `score` (the family's headline quantity: pass@1 for math and
