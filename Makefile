@@ -1,5 +1,6 @@
 # brorl: two commands do all setup on a fresh machine.
-#   make run   install into .venv, then reproduce the pipeline (dvc repro) on the CPU default
+#   make run   install into .venv, then reproduce the pipeline on the CPU default (dvc repro
+#              simulate compare: every stage but the study's)
 #   make test  install into .venv, then run the test suite
 #   make study install into .venv, then the ProRL-vs-BroRL study (docs/study.md, about 2 h)
 SHELL := /bin/bash
@@ -41,9 +42,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	@touch $(STAMP)
 
 # One Prefect server (PostgreSQL under .cache/prefect when it can run) for the whole dvc repro:
-# every stage reports to it; it stops when dvc ends, fails or is interrupted.
+# every stage reports to it; it stops when dvc ends, fails or is interrupted. The study's stages
+# (two hours) run only under `make study`.
 run: install
-	$(PY) -m flows.server --pipeline -- $(VENV)/bin/dvc repro
+	$(PY) -m flows.server --pipeline -- $(VENV)/bin/dvc repro simulate compare
 	@echo
 	@grep -v '^!\[' outputs/compare/report.md
 	@echo

@@ -57,13 +57,19 @@ def _run_flow(name: str, params: str, overrides: list[str] | None, **extra: Any)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
 
+DEFAULT_STAGES = ("simulate", "compare")
+"""What `brorl run` and `make run` reproduce: every stage up to the ProRL-vs-BroRL comparison and
+the simulator; the study (`make study`, about two hours) only when named."""
+
+
 @app.command()
 def run(stages: Annotated[list[str] | None, typer.Argument(
-            help="DVC stages to reproduce (default: all)")] = None,
+            help="DVC stages to reproduce (default: simulate and compare, every stage but the "
+                 "two-hour study's; `brorl run study_report` runs the study)")] = None,
         params: Annotated[str | None, typer.Option(
             "--params", help="params file the -S overrides apply to (needed with -S)")] = None,
         overrides: Sets = None) -> None:
-    """The whole pipeline: `dvc repro` (with -S: `dvc exp run -S FILE:KEY=VALUE`), every stage
+    """The default pipeline: `dvc repro simulate compare` (with -S: `dvc exp run -S FILE:KEY=VALUE`), every stage
     reporting to one Prefect server started for the run and stopped after it (as `make run`)."""
     overrides = list(overrides or [])
     if overrides and params is None:
@@ -78,7 +84,7 @@ def run(stages: Annotated[list[str] | None, typer.Argument(
         command += ["exp", "run", *(a for o in overrides for a in ("-S", f"{params}:{o}"))]
     else:
         command += ["repro"]
-    raise typer.Exit(server.main(["--pipeline", "--", *command, *(stages or [])]))
+    raise typer.Exit(server.main(["--pipeline", "--", *command, *(stages or DEFAULT_STAGES)]))
 
 
 @app.command()

@@ -62,7 +62,7 @@ def test_run_is_dvc_repro_and_with_overrides_dvc_exp_run(monkeypatch):
                                      "-S", "simulate.num_seeds=4"])
     assert result.exit_code == 0, result.output
     dvc = ["--pipeline", "--", sys.executable, "-m", "dvc"]  # one pipeline server around dvc
-    assert calls == [[*dvc, "repro"],
+    assert calls == [[*dvc, "repro", "simulate", "compare"],  # not the two-hour study
                      [*dvc, "exp", "run", "-S", f"{CI_PARAMS}:simulate.num_seeds=4", "simulate"]]
     assert runner.invoke(cli.app, ["run", "-S", "simulate.num_seeds=4"]).exit_code == 2
 
