@@ -33,15 +33,11 @@ from typing import Any
 
 from brorl.evaluate import HEADLINE
 from brorl.stats import PairedTest, paired_test
+from brorl.evals import read_evals
 
 FAMILIES = ("math", "code", "reasoning")
 ALPHA = 0.05
 """Significance level of the report's wording and intervals (two-sided); our choice."""
-
-
-def is_test(record: dict[str, Any]) -> bool:
-    """Whether an evaluation row scores the test split (rows without "split" predate splits)."""
-    return record.get("split", "test") == "test"
 
 
 @dataclass(frozen=True)
@@ -60,12 +56,11 @@ class ArmResult:
             if not path.is_file():
                 raise FileNotFoundError(f"{path} is missing: train arm {name!r} first "
                                         "(python -m flows.train, or the compare flow).")
-        rows = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
-        last = {r["step"]: r for r in rows if is_test(r)}  # the last row of a step wins
-        if not last:
+        rows = read_evals(evals_path, "test")
+        if not rows:
             raise ValueError(f"{evals_path} has no test rows: evaluate arm {name!r} on the test "
                              "split (train.eval_splits must include \"test\").")
-        return cls(name, json.loads(summary_path.read_text()), [last[k] for k in sorted(last)])
+        return cls(name, json.loads(summary_path.read_text()), rows)
 
     def pooled(self, numerator: str, denominator: str, *, weighted: bool = False) -> float:
         """Sum of `numerator` (times `denominator` when `weighted`: a per-step fraction) over sum

@@ -15,7 +15,7 @@ from brorl.data import load_split
 from brorl.params import ExperimentParams
 from brorl.policy import load_policy
 from brorl.train.checkpoint import latest_checkpoint
-from brorl.train.evals import score_policy
+from brorl.evals import score_policy
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)

@@ -130,7 +130,7 @@ def _fake_run(tmp_path, monkeypatch, rewards, *, eval_sleep: float = 0.0, traine
     def fake_save_policy(model, tokenizer, path):
         Path(path).mkdir(parents=True, exist_ok=True)
 
-    monkeypatch.setattr("brorl.train.evals.evaluate_policy", fake_evaluate)
+    monkeypatch.setattr("brorl.evals.evaluate_policy", fake_evaluate)
     monkeypatch.setattr("brorl.policy.save_policy", fake_save_policy)
     fake = FakeTrainer(config, iter(rewards), trainer_sleep, step_offset)
     changes = {"run_dir": str(tmp_path / "run"), "eval_every": 1, "checkpoint_every": 1,
@@ -230,7 +230,7 @@ def _evaluate_from(monkeypatch, rows: dict[str, list]):
         assert rewards.shape == (len(problems), n)
         return score_rewards(problems, rewards, k_values), rewards
 
-    monkeypatch.setattr("brorl.train.evals.evaluate_policy", fake_evaluate)
+    monkeypatch.setattr("brorl.evals.evaluate_policy", fake_evaluate)
 
 
 def test_an_evaluation_writes_one_row_per_split_with_per_instance_scores(tmp_path, monkeypatch):

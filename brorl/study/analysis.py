@@ -32,8 +32,8 @@ import numpy as np
 
 from brorl.stats import Interval, bootstrap_difference, bootstrap_mean, paired_test
 from brorl.study.plan import run_params
-from brorl.study.results import (FAMILIES, RunResult, instance_order, read_jsonl, split_rows,
-                                 table, values_of)
+from brorl.evals import read_evals
+from brorl.study.results import FAMILIES, RunResult, instance_order, table, values_of
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -95,7 +95,7 @@ def warmup_curve(folder: Path) -> dict[str, Any] | None:
     path = folder / "evals.jsonl"
     if not path.is_file():
         return None
-    rows = split_rows(read_jsonl(path), "validation")
+    rows = read_evals(path, "validation")
     summary = folder / "summary.json"
     start = json.loads(summary.read_text())["steps"] if summary.is_file() else \
         (rows[-1]["step"] if rows else 0)

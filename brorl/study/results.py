@@ -23,19 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from brorl.evals import read_evals
 from brorl.study.plan import StudyRun
 
 FAMILIES = ("math", "code", "reasoning")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def split_rows(rows: list[dict[str, Any]], split: str = "test") -> list[dict[str, Any]]:
-    """The rows of `split` (a row without `split` is a test row), the last one per step, by step."""
-    last = {r["step"]: r for r in rows if r.get("split", "test") == split}
-    return [last[step] for step in sorted(last)]
 
 
 def families_of(row: dict[str, Any]) -> list[str]:
@@ -63,7 +54,7 @@ class RunResult:
                 raise FileNotFoundError(
                     f"{folder / name} is missing: study run {run.id} has not finished; run it "
                     "(dvc repro study_report, or python -m flows.study --run ID).")
-        evals = split_rows(read_jsonl(folder / "evals.jsonl"))
+        evals = read_evals(folder / "evals.jsonl")
         if not evals:
             raise ValueError(f"{folder / 'evals.jsonl'} holds no test evaluation of run {run.id}.")
         return cls(run, json.loads((folder / "summary.json").read_text()), evals)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from brorl.train.checkpoint import atomic_write_text
-from brorl.train.evals import row_split
+from brorl.evals import row_split
 
 
 def _rows(evals: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ exactly where the checkpoint left them (no repeated evaluation rows).
 The budgets are the paper's bookkeeping (spec §4.4, §8): a step never spends past
 `max_rollouts` (its draws are capped at the rollouts left, and the run stops once fewer than N
 remain), and time is the training stages' seconds only (`TRAIN_STAGES`). Evaluations score each
-split of `eval_splits` on fixed instances (`brorl.train.evals` holds the row format); the plateau
+split of `eval_splits` on fixed instances (`brorl.evals` holds the row format); the plateau
 rule follows `val/score_mean` only. A run's end writes `run.json` beside its policy, so a run
 that starts from that policy continues its prompt stream and seeds (`brorl.train.sampler`).
 
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from brorl.base import sample_per_family
 from brorl.data import load_split
 from brorl.train import checkpoint as ckpt
-from brorl.train.evals import SELECTION_METRIC, eval_metrics, evals_jsonl, row_split, score_policy
+from brorl.evals import SELECTION_METRIC, eval_metrics, evals_jsonl, row_split, score_policy
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.trainer import Collected, Collection, RewardFn, Trainer
@@ -127,7 +127,7 @@ class RunState:
     history: list[dict[str, float]] = field(default_factory=list)
     """Per-step metrics, one dict per finished step."""
     evals: list[dict[str, Any]] = field(default_factory=list)
-    """Evaluation rows, one per (step, split) (`brorl.train.evals`)."""
+    """Evaluation rows, one per (step, split) (`brorl.evals`)."""
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> RunState:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,19 @@ SELECTION_METRIC = "val/score_mean"
 def row_split(row: dict[str, Any]) -> str:
     """The split of an eval row; rows written before splits existed are test rows."""
     return row.get("split", "test")
+
+
+def rows_by_step(rows: Sequence[dict[str, Any]], split: str = "test") -> list[dict[str, Any]]:
+    """The rows of `split`, the last one of each step winning (an older file may repeat a
+    step), ordered by step."""
+    last = {r["step"]: r for r in rows if row_split(r) == split}
+    return [last[step] for step in sorted(last)]
+
+
+def read_evals(path: str | Path, split: str = "test") -> list[dict[str, Any]]:
+    """`rows_by_step` of an `evals.jsonl` file."""
+    lines = Path(path).read_text().splitlines()
+    return rows_by_step([json.loads(line) for line in lines if line.strip()], split)
 
 
 def eval_record(step: int, split: str, seconds: float, rollouts: int,
