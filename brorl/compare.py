@@ -247,8 +247,9 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
             "continuous reward for Reasoning (spec §7.1) with its pass@1 beside it; training "
             "time excludes evaluation and checkpoints.", "", table1(arms), "",
             "## Dynamic-sampling pass rate and generation throughput (Table 2 layout, spec §5.5)",
-            "", "Pooled over each arm's steps: kept / generated rollouts, rollouts / generation "
-            "seconds.", "", table2(arms), ""]
+            "", "Pooled over each arm's steps: pass rate = rollouts of the groups the keep rule "
+            "passes / rollouts generated (the active rule, then each rule); rollouts/s = rollouts "
+            "/ generation seconds.", "", table2(arms), ""]
     for test in tests.values():
         text += [f"## Paired test: {test['arm']} - {test['baseline']} (last test evaluation)", "",
                  verdict(test), ""]
