@@ -33,7 +33,7 @@ from typing import Any
 
 from brorl.evaluate import HEADLINE
 from brorl.stats import PairedTest, paired_test
-from brorl.evals import read_evals
+from brorl.evals import read_run
 
 FAMILIES = ("math", "code", "reasoning")
 ALPHA = 0.05
@@ -50,17 +50,9 @@ class ArmResult:
 
     @classmethod
     def load(cls, name: str, run_dir: str | Path) -> ArmResult:
-        run_dir = Path(run_dir)
-        summary_path, evals_path = run_dir / "summary.json", run_dir / "evals.jsonl"
-        for path in (summary_path, evals_path):
-            if not path.is_file():
-                raise FileNotFoundError(f"{path} is missing: train arm {name!r} first "
-                                        "(python -m flows.train, or the compare flow).")
-        rows = read_evals(evals_path, "test")
-        if not rows:
-            raise ValueError(f"{evals_path} has no test rows: evaluate arm {name!r} on the test "
-                             "split (train.eval_splits must include \"test\").")
-        return cls(name, json.loads(summary_path.read_text()), rows)
+        summary, rows = read_run(run_dir, f"train arm {name!r} first (python -m flows.train, or "
+                                          "the compare flow).")
+        return cls(name, summary, rows)
 
     def pooled(self, numerator: str, denominator: str, *, weighted: bool = False) -> float:
         """Sum of `numerator` (times `denominator` when `weighted`: a per-step fraction) over sum

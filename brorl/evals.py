@@ -51,6 +51,22 @@ def read_evals(path: str | Path, split: str = "test") -> list[dict[str, Any]]:
     return rows_by_step([json.loads(line) for line in lines if line.strip()], split)
 
 
+def read_run(folder: str | Path, missing: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A finished run folder's `summary.json` and its test rows by step (`read_evals`).
+
+    `missing` ends the error when a file is absent (how to produce it); a folder without test
+    rows is refused (its run must evaluate the test split)."""
+    folder = Path(folder)
+    for name in ("summary.json", "evals.jsonl"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} is missing: {missing}")
+    rows = read_evals(folder / "evals.jsonl", "test")
+    if not rows:
+        raise ValueError(f"{folder / 'evals.jsonl'} has no test rows: the run must evaluate the "
+                         'test split (train.eval_splits must include "test").')
+    return json.loads((folder / "summary.json").read_text()), rows
+
+
 def eval_record(step: int, split: str, seconds: float, rollouts: int,
                 problems: Sequence[Problem], scores: dict[str, Any],
                 rewards: np.ndarray) -> dict[str, Any]:

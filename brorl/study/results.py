@@ -15,7 +15,6 @@ Deliberately ignored: validation rows (model selection lives in the warm-up, not
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from brorl.evals import read_evals
+from brorl.evals import read_run
 from brorl.study.plan import StudyRun
 
 FAMILIES = ("math", "code", "reasoning")
@@ -49,15 +48,9 @@ class RunResult:
 
     @classmethod
     def load(cls, run: StudyRun, folder: Path) -> RunResult:
-        for name in ("summary.json", "evals.jsonl"):
-            if not (folder / name).is_file():
-                raise FileNotFoundError(
-                    f"{folder / name} is missing: study run {run.id} has not finished; run it "
-                    "(dvc repro study_report, or python -m flows.study --run ID).")
-        evals = read_evals(folder / "evals.jsonl")
-        if not evals:
-            raise ValueError(f"{folder / 'evals.jsonl'} holds no test evaluation of run {run.id}.")
-        return cls(run, json.loads((folder / "summary.json").read_text()), evals)
+        summary, rows = read_run(folder, f"study run {run.id} has not finished; run it (dvc "
+                                         "repro study_report, or python -m flows.study --run ID).")
+        return cls(run, summary, rows)
 
     @property
     def final(self) -> dict[str, Any]:
