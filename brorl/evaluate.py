@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import stats
 
 from brorl.prompts import render_prompt
 from brorl.types import Problem
@@ -120,6 +119,8 @@ def paired_comparison(scores_a: Sequence[float], scores_b: Sequence[float]) -> P
     if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
         raise ValueError(f"need two 1-D score arrays of equal length >= 2 over the same instances, "
                          f"got shapes {a.shape} and {b.shape}.")
+    from scipy import stats  # here: scipy.stats costs a second at import, training never needs it
+
     res = stats.ttest_rel(b, a, alternative="greater")
     return PairedResult(float((b - a).mean()), float(res.statistic), float(res.pvalue), len(a))
 

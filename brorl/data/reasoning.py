@@ -34,8 +34,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import reasoning_gym
-
 from brorl.data.records import make_problem
 from brorl.types import Problem
 
@@ -57,6 +55,8 @@ def reasoning_problems(task: str, *, size: int, seed: int,
     config = dict(config or {})
     if "operators" in config:  # YAML gives lists; reasoning-gym compares operator tuples
         config["operators"] = tuple(config["operators"])
+    import reasoning_gym  # here: a second at import (it loads matplotlib), only data needs it
+
     try:
         items = reasoning_gym.create_dataset(task, seed=seed, size=size, **config)
     except (KeyError, ValueError, TypeError) as err:
