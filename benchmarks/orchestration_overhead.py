@@ -1,6 +1,6 @@
 """What orchestration costs per training step, and per DVC stage: brorl alone against the Prefect flow.
 
-    python benchmarks/orchestration_overhead.py                    # default arms, 4 steps each
+    python benchmarks/orchestration_overhead.py                    # default arms, 10 steps each
     python benchmarks/orchestration_overhead.py --steps 6 --arms prorl
 
 For each arm (params/prorl.yaml, params/brorl.yaml: the CPU defaults), in one run: K steps bare
@@ -39,7 +39,8 @@ import flows  # noqa: E402,F401  (offline, project-local environment defaults)
 
 def per_step(history: list[dict]) -> dict[str, list[float]]:
     """Wall seconds, brorl work, orchestration seconds and share of each trained step."""
-    out: dict[str, list[float]] = {"wall": [], "work": [], "orchestration": [], "share": []}
+    out: dict[str, list[float]] = {"wall": [], "work": [], "orchestration": [], "share": [],
+                                   "on_step": []}
     for m in history:
         if "time/iteration" not in m:
             continue
@@ -50,6 +51,7 @@ def per_step(history: list[dict]) -> dict[str, list[float]]:
         out["work"].append(work)
         out["orchestration"].append(wall - work)
         out["share"].append((wall - work) / wall)
+        out["on_step"].append(m.get("time/on_step", 0.0))
     return out
 
 
@@ -83,7 +85,9 @@ def stage_costs(tmp: Path, api_url: str | None) -> dict[str, float]:
     if api_url:
         env["PREFECT_API_URL"] = api_url
     sets = [f"data.path={tmp / 'data' / 'problems'}", f"tracking.metrics_dir={tmp / 'data'}"]
-    imports = [sys.executable, "-c", "import flows.data, tasks.data, brorl.data, prefect, mlflow"]
+    # what the stage imports, reasoning_gym included (brorl.data loads it only to generate)
+    imports = [sys.executable, "-c",
+               "import flows.data, tasks.data, brorl.data, reasoning_gym, prefect, mlflow"]
     started = time.perf_counter()
     subprocess.run(imports, cwd=ROOT, env=env, check=True, capture_output=True)
     import_s = time.perf_counter() - started
@@ -112,7 +116,8 @@ def summary_line(name: str, values: list[float], unit: str = "s") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=4, help="training steps per arm and mode")
+    parser.add_argument("--steps", type=int, default=10, help="training steps per arm and mode "
+                        "(medians of fewer steps move by 0.05 s between runs)")
     parser.add_argument("--arms", nargs="+", default=["prorl", "brorl"])
     parser.add_argument("--data", default=str(ROOT / "outputs/data/problems"))
     parser.add_argument("--init", default=str(ROOT / "outputs/prorl_warmup/policy"),
@@ -149,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mode:4s} " + summary_line("step", figures["wall"]))
             print(f"       " + summary_line("orchestration", figures["orchestration"]))
             print(f"       " + summary_line("share", figures["share"], "%"))
+            print(f"       " + summary_line("of which observing the step", figures["on_step"]))
         extra = statistics.median(modes["flow"]["wall"]) - statistics.median(modes["bare"]["wall"])
         print(f"  flow - bare, median step: {extra:+.3f} s")
     for name, costs in (("shared server", shared), ("temporary server", temporary)):

@@ -91,6 +91,21 @@ def score_policy(model, tokenizer, problems: Sequence[Problem], *, split: str, s
     return eval_record(step, split, seconds, rollouts, problems, scores, rewards)
 
 
+def read_start(path: str | Path) -> dict[str, Any]:
+    """A start evaluation scored once for several runs from one policy: `{"protocol":
+    Run.eval_protocol(), "rows": [eval rows of step 0]}` (`brorl.study.start`,
+    `Run.train(start=)`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: score the start first (the study's "
+                                "study_start stage, python -m flows.study --start).")
+    start = json.loads(path.read_text())
+    if set(start) != {"protocol", "rows"} or any(r["step"] != 0 for r in start["rows"]):
+        raise ValueError(f"{path}: not a start evaluation (protocol and step-0 rows); score it "
+                         "again (python -m flows.study --start).")
+    return start
+
+
 def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
     """`<prefix>/<q>_<family>`, `<prefix>/score_mean` and `<prefix>/pass_at_1_mean` of a row."""
     prefix = PREFIX[row_split(row)]

@@ -1,14 +1,16 @@
 """Flows of a study (docs/study.md): `study-plan`, `study-run`, `study-report`.
 
     python -m flows.study --params params/study.yaml --plan            # the plan files
+    python -m flows.study --params params/study.yaml --start           # the shared step-0 scores
     python -m flows.study --params params/study.yaml --run n16_s0      # one run
     python -m flows.study --params params/study.yaml --report          # the report
 
-DVC's stages `study_plan`, `study_run@<run>` and `study_report` call these; `make study` runs
+DVC's stages `study_plan`, `study_start`, `study_run@<run>` and `study_report` call these; `make study` runs
 `dvc repro study_report`. Composition only: a `study-run` prints the study's progress, gets the
 run's folder ready (resume an interrupted run, start over a changed one), finds or creates the
 study's MLflow parent run and trains the run as the `train-arm` subflow (each step an
-`iteration`, as every arm), then tags its child run and marks it finished.
+`iteration`, as every arm; its step-0 evaluation the one `study-start` scored for all runs), then
+tags its child run and marks it finished.
 `BRORL_STUDY_STARTED` (epoch seconds, set by `make study`) dates the progress line's elapsed time.
 """
 
@@ -34,6 +36,12 @@ def study_plan(params_path: str, overrides: list[str] | None = None) -> list[str
     return s.plan(load_params(params_path, overrides or []).model_dump(mode="json"))
 
 
+@flow(name="study-start")
+def study_start(params_path: str, overrides: list[str] | None = None) -> str:
+    """Score the step-0 evaluation every run shares; its file."""
+    return s.score_start(load_params(params_path, overrides or []).model_dump(mode="json"))
+
+
 @flow(name="study-run", flow_run_name="{run}")
 def study_run(params_path: str, run: str, overrides: list[str] | None = None,
               started: float | None = None) -> dict[str, Any]:
@@ -41,7 +49,8 @@ def study_run(params_path: str, run: str, overrides: list[str] | None = None,
     params = load_params(params_path, overrides or []).model_dump(mode="json")
     prepared = s.prepare_run(params, run, started)
     parent = s.parent_run(params)
-    summary = train_arm(prepared["params"], prepared["params"]["name"], parent_run_id=parent)
+    summary = train_arm(prepared["params"], prepared["params"]["name"], parent_run_id=parent,
+                        start=prepared["start"])
     s.finish_run(prepared, summary)
     return summary
 
@@ -63,6 +72,8 @@ def main(argv: list[str] | None = None) -> Any:
                         metavar="KEY=VALUE", help="override one params key")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--plan", action="store_true", help="write the plan files")
+    mode.add_argument("--start", action="store_true",
+                      help="score the step-0 evaluation every run shares")
     mode.add_argument("--run", metavar="RUN", help="train one run, e.g. n16_s0")
     mode.add_argument("--report", action="store_true", help="write the report")
     args = parser.parse_args(argv)
@@ -77,6 +88,8 @@ def main(argv: list[str] | None = None) -> Any:
     with prefect_settings():  # no heartbeat thread joined at the end of each flow run
         if args.plan:
             return study_plan(args.params, args.overrides)
+        if args.start:
+            return study_start(args.params, args.overrides)
         if args.run:
             return study_run(args.params, args.run, args.overrides,
                              float(started) if started else None)

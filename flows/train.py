@@ -4,7 +4,8 @@ Composition only. The loop is the library's (`brorl.train.Run.train`, the same o
 brorl.train` runs: stop rules, evaluation and checkpoint schedules, resume); this flow drives it
 with `PrefectDriver`: each step is an `iteration` subflow whose stages (sample_prompts ->
 generate_rollouts -> verify -> filter, repeated while dynamic sampling refills, -> ppo_update ->
-evaluate when due -> checkpoint) are tasks, and each finished step's metrics go to MLflow.
+evaluate when due -> checkpoint when due) are tasks, and each finished step's metrics go to MLflow
+(queued from the flow itself, not a task).
 A rerun resumes from the newest checkpoint into the same MLflow run.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 from prefect import flow
 from prefect.utilities.annotations import quote
 
+from brorl.evals import read_start
 from brorl.params import load_params
 from brorl.train import Run, Timed
 from flows import prefect_settings
@@ -48,14 +50,16 @@ class PrefectDriver:
 
 
 @flow(name="train-arm", flow_run_name="{name}")
-def train_arm(params: dict[str, Any], name: str, parent_run_id: str | None = None) -> dict:
-    """Train one arm from resolved params; returns the run summary."""
+def train_arm(params: dict[str, Any], name: str, parent_run_id: str | None = None,
+              start: str | None = None) -> dict:
+    """Train one arm from resolved params; returns the run summary. `start`: the file of its
+    step-0 evaluation already scored (`brorl.evals.read_start`, `brorl.train.Run.train`)."""
     run = t.open_run(params)
     tracker = None
     try:
         tracker = t.start_tracking(run, params, parent_run_id)
         with prefect_settings():  # no heartbeat thread to join at each iteration's end
-            run.train(PrefectDriver(tracker))
+            run.train(PrefectDriver(tracker), start=read_start(start) if start else None)
         return t.finish_run(run, tracker, params)
     except BaseException:
         t.fail_run(tracker)

@@ -22,6 +22,8 @@ from brorl.params import ExperimentParams
 from brorl.study import find_run, run_dir, run_params, write_plan
 from brorl.study import progress as prog
 from brorl.study.report import build_report, headline
+from brorl.study.start import score_start as score_start_rows
+from brorl.study.start import start_path
 from brorl.train.checkpoint import atomic_write_text
 from tasks import tracking
 
@@ -32,6 +34,16 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 def plan(params: dict[str, Any]) -> list[str]:
     """Write the plan files (`<out_dir>/plan/`); the run ids."""
     return write_plan(ExperimentParams.model_validate(params), tracking.ROOT)
+
+
+@task(name="study-start", **_TASK)
+def score_start(params: dict[str, Any]) -> str:
+    """Score the start evaluation every run shares; its file (`brorl.study.start`)."""
+    p = ExperimentParams.model_validate(params)
+    path = tracking.ROOT / start_path(p.study)
+    start = score_start_rows(p, tracking.ROOT)
+    atomic_write_text(path, json.dumps(start, indent=1, sort_keys=True) + "\n")
+    return str(path)
 
 
 @task(name="study-prepare-run", **_TASK)
@@ -52,7 +64,8 @@ def prepare_run(params: dict[str, Any], run_id: str, started: float | None) -> d
     tags = {"study": p.name, "N": str(run.rollouts_per_prompt), "B": str(run.prompts_per_step),
             "seed": str(run.seed), "arm": run.arm or "sweep", "in_sweep": str(run.in_sweep)}
     return {"params": rp.model_dump(mode="json"), "tags": tags, "action": done.action,
-            "folder": str(folder), "started": time.monotonic()}
+            "folder": str(folder), "started": time.monotonic(),
+            "start": str(tracking.ROOT / start_path(p.study))}
 
 
 @task(name="study-parent-run", **_TASK)

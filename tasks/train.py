@@ -104,8 +104,8 @@ def ppo_update(run: Run, collection: Collection | None) -> Timed:
 
 
 @task(name="evaluate", **_TASK)
-def evaluate(run: Run) -> Timed:
-    return run.evaluate()
+def evaluate(run: Run, rows: list | None = None) -> Timed:
+    return run.evaluate(rows)
 
 
 @task(name="checkpoint", **_TASK)
@@ -119,9 +119,10 @@ STAGES = {"sample_prompts": sample_prompts, "generate_rollouts": generate_rollou
 """Stage method name of `brorl.train.Run` -> its task."""
 
 
-@task(name="log-step", **_TASK)
 def log_step(tracker: Tracker, step: int, metrics: dict[str, float], name: str) -> None:
-    """A step's metrics to MLflow in one asynchronous batch; a progress line to the flow log."""
+    """A step's metrics to MLflow in one asynchronous batch; a progress line to the flow log.
+    Not a task: it runs once per step in the flow's own context and only queues (a task run
+    would cost more than the call)."""
     tracking.log_metric_series(tracker.tracking_uri, tracker.run_id, [step],
                                {k: [v] for k, v in metrics.items()}, synchronous=False)
     get_run_logger().info(progress_line(name, step, metrics))

@@ -285,6 +285,43 @@ def test_the_plateau_rule_follows_validation_scores_and_ignores_test_scores(
     assert (run.stop_reason() == "plateau") == (trail[-1] >= 2)
 
 
+def test_a_shared_start_evaluation_is_recorded_as_scored_and_refused_under_another_protocol(
+        tmp_path, monkeypatch):
+    """A study scores its runs' common step-0 evaluation once: a run given those rows records
+    them (no scoring at step 0) exactly as it would have scored them; rows of another protocol
+    (here another sampling seed) are refused."""
+    import brorl.evals
+
+    def fake(folder, **changes):
+        run = _fake_run(tmp_path / folder, monkeypatch, itertools.repeat(MIXED), steps=2,
+                        **changes)
+        torch.manual_seed(0)
+        run.trainer.model = torch.nn.Linear(2, 2)  # the same weights in every run
+        return run
+
+    scored = fake("scored")
+    start = {"protocol": scored.eval_protocol(), "rows": None}
+    scored.train()
+    start["rows"] = [r for r in scored.state.evals if r["step"] == 0]
+    assert len(start["rows"]) == 1
+
+    reused, calls = fake("reused"), []
+    inner = brorl.evals.evaluate_policy
+    monkeypatch.setattr("brorl.evals.evaluate_policy",
+                        lambda *a, **k: calls.append(1) or inner(*a, **k))
+    reused.train(start=json.loads(json.dumps(start)))
+    assert len(calls) == 2  # steps 1 and 2 only
+    assert reused.state.evals[0] == start["rows"][0]
+    assert [(r["step"], r["pass_at_1"]) for r in reused.state.evals] == \
+        [(r["step"], r["pass_at_1"]) for r in scored.state.evals]
+    assert json.loads((tmp_path / "reused" / "run" / "evals.jsonl").read_text().splitlines()[0]) \
+        == start["rows"][0]
+
+    other = fake("other", eval_seed=1)
+    with pytest.raises(ValueError, match="scored under another policy, instances or sampling"):
+        other.train(start=start)
+
+
 def test_run_state_round_trips_through_a_checkpoint_record():
     state = RunState(rollouts=10, train_seconds=1.5, best_eval=0.3, best_step=4,
                      evals_since_best=1, history=[{"train/step": 1.0}], evals=[{"step": 1}])

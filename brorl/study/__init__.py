@@ -2,6 +2,7 @@
 an equal rollout budget (issue: "A ProRL-vs-BroRL study that can be believed"; docs/study.md).
 
 - `plan`: the runs of `params.study` and each run's resolved params; the plan files DVC reads.
+- `start`: the step-0 evaluation every run shares, scored once.
 - `progress`: a run folder between sessions (resume, redo, start) and the study's progress line.
 - `results`: the finished runs read back from their folders (per-instance scores, pooled rates).
 - `analysis`: every number of the report, with `brorl.stats` (bootstrap intervals, paired tests).

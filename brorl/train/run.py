@@ -47,7 +47,7 @@ from brorl.train import checkpoint as ckpt
 from brorl.evals import SELECTION_METRIC, eval_metrics, evals_jsonl, row_split, score_policy
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
-from brorl.train.trainer import Collected, Collection, RewardFn, Trainer
+from brorl.train.trainer import Collected, Collection, RewardFn, Trainer, parameter_digest
 from brorl.types import Problem, RolloutBatch
 
 if TYPE_CHECKING:
@@ -276,6 +276,18 @@ class Run:
         metrics = self.trainer.end_step(metrics)
         return Timed(metrics, time.perf_counter() - started)
 
+    def eval_protocol(self) -> dict[str, Any]:
+        """What this run's evaluation rows depend on besides its training: the policy's weights
+        now, the instances of each split, the sampling. Runs with equal protocols at step 0 score
+        the same rows (a study's runs share one start evaluation, `train(start=)`)."""
+        c = self.config
+        return {"policy": parameter_digest(self.trainer.model),
+                "instances": {split: [p.id for p in problems]
+                              for split, problems in self.eval_problems.items()},
+                "samples": c.eval_samples, "temperature": c.eval_temperature,
+                "top_p": c.eval_top_p, "max_response_tokens": c.eval_max_response_tokens,
+                "seed": c.eval_seed}
+
     def _score(self, split: str, problems: list[Problem]) -> dict[str, Any]:
         """One eval row: k samples of each instance of `split`, seeded by `eval_seed`."""
         c = self.config
@@ -285,12 +297,13 @@ class Run:
                             seed=c.eval_seed, workers=c.eval_workers, step=self.step_count,
                             seconds=self.state.train_seconds, rollouts=self.state.rollouts)
 
-    def evaluate(self) -> Timed[dict[str, float]]:
+    def evaluate(self, rows: list[dict[str, Any]] | None = None) -> Timed[dict[str, float]]:
         """Score every evaluated split (rank 0 samples; all ranks record); evals.jsonl rewritten;
-        the best `val/score_mean` and the evaluations since it updated."""
+        the best `val/score_mean` and the evaluations since it updated. `rows`: this step's
+        rows scored elsewhere under this run's `eval_protocol` (`train(start=)`), recorded as
+        they are."""
         started = time.perf_counter()
-        rows = None
-        if self.trainer.rank == 0:
+        if self.trainer.rank == 0 and rows is None:
             rows = [self._score(split, problems) for split, problems in self.eval_problems.items()]
         rows = self.trainer.broadcast(rows)
         metrics: dict[str, float] = {}
@@ -320,8 +333,8 @@ class Run:
     # -- the loop ----------------------------------------------------------------------------
     def step(self, driver: Driver) -> dict[str, float]:
         """One RL step through `driver`: draws until the filter is satisfied (never past the
-        rollouts left), the update, an evaluation when due, a checkpoint when due. Returns the
-        step's metrics."""
+        rollouts left), the update, an evaluation when due, a checkpoint when due (each of the
+        two a stage only on the steps it is due). Returns the step's metrics."""
         work: dict[str, float] = {}
 
         def stage(name: str, *args: Any) -> Timed[Any]:
@@ -350,19 +363,31 @@ class Run:
             metrics.update(stage("evaluate").value)
             s.eval_seconds += work["evaluate"]
         s.history.append(metrics)  # before the checkpoint, so a resume keeps it
-        stage("checkpoint")
-        s.checkpoint_seconds += work["checkpoint"]
+        if self.checkpoint_due():  # a stage (a task in the flow) only when one is taken
+            stage("checkpoint")
+            s.checkpoint_seconds += work["checkpoint"]
         metrics.update({f"time/{name}": seconds for name, seconds in work.items()})
         return metrics
 
-    def train(self, driver: Driver | None = None, max_steps: int | None = None) -> dict[str, Any]:
+    def train(self, driver: Driver | None = None, max_steps: int | None = None,
+              start: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Evaluate the start (a fresh run), then step until a stop rule fires (or `max_steps`
-        more steps ran); save the last state; return the run's summary (`finish`)."""
+        more steps ran); save the last state; return the run's summary (`finish`).
+        `start`: the start's evaluation already scored (`{"protocol": eval_protocol(), "rows":
+        [...]}` of a run from the same policy), recorded instead of scored again; refused if
+        its protocol is not this run's."""
         driver = driver or Direct()
         if self.trainer.rank == 0:  # a resumed run drops records of steps after its checkpoint
             ckpt.atomic_write_text(self.run_dir / "evals.jsonl", evals_jsonl(self.state.evals))
         if self.step_count == 0 and not self.state.evals:
-            first = driver.stage(self, "evaluate")
+            args: tuple[Any, ...] = ()
+            if start is not None:
+                if start["protocol"] != self.eval_protocol():
+                    raise ValueError(f"{self.config.name}: the start evaluation given was scored "
+                                     "under another policy, instances or sampling than this "
+                                     "run's; score it again from this run's params.")
+                args = ([dict(row) for row in start["rows"]],)
+            first = driver.stage(self, "evaluate", *args)
             self.state.eval_seconds += first.seconds
             driver.on_step(self, {"train/step": 0.0, **first.value,
                                   "time/evaluate": first.seconds})

@@ -1,0 +1,41 @@
+"""The study's start evaluation, scored once for all its runs.
+
+Every run of a study starts from the warm-up policy and is evaluated at step 0 on the same test
+instances with the same sampling seed: the same rows in every run (`Run.eval_protocol` is equal).
+The `study_start` stage scores them once (`score_start`, written to `<out_dir>/start/start.json`),
+and each run records them as its step-0 evaluation (`Run.train(start=)`, which refuses rows of
+another protocol) instead of spending about half a minute per run scoring them again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from brorl.study.plan import plan_runs, run_params
+
+if TYPE_CHECKING:
+    from brorl.params import ExperimentParams
+    from brorl.params.study import StudyParams
+
+START_DIR = "start"
+START_FILE = "start.json"
+
+
+def start_path(study: StudyParams) -> str:
+    """`<out_dir>/start/start.json`."""
+    return f"{study.out_dir}/{START_DIR}/{START_FILE}"
+
+
+def score_start(params: ExperimentParams, root: Path | str = ".") -> dict[str, Any]:
+    """The step-0 evaluation of the study's first run (any run would do: they share the
+    protocol), scored in `<out_dir>/start/` (its evals.jsonl): `{"protocol", "rows"}`."""
+    from brorl.params import ExperimentParams
+    from brorl.train import Run
+
+    tree = run_params(params, plan_runs(params.study)[0]).model_dump(mode="json")
+    folder = f"{params.study.out_dir}/{START_DIR}"
+    tree["train"].update(run_dir=folder, checkpoint_dir=f"{folder}/checkpoints")
+    run = Run.open(ExperimentParams.model_validate(tree), root, resume=False)
+    run.evaluate()
+    return {"protocol": run.eval_protocol(), "rows": run.state.evals}
