@@ -54,23 +54,33 @@ class ArmResult:
                                           "the compare flow).")
         return cls(name, summary, rows)
 
-    def pooled(self, numerator: str, denominator: str, *, weighted: bool = False) -> float:
-        """Sum of `numerator` (times `denominator` when `weighted`: a per-step fraction) over sum
-        of `denominator`, over the steps that logged both; NaN when none did."""
-        steps = [m for m in self.summary.get("history", [])
-                 if numerator in m and denominator in m]
-        total = sum(m[denominator] for m in steps)
-        if not total:
-            return math.nan
-        return sum(m[numerator] * (m[denominator] if weighted else 1) for m in steps) / total
-
     def pass_rate(self, key: str = "filter/pass_rate") -> float:
-        """Pooled pass rate: sum(rate x rollouts generated) / sum(rollouts generated)."""
-        return self.pooled(key, "filter/rollouts_generated", weighted=True)
+        return pooled_pass_rate(self.summary.get("history", []), key)
 
     def throughput(self) -> float:
-        """Pooled generation throughput: sum(rollouts) / sum(generation seconds)."""
-        return self.pooled("generate/rollouts", "generate/seconds")
+        return pooled_throughput(self.summary.get("history", []))
+
+
+def pooled(history: list[dict[str, float]], numerator: str, denominator: str, *,
+           weighted: bool = False) -> float:
+    """Sum of `numerator` (times `denominator` when `weighted`: a per-step fraction) over sum
+    of `denominator`, over the steps that logged both; NaN when none did."""
+    steps = [m for m in history if numerator in m and denominator in m]
+    total = sum(m[denominator] for m in steps)
+    if not total:
+        return math.nan
+    return sum(m[numerator] * (m[denominator] if weighted else 1) for m in steps) / total
+
+
+def pooled_pass_rate(history: list[dict[str, float]], key: str = "filter/pass_rate") -> float:
+    """A run's pooled pass rate from its per-step metrics: sum(rate x rollouts generated) /
+    sum(rollouts generated)."""
+    return pooled(history, key, "filter/rollouts_generated", weighted=True)
+
+
+def pooled_throughput(history: list[dict[str, float]]) -> float:
+    """A run's pooled generation throughput: sum(rollouts) / sum(generation seconds)."""
+    return pooled(history, "generate/rollouts", "generate/seconds")
 
 
 def family_value(record: dict[str, Any], family: str, quantity: str = "score") -> float:

@@ -15,13 +15,13 @@ Deliberately ignored: validation rows (model selection lives in the warm-up, not
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from brorl.compare import pooled_pass_rate, pooled_throughput
 from brorl.evals import read_run
 from brorl.study.plan import StudyRun
 
@@ -60,26 +60,15 @@ class RunResult:
     def train_seconds(self) -> float:
         return float(self.summary.get("train_seconds", self.final["seconds"]))
 
-    def _steps(self) -> list[dict[str, float]]:
-        return [m for m in self.summary.get("history", []) if "generate/rollouts" in m]
-
     @property
     def pass_rate(self) -> float:
         """Pooled dynamic-sampling pass rate (`filter/pass_rate`, the active keep rule)."""
-        steps = [m for m in self._steps() if "filter/pass_rate" in m]
-        generated = [m.get("filter/rollouts_generated", m["generate/rollouts"]) for m in steps]
-        total = sum(generated)
-        return sum(m["filter/pass_rate"] * g for m, g in zip(steps, generated)) / total \
-            if total else math.nan
+        return pooled_pass_rate(self.summary.get("history", []))
 
     @property
     def rollouts_per_s(self) -> float:
         """Pooled generation throughput: rollouts / generation seconds over the run's steps."""
-        steps = self._steps()
-        rollouts = sum(m["generate/rollouts"] for m in steps)
-        seconds = sum(m["generate/seconds"] if "generate/seconds" in m
-                      else m["generate/rollouts"] / m["generate/rollouts_per_s"] for m in steps)
-        return rollouts / seconds if seconds else math.nan
+        return pooled_throughput(self.summary.get("history", []))
 
     def at(self, key: str, x: float) -> dict[str, float]:
         """Instance id -> score at `key` (`rollouts` or `seconds`) = x, linear between the two
