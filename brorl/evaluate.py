@@ -1,4 +1,4 @@
-"""Evaluation primitives: unbiased pass@k, per-task and per-family scores, paired comparison.
+"""Evaluation primitives: unbiased pass@k, per-task and per-family scores, per-instance scores.
 
 - `pass_at_k(n, c, k)`: the unbiased estimator of Chen et al. (2021, Codex) from n samples with c
   correct, 1 - C(n-c, k) / C(n, k), computed as a stable product (no huge binomials).
@@ -9,8 +9,7 @@
   pass@1 for math and code and the mean continuous reward for reasoning (spec §7.1 protocol).
 - `instance_scores`: the same per instance (avg@k pass@1 and the headline score), the unit of the
   paired tests and of the bootstrap over instances.
-- `paired_comparison`: a paired t-test over the same instances, one-tailed that B beats A, as the
-  paper's §4.2.2 (spec §5.3: Delta = 0.0033, t = 4.84 over > 10,000 instances).
+  Paired tests over them live in `brorl.stats.paired_test`.
 - `evaluate_policy`: render with `brorl.prompts`, sample with plain transformers generation,
   score with `brorl.verifiers.verify_batch` (the same code as the RL reward).
 
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -98,31 +96,6 @@ def instance_scores(problems: Sequence[Problem], rewards: np.ndarray,
     per = problem_scores(rewards, (1,), success_threshold)
     return {"pass_at_1": per["pass_at_1"].tolist(),
             "score": [float(per[HEADLINE[p.family]][i]) for i, p in enumerate(problems)]}
-
-
-@dataclass(frozen=True)
-class PairedResult:
-    """Paired comparison of B against A: `delta` = mean(B - A), Student t, one-tailed p (B > A)."""
-
-    delta: float
-    t: float
-    p_one_tailed: float
-    n: int
-
-
-def paired_comparison(scores_a: Sequence[float], scores_b: Sequence[float]) -> PairedResult:
-    """Paired t-test over the same instances (`scipy.stats.ttest_rel`), H1: B's mean is higher.
-
-    t and p are NaN when every difference is equal (zero variance): the test is undefined there.
-    """
-    a, b = np.asarray(scores_a, dtype=float), np.asarray(scores_b, dtype=float)
-    if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
-        raise ValueError(f"need two 1-D score arrays of equal length >= 2 over the same instances, "
-                         f"got shapes {a.shape} and {b.shape}.")
-    from scipy import stats  # here: scipy.stats costs a second at import, training never needs it
-
-    res = stats.ttest_rel(b, a, alternative="greater")
-    return PairedResult(float((b - a).mean()), float(res.statistic), float(res.pvalue), len(a))
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Evaluation primitives: pass@k against brute force, scores by hand, the paired t-test."""
+"""Evaluation primitives: pass@k against brute force, scores by hand."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from brorl.data import make_problem
 from brorl.evaluate import (
     instance_scores,
-    paired_comparison,
     pass_at_k,
     problem_scores,
     score_rewards,
@@ -69,28 +67,6 @@ def test_family_score_is_mean_of_its_tasks_and_headline_follows_the_paper():
     assert scores["family"]["reasoning"]["score"] == 0.75
     assert scores["family"]["reasoning"]["pass_at_1"] == 0.5
     assert scores["overall"]["score"] == pytest.approx((0.5 + 0.75) / 2)
-
-
-def test_paired_comparison_matches_hand_computed_t():
-    a = [0.0, 0.0, 1.0, 0.5, 0.25]
-    b = [0.5, 0.0, 1.0, 1.0, 0.5]
-    # d = [.5, 0, 0, .5, .25], mean .25; d - .25 = [.25, -.25, -.25, .25, 0], squares sum .25;
-    # sample sd = sqrt(.25 / 4) = .25, so t = .25 / (.25 / sqrt(5)) = sqrt(5)
-    t = math.sqrt(5)
-    res = paired_comparison(a, b)
-    assert res.delta == pytest.approx(0.25) and res.t == pytest.approx(t) and res.n == 5
-    assert res.p_one_tailed == pytest.approx(stats.t.sf(t, df=4))
-    assert paired_comparison(b, a).p_one_tailed == pytest.approx(1 - res.p_one_tailed)
-
-
-def test_paired_comparison_detects_a_small_shift_over_many_instances():
-    rng = np.random.default_rng(0)
-    a = rng.random(4000)
-    b = np.clip(a + 0.01 + rng.normal(0, 0.05, 4000), 0, 1)  # B better by about 0.01
-    res = paired_comparison(a, b)
-    assert res.delta > 0 and res.p_one_tailed < 1e-6
-    with pytest.raises(ValueError, match="equal length"):
-        paired_comparison([1.0, 0.0], [1.0])
 
 
 def test_instance_scores_give_avg_at_k_and_each_familys_headline():

@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from brorl.data.math import generate_math
-from brorl.evaluate import evaluate_policy, paired_comparison
+from brorl.evaluate import evaluate_policy
 from brorl.params import load_params
 from brorl.policy import load_policy
 from brorl.servers import free_port
+from brorl.stats import paired_test
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
 from brorl.verifiers import Verdict
 
@@ -108,7 +109,7 @@ def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, easy_split, 
     seeds +0.037 to +0.062. It sits on the problems whose answer is one of the ~40 numbers the RL
     prompts rewarded (0.11 -> 0.20; the other half stay at 0.09), and T 1.0 shrinks it. On 50
     problems the paired standard error is ~0.02, so a +0.03 margin failed on 6 of 6 seeds; on
-    1000 it is ~0.009, and `paired_comparison` (the paper's test) must also call it no noise."""
+    1000 it is ~0.009, and `paired_test` (the paper's paired t-test) must also call it no noise."""
     run = _run(_config(easy_base, tmp_path / "ck", prompts_per_step=8, rollouts_per_prompt=16,
                        reference_reset_every=None), easy_split.train, tmp_path / "run",
                checkpoint_every=100)
@@ -130,8 +131,8 @@ def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, easy_split, 
     rewards = [m["verify/reward_mean"] for m in history]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
     assert last > first + 0.03, rewards
-    held = paired_comparison(before, after)
-    assert held.delta > 0.03 and held.p_one_tailed < 0.01, held
+    held = paired_test(before, after)
+    assert held.delta > 0.03 and held.p_one_sided < 0.01, held
 
 
 def test_resume_after_k_steps_gives_the_weights_and_metrics_of_k_plus_m(easy_base, easy_split,
