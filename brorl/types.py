@@ -16,8 +16,9 @@ Family = Literal["math", "code", "reasoning"]
 class Problem:
     """One verifiable problem, the same record for every family.
 
-    `answer` is the reference answer (math, reasoning); `tests` are code test cases, each a
-    Python snippet of asserts run after the candidate's code. `metadata` is JSON-serialisable
+    `answer` is the reference answer (math, reasoning); `tests` are code test cases, each one
+    `assert` of a form the judge checks outside the sandbox (`assert f(2) == 5`,
+    `brorl.verifiers.checks`). `metadata` is JSON-serialisable
     (reasoning-gym's scorer needs its entry's metadata).
     """
 

@@ -176,3 +176,13 @@ def test_the_tiny_params_hold_100_test_instances_per_family():
     counts = split_counts(make_splits(DataConfig.from_params(params.data)))
     assert all(counts[f"test/{f}"] >= 100 for f in ("math", "code", "reasoning")), counts
     assert counts["test/total"] >= 300
+
+
+def test_code_jsonl_refuses_tests_the_judge_cannot_check_outside_the_sandbox(tmp_path):
+    path = _write_jsonl(tmp_path / "odd.jsonl", [
+        {"statement": "Return 1.", "tests": ["assert f() == 1"]},
+        {"statement": "Return 1.", "tests": ["assert f() == 1", "x = f()\nassert x == 1"]},
+    ])
+    with pytest.raises(ValueError, match=r"odd.jsonl:2: code test 'x = f\(\)\\nassert x == 1' "
+                                         r"has a form the judge cannot check.*write it as"):
+        load_code_jsonl(path)

@@ -1,12 +1,13 @@
-"""The code sandbox against a hostile-code corpus (issue 3, item 3).
+"""The code sandbox's limits and isolation, one property per test (issue 3, item 3; issue 13).
 
 Each hostile candidate must get reward 0 within its time limit and leave the test process (the
-verifier's parent) unharmed: the issue's corpus is an infinite loop, a fork bomb, a memory bomb,
-huge output, writing outside its directory, reading environment variables, opening a socket and
-killing its parent, each a candidate that would pass its trivial test only if the attack worked.
-Isolation that needs root (the uid drop, the mount namespace) or a network namespace is asserted
-where `capabilities()` says it holds (as root, on this project's machines, all of it), and
-skipped, with the reason, where it does not.
+verifier's parent) unharmed: an infinite loop, a fork bomb, a memory bomb, huge output, writing
+outside its directory, reading environment variables, opening a socket and killing its parent,
+each a candidate that would pass its trivial test (`assert alive`, the last line of the
+candidate) only if the attack worked. The larger corpus of reward hacks is tests/test_hostile.py.
+Isolation that needs root (the uid drop) or namespaces is asserted where `capabilities()` says it
+holds (as root, on this project's machines, all of it), and skipped, with the reason, where it
+does not.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 from brorl.types import Problem
 from brorl.verifiers import verify_batch
-from brorl.verifiers.sandbox import SandboxLimits, capabilities, run_tests
+from brorl.verifiers.sandbox import MISSING, SandboxLimits, capabilities, run_code, run_tests
 
 CAPS = capabilities()
 IS_ROOT = os.geteuid() == 0
@@ -29,13 +30,14 @@ LIMIT_MARGIN_S = 2.0  # process start-up, clean-up and a loaded 2-core machine
 
 
 def reward_of(
-    code: str, tests=("assert True",), timeout_s: float = TIMEOUT_S
+    code: str, tests=("assert alive",), timeout_s: float = TIMEOUT_S
 ) -> tuple[float, str, float]:
-    """(reward, reason, seconds) for `code` as a fenced response, through verify_batch."""
+    """(reward, reason, seconds) for `code` (then `alive = True`) as a fenced response, through
+    verify_batch."""
     problem = Problem("hostile", "code", "hostile", "?", tests=tuple(tests))
     start = time.monotonic()
-    [verdict] = verify_batch([problem], [f"```python\n{code}\n```"], workers=1,
-                             timeout_s=timeout_s)
+    response = f"```python\n{code}\nalive = True\n```"
+    [verdict] = verify_batch([problem], [response], workers=1, timeout_s=timeout_s)
     return verdict.reward, verdict.reason, time.monotonic() - start
 
 
@@ -77,7 +79,7 @@ def test_fork_and_threads_fail_inside_the_sandbox():
 
 def test_huge_output_is_truncated_to_the_output_limit():
     limits = SandboxLimits(output_bytes=1000)
-    result = run_tests("print('y' * 10**7)", (), timeout_s=TIMEOUT_S, limits=limits)
+    result = run_code("print('y' * 10**7)", [], timeout_s=TIMEOUT_S, limits=limits)
     assert result.status == "runtime_error"  # the write past RLIMIT_FSIZE fails
     assert len(result.stdout) <= 1000
 
@@ -89,28 +91,30 @@ def test_secrets_in_the_environment_do_not_leak(monkeypatch):
         "try:\n    print(open(f'/proc/{os.getppid()}/environ').read())\n"
         "except OSError as e:\n    print('blocked', type(e).__name__)\n"
     )
-    result = run_tests(code, (), timeout_s=TIMEOUT_S)
+    result = run_code(code, [], timeout_s=TIMEOUT_S)
     assert result.status == "ok"
     assert "s3cr3t" not in result.stdout + result.stderr
     # empty but for LC_CTYPE, which Python itself sets under the C locale (PEP 538)
     assert result.stdout.splitlines()[0] in ("[]", "['LC_CTYPE']")
-    if CAPS["uid_dropped"]:
+    if CAPS["jailed"]:  # no /proc in the jail
+        assert "blocked FileNotFoundError" in result.stdout
+    elif CAPS["uid_dropped"]:
         assert "blocked PermissionError" in result.stdout
 
 
-OUTSIDE = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/etc", ".."]
-"""Places outside the candidate's directory: the world-writable ones, a system one, its parent."""
+OUTSIDE = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/etc"]
+"""Places outside the candidate's directory: the world-writable ones and a system one (its
+parent, `..`, is its own directory again: the jail's root)."""
 
 
-@pytest.mark.skipif(not (CAPS["uid_dropped"] and CAPS["filesystem_isolated"]),
-                    reason="needs root for the uid drop and the mount namespace")
+@pytest.mark.skipif(not CAPS["jailed"], reason="needs the mount namespace and the jail")
 @pytest.mark.parametrize("where", OUTSIDE)
 def test_writing_outside_its_directory_gets_zero_and_leaves_nothing(where, tmp_path):
     name = f"brorl-pwned-{tmp_path.name}"
     reward, reason, seconds = reward_of(f"open({where!r} + '/{name}', 'w').write('x')")
     assert (reward, reason) == (0.0, "runtime_error")  # PermissionError at the top level
     assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
-    assert not [w for w in OUTSIDE if (Path(w) / name).exists()]  # ".." was removed with it
+    assert not [w for w in OUTSIDE if (Path(w) / name).exists()]
 
 
 def test_its_own_directory_is_writable():
@@ -131,7 +135,7 @@ def test_reading_the_verifiers_environment_gets_zero(monkeypatch):
     assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
 
 
-@pytest.mark.skipif(not CAPS["network_isolated"], reason="no network namespace on this machine")
+@pytest.mark.skipif(not CAPS["namespaces"], reason="no network namespace on this machine")
 def test_opening_a_socket_to_the_host_gets_zero():
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
@@ -155,12 +159,12 @@ def test_candidate_cannot_kill_its_parent(code):
     assert os.environ.get("PYTEST_CURRENT_TEST")  # we are alive and still the same process
 
 
-@pytest.mark.skipif(not CAPS["uid_dropped"], reason="without the uid drop a candidate can kill us")
-def test_signalling_every_process_reaches_only_nobodys():
-    # kill(-1) signals every process the caller may signal except itself: as nobody, none of
-    # ours; the candidate survives, so its trivial test passes
+@pytest.mark.skipif(not CAPS["namespaces"], reason="no PID namespace on this machine")
+def test_signalling_every_process_reaches_none():
+    # kill(-1) signals every process the caller may signal but itself and its namespace's init:
+    # in its own PID namespace there is none, so the call fails (ESRCH) at the top level
     reward, reason, _ = reward_of("import os\nos.kill(-1, 9)")
-    assert (reward, reason) == (1.0, "correct")
+    assert (reward, reason) == (0.0, "runtime_error")
     assert reward_of("x = 1", ["assert x == 1"])[:2] == (1.0, "correct")
 
 
@@ -169,8 +173,33 @@ def test_uid_drop_holds_when_running_as_root():
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="namespaces need root (CAP_SYS_ADMIN)")
-def test_network_and_mount_namespaces_hold_as_root():
-    assert CAPS["network_isolated"] and CAPS["filesystem_isolated"]
+def test_namespaces_and_jail_hold_as_root():
+    assert CAPS["namespaces"] and CAPS["jailed"]
+
+
+def test_subjects_come_back_as_plain_values_and_anything_else_as_missing():
+    code = ("def f(x):\n    return x\nclass Mine(int):\n    pass\n"
+            "def boom():\n    raise ValueError\n")
+    subjects = ["f(3)", "f([1, (2.5, 'a')])", "f({'k': {1, 2}})", "f(None)", "f(b'xy')",
+                "Mine(3)", "f(lambda: 1)", "boom()", "undefined_name"]
+    result = run_code(code, subjects, timeout_s=TIMEOUT_S)
+    assert result.status == "ok"
+    plain = [3, [1, (2.5, "a")], {"k": {1, 2}}, None, b"xy"]
+    assert list(result.values[:5]) == plain
+    assert [type(v) for v in result.values[:5]] == [type(v) for v in plain]
+    assert result.values[5:] == (MISSING,) * 4  # a subclass, a function, a raise, a NameError
+
+
+def test_the_whole_file_system_is_a_capped_tmpfs():
+    code = ("import os\nlisted = os.listdir('/')\nwritten = 0\ntry:\n"
+            "    for i in range(100):\n"
+            "        open(f'f{i}', 'w').write('x' * (2**20 - 1))\n        written += 1\n"
+            "except OSError:\n    pass\n")
+    result = run_code(code, ["listed", "written"], timeout_s=TIMEOUT_S,
+                      limits=SandboxLimits(disk_bytes=4 * 2**20))
+    if not CAPS["jailed"]:
+        pytest.skip("needs the mount namespace and the jail")
+    assert result.values == ([], 4)  # nothing else to see; 4 MiB of files, then ENOSPC
 
 
 def test_partial_solution_gets_the_fraction_of_tests_passed():

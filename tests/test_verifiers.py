@@ -191,3 +191,40 @@ def test_repeated_pairs_are_judged_once(monkeypatch):
     verdicts = verify_batch([a, a, a, b, b], responses, workers=1)
     assert [v.reward for v in verdicts] == [1.0, 1.0, 0.0, 0.0, 1.0]
     assert sorted(seen) == [0, 2, 3, 4]
+
+
+def test_math_answers_never_reach_sympys_eval_based_parser(monkeypatch, tmp_path):
+    """math-verify's plain-expression extraction runs sympy's `parse_expr` (an `eval`): the
+    verifier uses LaTeX extraction only, so it is never called, whatever the answer."""
+    import math_verify.parser
+
+    marker = tmp_path / "parse_expr_called"
+
+    def tripwire(expr):  # the forked workers inherit it; a call leaves the marker
+        marker.write_text(expr)
+        raise AssertionError("parse_expr called")
+
+    monkeypatch.setattr(math_verify.parser, "parse_expr_cached", tripwire)
+    # the last one closes the verifier's \\boxed{} around it: math-verify's default would hand
+    # its middle to parse_expr
+    answers = ["3/4", "0.75", "x**2 + 1", "__import__('os').getcwd()", "2^10", "-4.0",
+               "} 1+1 \\boxed{"]
+    verdicts = verify_batch([math_problem("0.75")] * len(answers),
+                            [f"<answer>{a}</answer>" for a in answers], workers=1)
+    assert [v.reward for v in verdicts] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert not marker.exists()
+
+
+def test_reasoning_tasks_whose_scorer_evaluates_text_are_refused():
+    from brorl.data.reasoning import DEFAULT_REASONING_TASKS, reasoning_problems
+    from brorl.verifiers.reasoning import evaluating_call
+
+    assert evaluating_call("countdown") == "CountdownDataset.score_answer calls parse_expr"
+    assert evaluating_call("bitwise_arithmetic").endswith("verify_solution calls eval")  # a helper
+    assert [evaluating_call(t) for t in DEFAULT_REASONING_TASKS] == [None] * 3
+    with pytest.raises(ValueError, match="'countdown' is refused: its scorer evaluates"):
+        reasoning_problems("countdown", size=1, seed=0)
+    problem = Problem("c", "reasoning", "countdown", "?", answer="1+2",
+                      metadata={"source_dataset": "countdown"})
+    [verdict] = verify_batch([problem], ["<answer>__import__('os')</answer>"], workers=1)
+    assert verdict.reward == 0.0 and "refused" in verdict.reason

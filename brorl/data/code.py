@@ -1,8 +1,9 @@
 """Code problems: local JSONL in the APPS / Eurus-2 shape, and a generated function-writing set.
 
 A code `Problem` holds a statement with the function signature as its prompt and unit tests as
-Python snippets (`assert f(2) == 5`) run after the candidate's code. JSONL rows give the statement
-as `statement`, `question` or `problem`; tests either as `tests` (a list of assert snippets) or
+Python snippets (`assert f(2) == 5`) judged against the candidate's values. JSONL rows give the
+statement as `statement`, `question` or `problem`; tests either as `tests` (a list of assert
+snippets of the forms `brorl.verifiers.checks` judges outside the sandbox, checked on load) or
 APPS's `input_output` ({"fn_name", "inputs", "outputs"}, one positional-argument list per input),
 which become `assert fn_name(*inputs) == outputs`. A reference solution (`solution`, or the first
 of `solutions`) goes to metadata["solution"].
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from brorl.data.records import make_problem
 from brorl.types import Problem
+from brorl.verifiers.checks import parse_test
 
 # name -> (argument, statement (what it returns), solution expression, reference, test inputs)
 _Template = tuple[str, str, str, Callable[[object, int], object], tuple]
@@ -67,6 +69,16 @@ def generate_code(per_task: int, *, seed: int, max_constant: int = 9,
 
 
 def _row_tests(row: dict, where: str) -> list[str]:
+    tests = _raw_tests(row, where)
+    for test in tests:
+        try:
+            parse_test(test)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return tests
+
+
+def _raw_tests(row: dict, where: str) -> list[str]:
     if row.get("tests"):
         return [str(t) for t in row["tests"]]
     io = row.get("input_output")

@@ -36,6 +36,7 @@ from typing import Any
 
 from brorl.data.records import make_problem
 from brorl.types import Problem
+from brorl.verifiers.reasoning import refusal
 
 DEFAULT_REASONING_TASKS: dict[str, dict[str, Any]] = {
     "spell_backward": {"min_word_len": 3, "max_word_len": 3},
@@ -57,6 +58,8 @@ def reasoning_problems(task: str, *, size: int, seed: int,
         config["operators"] = tuple(config["operators"])
     import reasoning_gym  # here: a second at import (it loads matplotlib), only data needs it
 
+    if (why := refusal(task)) is not None:
+        raise ValueError(why)
     try:
         items = reasoning_gym.create_dataset(task, seed=seed, size=size, **config)
     except (KeyError, ValueError, TypeError) as err:

@@ -2,11 +2,15 @@
 
 The candidate is the last fenced ```` ```python ```` block of the response
 (`brorl.prompts.extract_answer`). A syntax error is caught in the parent without starting a
-process; otherwise the candidate and all of the problem's tests run in one sandboxed process
-(`sandbox.run_tests`). Reward = passed / total (ProRL's continuous code reward), 0 when the run
-times out (`timeout_s` bounds all tests together, ProRL's 5 s total), when the candidate's top
+process; otherwise the candidate runs in one sandboxed process that evaluates each test's subject
+(`f(3)`), and the judge compares the plain values it sends back against the expected ones here
+(`sandbox.run_tests`, `checks`): the candidate never sees an expected value and none of its code
+takes part in a comparison. Reward = passed / total (ProRL's continuous code reward), 0 when the
+run times out (`timeout_s` bounds all tests together, ProRL's 5 s total), when the candidate's top
 level raises, or when the process dies before finishing. Sandboxes run concurrently from a thread
-pool, one per available core (the threads only wait on child processes).
+pool, one per available core (the threads only wait on child processes). Where the OS does not
+give the sandbox its namespaces and jail (`sandbox.capabilities`), the first verification in a
+process warns.
 
 Deliberately ignored: stdin/stdout-style tests (APPS "input/output" pairs must be turned into
 assert snippets by the data module) and per-test time limits. Paper: spec paper.md §7.1 data
@@ -15,13 +19,15 @@ table (Code: continuous, all test cases, syntax error or >5 s total timeout give
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
 from brorl.verifiers import Verdict, error_verdict
-from brorl.verifiers.sandbox import SandboxLimits, SandboxResult, run_tests
+from brorl.verifiers.sandbox import SandboxLimits, SandboxResult, capabilities, run_tests
 from brorl.verifiers.workers import default_workers
 
 
@@ -40,6 +46,7 @@ class CodeVerifier:
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per pair, sandboxes run `workers` at a time."""
+        _warn_if_partial()
         with ThreadPoolExecutor(max_workers=self.workers or default_workers()) as pool:
             return list(pool.map(self.verify_one, problems, responses))
 
@@ -59,6 +66,17 @@ class CodeVerifier:
             return verdict_of(result)
         except Exception as exc:  # noqa: BLE001 - a verifier must never stop the run
             return error_verdict(exc)
+
+
+@functools.cache
+def _warn_if_partial() -> None:
+    """Warn once per process when the sandbox's isolation is incomplete here."""
+    missing = [name for name, holds in capabilities().items() if not holds]
+    if missing:
+        warnings.warn(f"code sandbox isolation is partial on this machine (missing: "
+                      f"{', '.join(missing)}): a hostile candidate may reach other processes or "
+                      "files. Run the verifier as root, or where user namespaces are allowed.",
+                      RuntimeWarning, stacklevel=3)
 
 
 def verdict_of(result: SandboxResult) -> Verdict:

@@ -2,7 +2,9 @@
 
 The response's answer is taken by `brorl.prompts.extract_answer` (`<answer>` or `\\boxed{}`),
 wrapped in `\\boxed{}` like the reference answer, and both are parsed by math-verify, so `0.75`,
-`3/4` and `\\frac{3}{4}` are equal. math-verify's own timeouts rely on SIGALRM and fail outside
+`3/4` and `\\frac{3}{4}` are equal. Only math-verify's LaTeX extraction is used: its plain-expression
+extraction hands text to sympy's `parse_expr`, which runs `eval`, and a scorer never evaluates a
+policy's answer text. math-verify's own timeouts rely on SIGALRM and fail outside
 the main thread (spec platform.md), so they are switched off and each check instead runs in a
 forked worker with a wall-clock limit (`workers.map_with_deadline`).
 
@@ -44,8 +46,9 @@ def math_equal(reference: str, answer: str) -> bool:
     import math_verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    gold = math_verify.parse(f"\\boxed{{{reference}}}", parsing_timeout=None)
-    pred = math_verify.parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
+    latex_only = [math_verify.LatexExtractionConfig()]  # never sympy's eval-based parse_expr
+    gold = math_verify.parse(f"\\boxed{{{reference}}}", latex_only, parsing_timeout=None)
+    pred = math_verify.parse(f"\\boxed{{{answer}}}", latex_only, parsing_timeout=None)
     return bool(gold and pred and math_verify.verify(gold, pred, timeout_seconds=None))
 
 

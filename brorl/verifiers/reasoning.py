@@ -7,12 +7,22 @@ Extracting first matters: given a whole response, several scorers give partial c
 reference is a substring of it (spec platform.md). The reward stays continuous, as in the paper
 (spec paper.md §7.1 data table: Reasoning Gym, continuous, `<answer></answer>`).
 
+A scorer never evaluates the answer text: tasks whose `score_answer` (or a function of its module
+or method of its class that it calls) calls `eval`, `exec`, `compile`, sympy's `parse_expr`,
+`sympify`, `simplify` or `S` on anything are refused (`evaluating_call`: 11 of reasoning-gym's
+106 tasks, e.g. countdown, puzzle24, number_sorting, bitwise_arithmetic), here with an error verdict and by
+`brorl.data.reasoning` when data is made. The three default tasks use plain string comparison.
+
 Deliberately ignored: binarising (evaluation reports the mean continuous reward, like the paper)
 and scorer configs other than the dataset's default (scorers read the entry's metadata).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
 from collections.abc import Callable, Sequence
 
 from brorl.prompts import extract_answer
@@ -21,6 +31,9 @@ from brorl.verifiers import Verdict, error_verdict, verdict_for_score
 from brorl.verifiers.workers import map_with_deadline, outcome_verdict
 
 Scorer = Callable[[str | None, dict], float]
+
+EVALUATING = frozenset({"eval", "exec", "compile", "parse_expr", "sympify", "simplify", "S"})
+"""Calls that run (or may run) a string as code: a scorer that makes one is refused."""
 
 
 class ReasoningVerifier:
@@ -50,10 +63,58 @@ def entry_of(problem: Problem) -> dict:
     return {"question": problem.prompt, "answer": problem.answer, "metadata": problem.metadata}
 
 
+@functools.cache
+def evaluating_call(task: str) -> str | None:
+    """Where reasoning-gym task `task`'s scorer could evaluate text (`Class.method calls eval`),
+    None when it cannot. Follows the functions of the scorer's module and the methods of its
+    class that it calls, by name (a static read of their source)."""
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        return None  # unknown: get_score_answer_fn reports it
+    cls = DATASETS[task][0]
+    pending, seen = [("score_answer", getattr(cls, "score_answer"))], set()
+    while pending:
+        name, fn = pending.pop()
+        if fn in seen or not inspect.isfunction(fn):
+            continue
+        seen.add(fn)
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (OSError, TypeError, SyntaxError):
+            return f"{cls.__name__}.{name} (no source to check)"
+        module = inspect.getmodule(fn)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            called = (func.id if isinstance(func, ast.Name)
+                      else func.attr if isinstance(func, ast.Attribute) else None)
+            if called in EVALUATING:
+                return f"{cls.__name__}.{name} calls {called}"
+            if isinstance(func, ast.Name) and module is not None:
+                pending.append((called, getattr(module, called, None)))
+            elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                  and func.value.id in ("self", "cls")):
+                pending.append((called, getattr(cls, called, None)))
+    return None
+
+
+def refusal(task: str) -> str | None:
+    """Why reasoning task `task` cannot be scored here, with the fix; None when it can."""
+    where = evaluating_call(task)
+    if where is None:
+        return None
+    return (f"reasoning task {task!r} is refused: its scorer evaluates answer text as code "
+            f"({where}), which a policy could exploit. Choose another reasoning-gym task.")
+
+
 def _scorer(name: str) -> Scorer | Exception:
     """The dataset's `score_answer`, or the exception that building it raised."""
     import reasoning_gym
 
+    if (why := refusal(name)) is not None:
+        return ValueError(why)
     try:
         return reasoning_gym.get_score_answer_fn(name)
     except Exception as exc:  # noqa: BLE001 - becomes each of the task's verdicts
