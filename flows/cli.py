@@ -25,13 +25,19 @@ Sets = Annotated[list[str] | None, typer.Option(
     "--set", "-S", metavar="KEY=VALUE", help="override one params key (repeatable)")]
 
 
-def _check(params: str, overrides: list[str]) -> None:
-    """Validate the params now: exit 2 naming the bad key or value instead of a traceback later."""
+def _check(params: str, overrides: list[str], stage: str | None = None, **inputs: Any) -> None:
+    """Validate the params (and the files `stage` reads, `brorl.preflight.check_inputs`) now:
+    exit 2 with one line naming the bad key, value or file instead of a traceback later."""
     from brorl.params import ParamsError, load_params
+    from brorl.preflight import InputError, check_inputs
 
     try:
-        load_params(params, overrides)
-    except ParamsError as err:
+        loaded = load_params(params, overrides)
+        if stage is not None:
+            from tasks import tracking
+
+            check_inputs(loaded, stage, tracking.ROOT, **inputs)
+    except (ParamsError, InputError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
 
@@ -52,7 +58,7 @@ def _flow(name: str) -> Any:
 
 def _run_flow(name: str, params: str, overrides: list[str] | None, **extra: Any) -> None:
     overrides = list(overrides or [])
-    _check(params, overrides)
+    _check(params, overrides, name, **extra)
     summary = _flow(name)(params_path=params, overrides=overrides, **extra)
     typer.echo(json.dumps(summary, indent=2, default=str))
 

@@ -73,7 +73,11 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
                 tags=["brorl"], description=f"{name} with {args.params}",
                 entrypoint_type=EntrypointType.MODULE_PATH))  # `flows.train.train`, any cwd
         except ValueError as err:  # an invalid cron string or interval
-            raise DeployError(f"{name}: {err}") from None
+            errors = getattr(err, "errors", None)  # pydantic's, one per bad field
+            why = errors()[0]["msg"] if callable(errors) else str(err).splitlines()[0]
+            raise DeployError(f"{name}: {why.removeprefix('Value error, ')}; give --{name}-cron "
+                              f"a cron expression (e.g. '0 2 * * *') or --{name}-interval "
+                              "seconds.") from None
     return deployments
 
 

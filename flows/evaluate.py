@@ -1,8 +1,9 @@
 """Flow `evaluate`: a checkpoint's held-out pass@1 per family (`python -m flows.evaluate --params F`).
 
 Composition only. The checkpoint is `checkpoint` (any local HF folder) or, by default, the run's
-final policy / newest checkpoint / starting point (`tasks.evaluate.default_checkpoint`). Served as
-a scheduled deployment by `flows/deploy.py` (nightly evaluation of the newest checkpoint).
+final policy / newest checkpoint / starting point (`brorl.train.checkpoint.policy_to_evaluate`).
+Served as a scheduled deployment by `flows/deploy.py` (nightly evaluation of the newest
+checkpoint).
 """
 
 from __future__ import annotations

@@ -146,6 +146,22 @@ def _run_foreground(command: list[str], url: str) -> int:
             return child.wait()
 
 
+def _check_pipeline_params(dvc_yaml: Path = Path("dvc.yaml")) -> str | None:
+    """Why a params file the pipeline's stages read is invalid (one line), checked before the
+    server starts; None when every one loads (or there is no dvc.yaml here)."""
+    from brorl.params import ParamsError, load_params
+    from brorl.params.loading import pipeline_params_files
+
+    if not dvc_yaml.is_file():
+        return None
+    for path in pipeline_params_files(dvc_yaml):
+        try:
+            load_params(path)
+        except ParamsError as err:
+            return str(err)
+    return None
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt  # SIGTERM takes the path of Ctrl-C: the server is stopped on the way out
 
@@ -166,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="after `--`: a command to run in the foreground against the server")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.pipeline and (error := _check_pipeline_params()):
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.pipeline and command and os.environ.get("PREFECT_API_URL"):
         return subprocess.run(command).returncode
     home = args.home or Path(os.environ["PREFECT_HOME"])

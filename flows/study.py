@@ -24,10 +24,12 @@ from typing import Any
 from prefect import flow
 
 from brorl.params import ParamsError, load_params
+from brorl.preflight import InputError, check_inputs
 from brorl.study import find_run
 from flows import prefect_settings
 from flows.train import train_arm
 from tasks import study as s
+from tasks import tracking
 
 
 @flow(name="study-plan")
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> Any:
         params = load_params(args.params, args.overrides)
         if args.run:
             find_run(params.study, args.run)
-    except (ParamsError, ValueError) as err:
+        if args.run or args.start:  # the warm-up's policy and the splits every run reads
+            check_inputs(params, "train", tracking.ROOT, resume=False)
+    except (ParamsError, InputError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     started = os.environ.get("BRORL_STUDY_STARTED")

@@ -14,27 +14,20 @@ from brorl.base import sample_per_family
 from brorl.data import load_split
 from brorl.params import ExperimentParams
 from brorl.policy import load_policy
-from brorl.train.checkpoint import latest_checkpoint
+from brorl.train.checkpoint import policy_to_evaluate
 from brorl.evals import score_policy
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
-def default_checkpoint(p: ExperimentParams) -> Path:
-    """The run's final policy, else its newest checkpoint's policy, else its starting point."""
-    run_policy = tracking.ROOT / p.train.run_dir / "policy"
-    if (run_policy / "config.json").is_file():
-        return run_policy
-    latest = latest_checkpoint(tracking.ROOT / p.train.checkpoint_dir)
-    return latest / "policy" if latest else tracking.ROOT / p.train.init_checkpoint
-
-
 @task(name="evaluate-checkpoint", **_TASK)
 def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[str, Any]:
     """Held-out pass@1 per task and family of `checkpoint` (HF folder) on the test split."""
     p = ExperimentParams.model_validate(params)
-    path = Path(checkpoint) if checkpoint else default_checkpoint(p)
+    root = tracking.ROOT
+    path = Path(checkpoint) if checkpoint else policy_to_evaluate(
+        root / p.train.run_dir, root / p.train.checkpoint_dir, root / p.train.init_checkpoint)
     model, tokenizer = load_policy(path)
     problems = sample_per_family(load_split(tracking.ROOT / p.data.path, "test"),
                                  p.train.eval_per_family, p.train.eval_seed)

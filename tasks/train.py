@@ -134,8 +134,8 @@ def finish_run(run: Run, tracker: Tracker, params: dict[str, Any]) -> dict[str, 
     artifacts, the policy as a new version of the arm's registered model."""
     p = ExperimentParams.model_validate(params)
     summary = run.finish()
-    metrics_path = tracking.ROOT / p.tracking.metrics_dir / f"{p.name}.json"
-    plot_path = tracking.ROOT / p.tracking.plots_dir / p.name / "eval.csv"
+    metrics_path = tracking.ROOT / p.tracking.metrics_dir / f"{p.run_label}.json"
+    plot_path = tracking.ROOT / p.tracking.plots_dir / p.run_label / "eval.csv"
     dvc_files(run.state, metrics_path, plot_path)
     client = MlflowClient(tracker.tracking_uri)
     for artifact in (run.run_dir / "summary.json", run.run_dir / "evals.jsonl"):

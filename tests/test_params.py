@@ -96,7 +96,8 @@ def test_pipeline_vars_agree_with_the_params_files_they_name(path):
     assert Path(p["data"].data.path).parent == Path(stages["data"]["out"])
     assert Path(p["base"].base.path).parent == Path(stages["base"]["out"])
     for arm in ("prorl_warmup", "prorl", "brorl"):
-        assert p[arm].train.run_dir == stages[arm]["out"] and p[arm].name == stages[arm]["name"]
+        # metrics/<run_label>.json and plots/<run_label>/, named after the run's folder
+        assert p[arm].train.run_dir == stages[arm]["out"] and p[arm].run_label == stages[arm]["name"]
         assert p[arm].data.path == p["data"].data.path
     assert p["prorl_warmup"].train.init_checkpoint == p["base"].base.path
     for arm in ("prorl", "brorl"):
@@ -267,7 +268,7 @@ def test_plateau_without_validation_and_tis_with_top_p_are_refused_naming_both_k
     message = str(err.value)
     assert "update.tis_mode = 'truncate' needs generate.top_p = 1 (got 0.9)" in message
     assert "set generate.top_p: 1.0 or update.tis_mode: none" in message
-    assert "got {" not in message and len(message.splitlines()) == 2  # the file, one rule line
+    assert "got {" not in message and len(message.splitlines()) == 1  # the file and the rule
     both = load_params(ROOT / "params" / "prorl.yaml", ["generate.top_p=0.9",
                                                         "update.tis_mode=none"])
     assert both.generate.top_p == 0.9
@@ -301,3 +302,17 @@ def test_the_schema_imports_no_trainer_module():
             "print([m for m in sys.modules if m.startswith('brorl.train')])")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_ci_sized_params_file_writes_its_metrics_outside_the_committed_ones():
+    for path in sorted((ROOT / "params").glob("*_ci.yaml")):
+        if path.name == "pipeline_ci.yaml":  # DVC's vars file, not an experiment
+            continue
+        t = load_params(path).tracking
+        assert t.metrics_dir.startswith("outputs/ci") and t.plots_dir.startswith("outputs/ci"), path
+
+
+def test_a_runs_metrics_name_comes_from_its_run_folder():
+    assert load_params(ROOT / "params/prorl_ci.yaml").run_label == "ci_prorl"
+    moved = load_params(ROOT / "params/prorl.yaml", ["train.run_dir=outputs/elsewhere"])
+    assert moved.run_label == "elsewhere"  # not the arm's `prorl`: its metrics stay untouched

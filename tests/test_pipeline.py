@@ -37,7 +37,7 @@ def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
                             cwd=clone, capture_output=True, text=True, timeout=120)
     assert "up to date" in status.stdout  # a second repro would rerun nothing
     for arm in ("prorl", "brorl"):
-        m = json.loads((clone / "outputs" / "ci" / "metrics" / f"{arm}-ci.json").read_text())
+        m = json.loads((clone / "outputs" / "ci" / "metrics" / f"ci_{arm}.json").read_text())
         summary = json.loads((clone / "outputs" / "ci" / arm / "summary.json").read_text())
         assert m["rollouts"] == summary["rollouts"] >= 256 and summary["stopped_by"] == "rollouts"
         last = [json.loads(x) for x in
@@ -45,7 +45,7 @@ def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
         assert last["step"] == summary["steps"]  # the arm ended on an evaluation at its budget
         assert {f: m[f] for f in FAMILIES} == {
             f: round(last["scores"]["family"][f]["score"], 4) for f in FAMILIES}
-    for arm in ("prorl-ci", "brorl-ci", "prorl-warmup-ci"):
+    for arm in ("ci_prorl", "ci_brorl", "ci_prorl_warmup"):
         csv = clone / "outputs" / "ci" / "plots" / arm / "eval.csv"
         assert csv.read_text().startswith("step,rollouts")
     compared = json.loads((clone / "outputs" / "ci" / "metrics" / "compare-ci.json").read_text())

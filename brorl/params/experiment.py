@@ -8,6 +8,8 @@ here (`_check_sections`).
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 from pydantic import model_validator
 
 from brorl.params.data import BaseParams, DataParams, ModelParams
@@ -35,6 +37,20 @@ class ExperimentParams(Section):
     compare: CompareParams = CompareParams()
     tracking: TrackingParams = TrackingParams()
     study: StudyParams = StudyParams()
+
+    @property
+    def run_label(self) -> str:
+        """The training run's own name for its DVC metrics file and plot folder
+        (`<tracking.metrics_dir>/<run_label>.json`): its `train.run_dir` under
+        `tracking.output_dir`, `/` as `_` (`outputs/prorl` -> `prorl`, `outputs/ci/prorl` ->
+        `ci_prorl`), else the folder's own name. Two runs never share it, whatever their params
+        files are called (`-S train.run_dir=...` cannot overwrite another run's metrics)."""
+        run, out = PurePosixPath(self.train.run_dir), PurePosixPath(self.tracking.output_dir)
+        try:
+            parts = run.relative_to(out).parts
+        except ValueError:
+            parts = (run.name,)
+        return "_".join(parts) or self.name
 
     @model_validator(mode="after")
     def _check_sections(self) -> ExperimentParams:

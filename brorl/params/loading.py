@@ -2,11 +2,14 @@
 
 A file may start with `extends: other.yaml` or a list of files (paths relative to it): those are
 loaded first, in order, and this file's keys are deep-merged over them. Overrides apply last.
-A validation error becomes one `ParamsError` naming the file, each bad key and its value.
+A validation error becomes one `ParamsError` line naming the file, each bad key and its value;
+so does a file that is not UTF-8, not YAML or empty, an override whose value is not YAML, and
+params whose sizes could not fit in this machine's memory (`resources.check_memory`).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from brorl.params.experiment import ExperimentParams
+from brorl.params.resources import check_memory
 
 
 class ParamsError(ValueError):
@@ -40,9 +44,20 @@ def read_yaml_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, 
     if not path.is_file():
         raise ParamsError(f"{path}: params file not found; pass a file under params/.")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ParamsError(f"{path}: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x}"
+                          "); save the file as UTF-8.") from None
+    except OSError as err:
+        raise ParamsError(f"{path}: cannot be read ({err.strerror}); check its permissions.") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from err
+        raise ParamsError(f"{path}{_yaml_where(err)}: not valid YAML ({_yaml_problem(err)}); fix "
+                          "the syntax there.") from None
+    if raw is None:
+        raise ParamsError(f"{path}: the params file is empty; give at least `extends: tiny.yaml` "
+                          "and a `name`, as the files under params/ do.")
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}.")
     parents = raw.pop("extends", None) or []
@@ -62,24 +77,42 @@ def apply_override(tree: dict[str, Any], override: str) -> dict[str, Any]:
         raise ParamsError(f"override {override!r}: expected KEY=VALUE, e.g. simulate.steps=200.")
     key, _, text = override.partition("=")
     parts = key.strip().split(".")
-    value = yaml.safe_load(text)
+    if not all(part.strip() for part in parts):
+        raise ParamsError(f"override {override!r}: the key {key!r} has an empty part; write "
+                          "section.key=value, e.g. train.steps=3.")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ParamsError(f"override {override!r}: the value is not valid YAML "
+                          f"({_yaml_problem(err)}); quote it, e.g. {key}='{text}'.") from None
     nested: Any = value
     for part in reversed(parts):
         nested = {part: nested}
     return _deep_merge(tree, nested)
 
 
+def _yaml_where(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    return str(getattr(err, "problem", None) or err).splitlines()[0]
+
+
 def _describe(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid params:"]
+    """One line: the source, then each bad key with what is wrong and its value."""
+    parts = []
     for e in err.errors():
         where = ".".join(str(x) for x in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown key; check its spelling against brorl/params/.")
+            parts.append(f"{where}: unknown key; check its spelling against brorl/params/")
         elif isinstance(e.get("input"), dict):  # a rule over a section: its message names keys
-            lines.append(f"  {where}: {e['msg'].removeprefix('Value error, ')}")
+            parts.append(f"{where}: {e['msg'].removeprefix('Value error, ').rstrip('.')}")
         else:
-            lines.append(f"  {where}: {e['msg']} (got {e.get('input')!r}).")
-    return "\n".join(lines)
+            parts.append(f"{where}: {e['msg'].removeprefix('Value error, ')} "
+                         f"(got {e.get('input')!r})")
+    return f"{source}: invalid params: " + "; ".join(parts) + "."
 
 
 def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentParams:
@@ -89,6 +122,47 @@ def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         tree = apply_override(tree, override)
     source = str(path) + (f" with overrides {list(overrides)}" if overrides else "")
     try:
-        return ExperimentParams.model_validate(tree)
+        params = ExperimentParams.model_validate(tree)
     except ValidationError as err:
         raise ParamsError(_describe(err, source)) from None
+    try:
+        check_memory(params)
+    except ValueError as err:
+        raise ParamsError(f"{source}: {err}") from None
+    return params
+
+
+def pipeline_params_files(dvc_yaml: str | Path) -> list[Path]:
+    """Every experiment params file a DVC pipeline's commands pass as `--params FILE`, with
+    `${key.sub}` resolved from the files its `vars` lists (a `foreach` stage's `${item}` and
+    unresolvable names are skipped); paths relative to the dvc.yaml's folder."""
+    dvc_yaml = Path(dvc_yaml)
+    root = dvc_yaml.parent
+    spec = yaml.safe_load(dvc_yaml.read_text()) or {}
+    names: dict[str, Any] = {}
+    for entry in spec.get("vars", []):
+        if isinstance(entry, str) and (root / entry).is_file():
+            names = _deep_merge(names, yaml.safe_load((root / entry).read_text()) or {})
+
+    def resolve(text: str) -> str | None:
+        def value(match: re.Match) -> str:
+            node: Any = names
+            for part in match.group(1).split("."):
+                if not isinstance(node, dict) or part not in node:
+                    raise KeyError(match.group(1))
+                node = node[part]
+            return str(node)
+        try:
+            return re.sub(r"\$\{([^}]+)\}", value, text)
+        except KeyError:
+            return None
+
+    files: list[Path] = []
+    for stage in (spec.get("stages") or {}).values():
+        body = stage.get("do", stage) if isinstance(stage, dict) else {}
+        command = resolve(str(body.get("cmd", "")))
+        for found in re.findall(r"--params\s+(\S+)", command or ""):
+            path = root / found
+            if path not in files:
+                files.append(path)
+    return files

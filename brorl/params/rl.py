@@ -24,8 +24,9 @@ class UpdateParams(Section):
 
     prompts_per_step: PositiveInt = 512
     """B, prompts whose groups are trained per step (after filtering). Spec §4.1: ProRL 512, BroRL 128."""
-    rollouts_per_prompt: PositiveInt = 16
-    """N, rollouts per prompt. Spec §4.1: ProRL 16, BroRL 512."""
+    rollouts_per_prompt: int = Field(16, ge=2)
+    """N, rollouts per prompt, at least 2 (the group baseline needs two: with one, every
+    advantage is 0 and the binary keep rule keeps nothing). Spec §4.1: ProRL 16, BroRL 512."""
     base_lr: float = Field(2e-6, gt=0)
     """Learning rate at `base_samples_per_step` samples. ProRL v1's constant 2e-6 (spec §7.1);
     UNCONFIRMED for ProRLv2/BroRL (spec §4.3): our choice."""

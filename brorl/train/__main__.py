@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from brorl.params import ParamsError, load_params
+from brorl.preflight import InputError, check_inputs
 from brorl.train.run import Direct, Run
 from brorl.train.trainer import parameter_digest
 
@@ -36,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         params = load_params(args.params, args.set)
-    except ParamsError as err:
-        parser.error(str(err))
+        check_inputs(params, "train", resume=not args.fresh)
+    except (ParamsError, InputError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     run = Run.open(params, Path.cwd(), resume=not args.fresh)
     summary = run.train(Direct(progress=None if args.quiet else print), max_steps=args.steps)
     history = summary["history"]

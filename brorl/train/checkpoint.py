@@ -74,6 +74,17 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+def policy_to_evaluate(run_dir: str | Path, checkpoint_dir: str | Path,
+                       init_checkpoint: str | Path) -> Path:
+    """A run's final policy (`<run_dir>/policy`), else its newest checkpoint's policy, else its
+    starting point: what an evaluation of the run scores by default."""
+    final = Path(run_dir) / "policy"
+    if (final / "config.json").is_file():
+        return final
+    latest = latest_checkpoint(checkpoint_dir)
+    return latest / "policy" if latest else Path(init_checkpoint)
+
+
 def commit(root: str | Path, step: int, keep: int) -> Path:
     """Rank 0, after every rank wrote `staging_dir(root, step)`: rename, point `latest`, prune."""
     root = Path(root)
