@@ -10,6 +10,12 @@ and /proc/loadavg (the machine is shared: read the figures with the load beside 
 
 Usage:
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/verifier_throughput.py --per-family 200
+    python benchmarks/verifier_throughput.py --families code --against /tmp/old --rounds 5
+
+`--against TREE` (a checkout of another commit, e.g. `git worktree add /tmp/old <commit>`)
+times the same batches with that tree's `brorl` and with this one's, in turns (other, this,
+other, this, ...; each a fresh process), and prints each family's median pairs/s for both and
+the median of the per-round ratios this/other: below 1, this tree is slower.
 
 Deliberately ignored: long responses and slow sympy cases (a best-case throughput for short
 answers, like the tiny policy's), warm-up runs.
@@ -18,9 +24,14 @@ answers, like the tiny policy's), warm-up runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import reasoning_gym
 
@@ -81,25 +92,69 @@ def measure(batch, workers: int | None, timeout_s: float) -> tuple[float, float,
     return seconds, sum(rewards) / len(rewards), sum(r != y for r, y in zip(rewards, labels))
 
 
+FAMILIES = ("math", "reasoning", "code")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def against(args: argparse.Namespace) -> None:
+    """This tree's throughput against `args.against`'s, in alternating fresh processes."""
+    command = [sys.executable, __file__, "--per-family", str(args.per_family), "--seed",
+               str(args.seed), "--timeout-s", str(args.timeout_s), "--json",
+               "--families", *args.families]
+    if args.workers:
+        command += ["--workers", str(args.workers)]
+    rates: dict[str, dict[str, list[float]]] = {"other": {}, "this": {}}
+    for _ in range(args.rounds):
+        for name, tree in (("other", Path(args.against).resolve()), ("this", ROOT)):
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            for family, rate in json.loads(out.stdout.splitlines()[-1]).items():
+                rates[name].setdefault(family, []).append(rate)
+    print(f"{'family':<10} {'this':>10} {'other':>10} {'this/other':>11}  (pairs/s, medians "
+          f"of {args.rounds} rounds; other = {args.against})")
+    for family in args.families:
+        this, other = rates["this"][family], rates["other"][family]
+        ratio = statistics.median(a / b for a, b in zip(this, other))
+        print(f"{family:<10} {statistics.median(this):>10.1f} {statistics.median(other):>10.1f} "
+              f"{ratio:>11.3f}")
+    with open("/proc/loadavg") as f:
+        print(f"cores: {os.cpu_count()}  loadavg: {f.read().strip()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-family", type=int, default=200, help="pairs per family")
     parser.add_argument("--workers", type=int, default=None, help="default: available cores")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="time limit per item")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument("--against", metavar="TREE", default=None,
+                        help="a checkout of another commit: time both, in turns")
+    parser.add_argument("--rounds", type=int, default=5, help="with --against: rounds")
+    parser.add_argument("--json", action="store_true", help="print {family: pairs/s} only")
     args = parser.parse_args()
+    if args.against:
+        return against(args)
     rng = random.Random(args.seed)
-    batches = {
-        "math": math_batch(args.per_family, rng),
-        "reasoning": reasoning_batch(args.per_family, args.seed),
-        "code": code_batch(args.per_family, rng),
+    builders = {
+        "math": lambda: math_batch(args.per_family, rng),
+        "reasoning": lambda: reasoning_batch(args.per_family, args.seed),
+        "code": lambda: code_batch(args.per_family, rng),
     }
+    batches = {family: builders[family]() for family in FAMILIES if family in args.families}
     header = ("family", "pairs", "seconds", "pairs/s", "reward", "disagree")
-    print(f"{header[0]:<10} " + " ".join(f"{h:>8}" for h in header[1:]))
+    if not args.json:
+        print(f"{header[0]:<10} " + " ".join(f"{h:>8}" for h in header[1:]))
+    rates = {}
     for family, batch in batches.items():
         seconds, mean_reward, disagree = measure(batch, args.workers, args.timeout_s)
-        print(f"{family:<10} {len(batch):>8} {seconds:>8.2f} {len(batch) / seconds:>8.1f} "
-              f"{mean_reward:>8.3f} {disagree:>8}")
+        rates[family] = len(batch) / seconds
+        if not args.json:
+            print(f"{family:<10} {len(batch):>8} {seconds:>8.2f} {len(batch) / seconds:>8.1f} "
+                  f"{mean_reward:>8.3f} {disagree:>8}")
+    if args.json:
+        print(json.dumps(rates))
+        return
     with open("/proc/loadavg") as f:
         load = f.read().strip()
     print(f"workers: {args.workers or default_workers()}  cores: {os.cpu_count()}  loadavg: {load}")

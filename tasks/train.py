@@ -13,13 +13,17 @@ becomes a version of the registered model named after the arm.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 
+from brorl.evals import eval_metrics
 from brorl.params import ExperimentParams
 from brorl.train import Run
 from brorl.train.report import dvc_files
@@ -32,10 +36,12 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
 @dataclass(frozen=True)
 class Tracker:
-    """Where a run's metrics go: its MLflow run and store."""
+    """Where a run's metrics go: its MLflow run and store, and the last step it already holds
+    (a resumed run replays the steps after its checkpoint: they are not logged twice)."""
 
     run_id: str
     tracking_uri: str
+    logged_through: int = -1
 
 
 @task(name="open-run", **_TASK)
@@ -44,17 +50,33 @@ def open_run(params: dict[str, Any]) -> Run:
     return Run.open(ExperimentParams.model_validate(params), tracking.ROOT)
 
 
+STEP_KEYS = ("train/step", "train/seconds_total")
+"""Metrics logged at step 0 and at every later step: their last step is what a run holds."""
+
+
 @task(name="start-mlflow-run", **_TASK)
 def start_tracking(run: Run, params: dict[str, Any], parent_run_id: str | None = None) -> Tracker:
-    """The run's MLflow run: reopened when resuming (its id is kept in `<run_dir>/mlflow_run.json`)."""
+    """The run's MLflow run, its id kept in `<run_dir>/mlflow_run.json`: reopened when the run
+    resumes from a checkpoint, and also when it was killed before its first one (a run that is
+    not FINISHED), so one training run is one MLflow run. A marker naming a run the store does
+    not have is reported and replaced by a new run."""
     p = ExperimentParams.model_validate(params)
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
     marker, client = run.run_dir / "mlflow_run.json", MlflowClient(uri)
-    if run.trainer.resumed_from is not None and marker.is_file():
+    if marker.is_file():
         run_id = json.loads(marker.read_text())["run_id"]
-        client.update_run(run_id, status="RUNNING")
-        client.set_tag(run_id, "resumed_at_step", str(run.step_count))
-        return Tracker(run_id, uri)
+        try:
+            status = client.get_run(run_id).info.status
+        except MlflowException:
+            _logger().warning(
+                f"{marker} names MLflow run {run_id}, which the store {uri} does not have; "
+                "this run is recorded in a new MLflow run.")
+            status = None
+        if status is not None and (run.trainer.resumed_from is not None or status != "FINISHED"):
+            client.update_run(run_id, status="RUNNING")
+            client.set_tag(run_id, "resumed_at_step", str(run.step_count))
+            logged = [m.step for key in STEP_KEYS for m in client.get_metric_history(run_id, key)]
+            return Tracker(run_id, uri, backfill(uri, run_id, run, max(logged, default=-1)))
     tags = {**run_tags(p), "git_commit": tracking.git_commit(), "stage": "train",
             "params_name": p.name}
     if parent_run_id:
@@ -68,6 +90,33 @@ def start_tracking(run: Run, params: dict[str, Any], parent_run_id: str | None =
     client.log_artifact(run_id, str(params_file))
     marker.write_text(json.dumps({"run_id": run_id}) + "\n")
     return Tracker(run_id, uri)
+
+
+def backfill(uri: str, run_id: str, run: Run, logged_through: int) -> int:
+    """Log the steps up to the resumed checkpoint that the MLflow run lacks (a kill can lose
+    the asynchronous batches of the last steps before it), from the run's own records: the
+    step-0 evaluation and each step's metrics. Returns the last step the run now holds."""
+    points: dict[int, dict[str, float]] = {}
+    if logged_through < 0:
+        start = [row for row in run.state.evals if row["step"] == 0]
+        if start:
+            points[0] = {"train/step": 0.0}
+            for row in start:
+                points[0].update(eval_metrics(row))
+    for step, metrics in enumerate(run.state.history, start=1):
+        if step > logged_through:
+            points[step] = metrics
+    for step, metrics in sorted(points.items()):
+        tracking.log_metric_series(uri, run_id, [step], {k: [v] for k, v in metrics.items()})
+    return max([logged_through, *points])
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The flow run's logger; the module's outside a flow (the task functions called directly)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 def run_tags(p: ExperimentParams) -> dict[str, str]:
@@ -120,12 +169,14 @@ STAGES = {"sample_prompts": sample_prompts, "generate_rollouts": generate_rollou
 
 
 def log_step(tracker: Tracker, step: int, metrics: dict[str, float], name: str) -> None:
-    """A step's metrics to MLflow in one asynchronous batch; a progress line to the flow log.
-    Not a task: it runs once per step in the flow's own context and only queues (a task run
-    would cost more than the call)."""
-    tracking.log_metric_series(tracker.tracking_uri, tracker.run_id, [step],
-                               {k: [v] for k, v in metrics.items()}, synchronous=False)
-    get_run_logger().info(progress_line(name, step, metrics))
+    """A step's metrics to MLflow in one asynchronous batch (unless the run already holds that
+    step: a resumed run's replay); a progress line to the flow log. Not a task: it runs once
+    per step in the flow's own context and only queues (a task run would cost more than the
+    call)."""
+    if step > tracker.logged_through:
+        tracking.log_metric_series(tracker.tracking_uri, tracker.run_id, [step],
+                                   {k: [v] for k, v in metrics.items()}, synchronous=False)
+    _logger().info(progress_line(name, step, metrics))
 
 
 @task(name="finish-run", **_TASK)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flows import cli
@@ -49,12 +50,22 @@ def test_simulate_command_runs_the_flow_into_the_given_folders(prefect_harness, 
             for a in ("-S", f"tracking.{key}={tmp_path / key}")]
     result = runner.invoke(cli.app, ["simulate", "--params", CI_PARAMS, *sets])
     assert result.exit_code == 0, result.output
-    assert '"mlflow_run_id"' in result.output  # the flow's summary, printed as JSON
-    assert (tmp_path / "output_dir" / "simulate" / "results.md").is_file()
-    assert (tmp_path / "metrics_dir" / "simulate.json").is_file()
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    summary = json.loads(result.output[result.output.index("{"):])  # the flow's summary
+    parent = MlflowClient(mlflow_uri).get_run(summary["mlflow_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["stage"] == "simulate"
+    table = (tmp_path / "output_dir" / "simulate" / "results.md").read_text()
+    assert "4096" in table  # a row for each N of params/simulate_ci.yaml: 4 and 4096
+    curves = json.loads((tmp_path / "output_dir" / "simulate" / "summary.json").read_text())
+    headline = json.loads((tmp_path / "metrics_dir" / "simulate.json").read_text())
+    assert headline and all(isinstance(v, (int, float)) for v in headline.values())
+    assert curves  # every metric of every N, beside the headline
 
 
-def test_run_is_dvc_repro_and_with_overrides_dvc_exp_run(monkeypatch):
+def test_run_calls_dvc_repro_and_with_overrides_dvc_exp_run(monkeypatch):
     calls = []
     monkeypatch.setattr("flows.server.main", lambda argv: calls.append(argv) or 0)
     assert runner.invoke(cli.app, ["run"]).exit_code == 0
@@ -101,3 +112,36 @@ def test_dvc_stages_run_the_checkouts_venv_without_an_activated_environment(tmp_
                          env=bare, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert Path(out.stdout.strip()).resolve() == Path(sys.prefix).resolve()
+
+
+@pytest.mark.slow
+def test_run_reaches_dvc_for_real_repro_and_exp_run_at_ci_size(ci_pipeline, tmp_path):
+    """`brorl run` in a copy of the CI pipeline's clone: `dvc repro data` finds the stage
+    unchanged; with `-S`, `dvc exp run` reruns it with the override and records the experiment."""
+    import os
+    import shutil
+
+    clone = tmp_path / "clone"
+    shutil.copytree(ci_pipeline, clone, symlinks=True)
+    from prefect.settings import PREFECT_API_URL
+
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "BRORL_PYTHON": sys.executable, "PREFECT_API_URL": PREFECT_API_URL.value(),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
+
+    def brorl(*args):
+        out = subprocess.run([str(bin_dir / "brorl"), "run", *args], cwd=clone, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+        return out.stdout + out.stderr
+
+    assert "Stage 'data' didn't change, skipping" in brorl("data")
+    log = brorl("data", "--params", "params/tiny_ci.yaml", "-S", "data.seed=1")
+    assert "Running stage 'data'" in log
+    experiments = subprocess.run([str(bin_dir / "dvc"), "exp", "list", "--name-only"], cwd=clone,
+                                 env=env, capture_output=True, text=True, timeout=120)
+    assert experiments.stdout.split(), experiments  # the run is recorded as an experiment
+    import yaml
+
+    assert yaml.safe_load((clone / "params" / "tiny_ci.yaml").read_text())["data"]["seed"] == 1

@@ -154,3 +154,32 @@ def test_the_baseline_must_be_an_arm():
     with pytest.raises(ParamsError, match="compare.baseline 'grpo' is not a key of compare.arms"):
         load_params(ROOT / "params" / "compare.yaml", ["compare.baseline=grpo"])
     assert load_params(ROOT / "params" / "compare.yaml").compare.baseline == "prorl"
+
+
+def test_paired_matches_instances_by_id_across_shuffled_partly_overlapping_rows(tmp_path):
+    """The arm's row lists its instances in another order and shares 4 of 5 with the baseline's:
+    each difference is taken between the same instance's two scores (hand-matched here), the
+    instances only one row has are left out and counted, and the sign is arm - baseline."""
+    from scipy import stats
+
+    def row(ids, families, scores):
+        return {"step": 2, "split": "test", "seconds": 0.0, "rollouts": 512, "problem_ids": ids,
+                "families": families, "score": scores, "pass_at_1": scores,
+                "scores": {"family": {}}}
+
+    base_ids, base_fams = ["a", "b", "c", "d", "e"], ["math", "math", "code", "code", "math"]
+    arm_ids, arm_fams = ["d", "b", "x", "a", "c"], ["code", "math", "math", "math", "code"]
+    prorl = _arm(tmp_path, "prorl", [row(base_ids, base_fams, [0.1, 0.2, 0.3, 0.4, 0.9])])
+    brorl = _arm(tmp_path, "brorl", [row(arm_ids, arm_fams, [0.8, 0.6, 0.0, 0.2, 0.4])])
+    base = [0.1, 0.2, 0.3, 0.4]  # a, b, c, d
+    mine = [0.2, 0.6, 0.4, 0.8]  # the arm's a, b, c, d, read from its shuffled row
+    result = paired(prorl, brorl)
+    assert result["instances"] == 4 and result["unmatched"] == 2  # e and x
+    assert result["delta"] == pytest.approx(sum(mine) / 4 - sum(base) / 4) and result["delta"] > 0
+    t = stats.ttest_rel(mine, base)
+    assert result["t"] == pytest.approx(t.statistic) and result["t"] > 0
+    assert result["p_two_sided"] == pytest.approx(t.pvalue)
+    assert result["families"]["math"]["delta"] == pytest.approx(((0.2 - 0.1) + (0.6 - 0.2)) / 2)
+    assert result["families"]["code"]["delta"] == pytest.approx(((0.4 - 0.3) + (0.8 - 0.4)) / 2)
+    flipped = paired(brorl, prorl)
+    assert flipped["delta"] == pytest.approx(-result["delta"]) and flipped["t"] < 0

@@ -1,9 +1,11 @@
 """Scheduled deployments (`flows/deploy.py`) served against a real local server (`flows/server.py`).
 
-The end-to-end test starts `prefect server start` on a free port, serves `train` and `evaluate`
-(the default served flows) from a `python -m flows.deploy` child process in the CI pipeline's
-clone (its data and trained arms), triggers one run of the evaluate deployment and checks its
-state, its files, its MLflow run and the schedules; every process is stopped even on failure.
+The end-to-end test starts `prefect server start` on a free port (its scheduler looping every
+2 s), serves `train` and `evaluate` (the default served flows) from a `python -m flows.deploy`
+child process in the CI pipeline's clone (its data and trained arms), the evaluate deployment on
+an interval of 20 s: nothing triggers it by hand, the server's scheduler creates its run and the
+serving process runs it. It checks that run's state, its files, its MLflow run and the
+schedules; every process is stopped even on failure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from flows import deploy, server
 ROOT = Path(__file__).resolve().parents[1]
 CI_PARAMS = "params/simulate_ci.yaml"
 NEVER = "0 0 1 1 *"  # 1 January, midnight: registered, but no run fires during the test
+EVERY_S = 20
+"""The evaluate deployment's interval in the end-to-end test: its first run fires by itself."""
 
 
 def test_schedule_options_override_the_table_and_parameters_carry_params_and_overrides():
@@ -80,6 +84,25 @@ async def _wait_for_deployments(names: list[str], serving: subprocess.Popen, log
                 await asyncio.sleep(1)
 
 
+async def _wait_for_scheduled_run(deployment_id, serving: subprocess.Popen, log: Path,
+                                  timeout_s: float = 300):
+    """The first run of the deployment that the scheduler created, once it is final."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    deadline = time.monotonic() + timeout_s
+    async with get_client() as client:
+        while True:
+            assert serving.poll() is None, f"flows.deploy exited:\n{log.read_text()[-3000:]}"
+            runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(
+                id=DeploymentFilterId(any_=[deployment_id])))
+            done = [r for r in runs if r.state is not None and r.state.is_final()]
+            if done:
+                return min(done, key=lambda r: r.expected_start_time)
+            assert time.monotonic() < deadline, f"no scheduled run ended:\n{log.read_text()[-3000:]}"
+            await asyncio.sleep(1)
+
+
 async def _read_deployment(name: str):
     from prefect import get_client
 
@@ -97,18 +120,19 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_served_evaluate_deployment_runs_to_completion_on_a_real_server_with_its_schedule(
+def test_served_evaluate_deployment_runs_on_its_own_schedule_on_a_real_server(
         tmp_path, mlflow_uri, ci_pipeline):
     from mlflow.tracking import MlflowClient
-    from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     port, log, arm = free_port(), tmp_path / "serve.log", "params/prorl_ci.yaml"
     command = [sys.executable, "-m", "flows.deploy", "--params", arm, "--limit", "1",
-               "--train-cron", NEVER, "--evaluate-cron", NEVER,
+               "--train-cron", NEVER, "--evaluate-interval", str(EVERY_S),
                "-S", f"tracking.output_dir={tmp_path / 'output_dir'}"]
+    scheduler = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}
     with log.open("w") as out, \
-            server.running(port, home=tmp_path / "server", log=tmp_path / "server.log") as url:
+            server.running(port, home=tmp_path / "server", log=tmp_path / "server.log",
+                           settings=scheduler) as url:
         env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client"),
                "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
         serving = subprocess.Popen(command, cwd=ci_pipeline, env=env, stdout=out,
@@ -117,17 +141,21 @@ def test_served_evaluate_deployment_runs_to_completion_on_a_real_server_with_its
             with temporary_settings({PREFECT_API_URL: url}):
                 names = ["train/prorl_ci", "evaluate/prorl_ci"]
                 deployments = asyncio.run(_wait_for_deployments(names, serving, log))
-                run = run_deployment("evaluate/prorl_ci", timeout=300, poll_interval=1)
+                run = asyncio.run(_wait_for_scheduled_run(
+                    deployments["evaluate/prorl_ci"].id, serving, log))
                 assert run.state.is_completed(), f"{run.state}\n{log.read_text()[-3000:]}"
+                assert run.auto_scheduled  # the scheduler made it; nothing here triggered it
                 _stop(serving)
                 paused = asyncio.run(_read_deployment("evaluate/prorl_ci")).paused
         finally:
             if serving.poll() is None:
                 stop(serving, grace_s=0)
 
+    [train_schedule] = deployments["train/prorl_ci"].schedules
+    assert train_schedule.schedule.cron == NEVER and train_schedule.active
+    [evaluate_schedule] = deployments["evaluate/prorl_ci"].schedules
+    assert evaluate_schedule.schedule.interval == timedelta(seconds=EVERY_S)
     for deployment in deployments.values():
-        [schedule] = deployment.schedules
-        assert schedule.schedule.cron == NEVER and schedule.active
         assert deployment.parameters["params_path"] == str(ci_pipeline / arm)
     assert paused, "stopping the serving process pauses its schedules"
     # the evaluate flow scored the arm's final policy (the run's default checkpoint)
@@ -135,7 +163,9 @@ def test_served_evaluate_deployment_runs_to_completion_on_a_real_server_with_its
     assert result["checkpoint"] == str(ci_pipeline / "outputs" / "ci" / "prorl" / "policy")
     assert set(result["scores"]["family"]) == {"math", "code", "reasoning"}
     client = MlflowClient(mlflow_uri)
-    [evaluation] = client.search_runs([client.get_experiment_by_name("brorl").experiment_id])
-    assert evaluation.info.status == "FINISHED" and evaluation.data.tags["stage"] == "evaluate"
-    for family, row in result["scores"]["family"].items():
-        assert evaluation.data.metrics[f"eval/pass_at_1_{family}"] == row["pass_at_1"]
+    runs = client.search_runs([client.get_experiment_by_name("brorl").experiment_id])
+    finished = [r for r in runs if r.info.status == "FINISHED"]  # a later interval may have begun
+    assert finished and all(r.data.tags["stage"] == "evaluate" for r in runs)
+    for evaluation in finished:  # the same checkpoint, instances and seed: the same scores
+        for family, row in result["scores"]["family"].items():
+            assert evaluation.data.metrics[f"eval/pass_at_1_{family}"] == row["pass_at_1"]

@@ -30,8 +30,11 @@ def test_there_are_params_files():
 
 
 @pytest.mark.parametrize("path", PARAMS, ids=lambda p: p.name)
-def test_every_params_file_validates(path):
-    assert isinstance(load_params(path), ExperimentParams)
+def test_every_params_file_validates_and_round_trips(path):
+    params = load_params(path)
+    assert params.name != ExperimentParams().name  # each file names its experiment
+    # what a run records (params.json, MLflow) validates back to the same params
+    assert ExperimentParams.model_validate(params.model_dump(mode="json")) == params
 
 
 def test_simulate_params_hold_the_papers_settings():

@@ -50,10 +50,27 @@ def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
         assert csv.read_text().startswith("step,rollouts")
     compared = json.loads((clone / "outputs" / "ci" / "metrics" / "compare-ci.json").read_text())
     report = json.loads((clone / "outputs" / "ci" / "compare" / "report.json").read_text())
-    # NaN when the arms' last evaluations do not differ anywhere (no variance to test)
+    # the paired test recomputed here from the arms' own last test rows, instance by instance
+    last = {}
+    for arm in ("prorl", "brorl"):
+        rows = [json.loads(x) for x in
+                (clone / "outputs" / "ci" / arm / "evals.jsonl").read_text().splitlines()]
+        row = [r for r in rows if r.get("split", "test") == "test"][-1]
+        last[arm] = dict(zip(row["problem_ids"], row.get("score", row["pass_at_1"]), strict=True))
+    ids = [i for i in last["prorl"] if i in last["brorl"]]
+    base, arm = [last["prorl"][i] for i in ids], [last["brorl"][i] for i in ids]
+    delta = sum(b - a for a, b in zip(base, arm)) / len(ids)
     test = report["paired_test"]
-    assert compared["p"] == pytest.approx(round(test["p_one_tailed"], 4), nan_ok=True)
-    assert compared["delta"] == pytest.approx(round(test["delta"], 4), nan_ok=True)
+    assert test["instances"] == len(ids) and test["delta"] == pytest.approx(delta)
+    assert compared["delta"] == pytest.approx(round(delta, 4))
+    if len({b - a for a, b in zip(base, arm)}) > 1:  # else no variance: the test is undefined
+        from scipy import stats
+
+        p = stats.ttest_rel(arm, base, alternative="greater").pvalue
+        assert test["p_one_tailed"] == pytest.approx(p)
+        assert compared["p"] == pytest.approx(round(p, 4))
+    else:
+        assert compared["p"] != compared["p"]  # NaN
     assert all(report["rollouts_per_s"][arm] > 0 for arm in ("prorl", "brorl"))
 
 

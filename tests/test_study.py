@@ -279,6 +279,8 @@ def test_the_report_holds_hand_computed_means_tests_and_pooled_rates(tmp_path):
     for png in ("score_vs_rollouts.png", "score_vs_seconds.png", "sweep.png", "warmup.png"):
         assert (out / png).stat().st_size > 5_000, png
     assert headline(r)["delta_rollouts"] == round(0.95 / 6, 4) and headline(r)["peak_n"] == 64
+    p = r["equal_rollouts"]["paired_test"]["p_two_sided"]
+    assert headline(r)["p_rollouts"] == float(f"{p:.3g}") > 0  # significant digits, never 0
 
 
 def test_the_peak_n_is_split_between_tied_n_and_certain_when_one_n_always_wins():

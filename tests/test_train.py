@@ -255,3 +255,25 @@ def test_two_process_zero2_keeps_ranks_identical_and_equals_one_process(
     for a, b, s in zip(two_model.parameters(), one_model.parameters(), start.parameters()):
         assert torch.allclose(a, b, atol=1e-5)  # gloo sums in another order: not bit-equal
     assert any(not torch.equal(a, s) for a, s in zip(one_model.parameters(), start.parameters()))
+
+
+@pytest.mark.parametrize("reset_optimizer", [False, True])
+def test_a_reference_reset_copies_the_policy_and_clears_the_optimizer_only_when_asked(
+        reset_optimizer, easy_base, easy_split, tmp_path):
+    """Step 2 resets the reference (`reference_reset_every=2`): right after it the reference
+    holds the policy's weights (it did not at step 1), and the optimizer's Adam moments are
+    empty exactly when `reset_optimizer_on_reference_reset` (ProRL v1) asks for it."""
+    run = _run(_config(easy_base, tmp_path / "ck",
+                       reset_optimizer_on_reference_reset=reset_optimizer),
+               easy_split.train, tmp_path / "run", checkpoint_every=100)
+    trainer = run.trainer
+    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    [first] = _steps(run, 1)
+    assert first["reference/reset"] == 0.0 and first["update/skipped"] == 0.0
+    assert parameter_digest(trainer.reference) != parameter_digest(trainer.model)
+    assert len(inner.state) > 0  # Adam moments after the first update
+    [second] = _steps(run, 1)
+    assert second["reference/reset"] == 1.0
+    assert second["reference/optimizer_reset"] == float(reset_optimizer)
+    assert parameter_digest(trainer.reference) == parameter_digest(trainer.model)
+    assert (len(inner.state) == 0) == reset_optimizer

@@ -80,7 +80,10 @@ def test_reasoning_scores_the_extracted_answer_not_the_whole_response():
     # the reference appears in the text, but the tagged answer is wrong
     response = f"maybe {problem.answer}? no: <answer>{wrong}</answer>"
     [verdict] = verify_batch([problem], [response], workers=1)
-    assert verdict.reward < 1.0
+    score = reasoning_gym.get_score_answer_fn("chain_sum")
+    entry = {"question": problem.prompt, "answer": problem.answer, "metadata": problem.metadata}
+    # the scorer's value for the tagged answer alone; on the whole text it would give credit
+    assert verdict.reward == score(wrong, entry) < score(response, entry)
 
 
 def test_reasoning_keeps_the_scorers_continuous_partial_credit():

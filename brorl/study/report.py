@@ -199,7 +199,8 @@ def markdown(r: dict[str, Any], names: dict[str, str]) -> str:
 
 
 def headline(r: dict[str, Any]) -> dict[str, float]:
-    """What `dvc metrics show` prints for the study (rounded to 4 digits)."""
+    """What `dvc metrics show` prints for the study: differences rounded to 4 decimals,
+    p-values to 3 significant digits (a p of 1e-8 must not print as 0)."""
     eq, et = r["equal_rollouts"]["paired_test"], r["equal_time"]["paired_test"]
     start = r["plateau"]["baseline_vs_start"]["paired_test"]
     out = {"delta_rollouts": eq["delta"], "p_rollouts": eq["p_two_sided"], "mde": eq["mde"],
@@ -208,7 +209,8 @@ def headline(r: dict[str, Any]) -> dict[str, float]:
     if r["sweep"] is not None:  # NaN when several N tie for the peak
         peak = r["sweep"]["peak"]
         out["peak_n"] = peak["N"] if len(peak["tied"]) == 1 else math.nan
-    return {k: round(float(v), 4) for k, v in out.items()}
+    return {k: float(f"{float(v):.3g}") if k.startswith("p_") or k.endswith("_p")
+            else round(float(v), 4) for k, v in out.items()}
 
 
 def build_report(params: ExperimentParams, root: Path | str = ".") -> dict[str, Any]:
