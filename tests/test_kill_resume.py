@@ -46,7 +46,7 @@ def write_params(folder: Path, easy_base: Path, easy_data: Path) -> Path:
         "data": {"path": str(easy_data)},
         "update": {"prompts_per_step": 4, "rollouts_per_prompt": 16, "mini_batches_per_step": 4,
                    "reference_reset_every": None},
-        "generate": {"max_concurrent_rollouts": 16, "max_response_tokens": 16},
+        "generate": {"max_concurrent_rollouts": 16, "max_response_tokens": 24, "temperature": 1.0},
         "train": {"init_checkpoint": str(easy_base), "run_dir": str(folder / "run"),
                   "checkpoint_dir": str(folder / "run" / "checkpoints"), "steps": 4,
                   "max_rollouts": None, "max_seconds": None, "checkpoint_every": 2,
@@ -103,7 +103,10 @@ def reference(easy_base, easy_data, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("reference")
     done = run_script(write_params(folder, easy_base, easy_data))
     assert done.returncode == 0, done.stderr[-3000:]
-    return outcome(folder)
+    result = outcome(folder)
+    updated = [m for m in result["history"] if m["update/skipped"] == 0.0]
+    assert len(updated) >= 3, result["history"]  # the weights really move: kills can lose work
+    return result
 
 
 @pytest.mark.parametrize("point", sorted(POINTS))

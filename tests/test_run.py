@@ -400,6 +400,7 @@ def test_python_m_brorl_train_and_the_prefect_flow_train_identically(
     assert version.tags["algorithm"] == "prorl" and version.tags["rollouts_per_prompt"] == "16"
 
 
+@pytest.mark.slow  # make test's 15-minute budget: run by make test-all
 def test_torchrun_two_ranks_stop_by_the_same_rule_at_the_same_step(easy_base, easy_data, tmp_path):
     params = "params/prorl_ci.yaml"
     sets = [a for o in _overrides(easy_data, easy_base, tmp_path / "two") for a in ("-S", o)]
