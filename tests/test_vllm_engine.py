@@ -97,3 +97,63 @@ def test_weight_sync_makes_vllm_match_the_trainer(setup):
     with torch.no_grad():
         rescored = score_rollouts(model, sampled, SAMPLING.temperature, SAMPLING.top_p)
     torch.testing.assert_close(sampled.logprobs, rescored, atol=1e-4, rtol=0)
+
+
+def test_one_trainer_step_with_the_vllm_engine_syncs_it_and_corrects_by_tis(setup, tmp_path,
+                                                                             monkeypatch):
+    """A Trainer whose rollout engine is this vLLM engine: one RL step generates with vLLM (its
+    own sampling log-probs), updates the policy with truncated IS, and pushes the new weights
+    into vLLM. The TIS weights come from vLLM's log-probs, so they are close to 1 but not all 1
+    (two implementations of the same model); after the step vLLM's greedy output is the
+    trainer's."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from brorl.data.math import generate_math
+    from brorl.params import load_params
+    from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig
+    from brorl.verifiers import Verdict
+
+    engine, model, tokenizer = setup
+    root = Path(__file__).resolve().parents[1]
+    save_policy(model, tokenizer, tmp_path / "start")  # the weights vLLM holds now
+    params = load_params(root / "params/tiny_ci.yaml")
+    config = replace(TrainerConfig.from_params(params), init_checkpoint=str(tmp_path / "start"),
+                     checkpoint_dir=str(tmp_path / "ck"), prompts_per_step=2,
+                     rollouts_per_prompt=8, mini_batches_per_step=2, micro_batch_rollouts=8,
+                     temperature=1.0, top_p=1.0, max_response_tokens=16, filter_max_draws=3,
+                     verify_workers=1, reference_reset_every=None)
+    assert config.loss.tis_mode == "truncate"  # the schema's default
+
+    def reward(problems, texts):  # half right by the parity of the text: every group informative
+        return [Verdict(float(i % 2), "test") for i, _ in enumerate(texts)]
+
+    # this module's engine started first and set up torch.distributed (a world of one); the
+    # Trainer then finds it initialised, and DeepSpeed still reads LOCAL_RANK
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    trainer = Trainer(config, generate_math(4, seed=0), reward_fn=reward)
+    trainer.rollout_engine = engine  # rank 0 generates with vLLM
+    engine.sync_weights(trainer.model)
+    run = Run(trainer, replace(RunConfig.from_params(params, root), run_dir=str(tmp_path / "run"),
+                               steps=10**6, eval_every=10**6, checkpoint_every=10**6,
+                               save_rollouts=False), {})
+    # the TIS ratio the update applies, per token: the trainer's log-prob over vLLM's
+    from brorl.algorithm.losses import importance_weights
+    from brorl.train.ppo import score_batch
+
+    batch = trainer.generate_rollouts(generate_math(2, seed=1), 1)
+    rows = torch.arange(batch.response_ids.shape[0])
+    with torch.no_grad():
+        old = score_batch(trainer.model, batch, config.temperature, 8, rows)
+    weights, _ = importance_weights(old, batch.logprobs, "truncate", config.loss.tis_cap)
+    lengths = batch.response_lengths
+    mask = torch.arange(old.shape[1])[None, :] < lengths[:, None]  # each response's own tokens
+    assert (weights[mask] != 1.0).any()  # vLLM's own log-probs, not the trainer's
+    assert (weights[mask] - 1.0).abs().max() < 0.05  # the same weights in both
+    metrics = run.step(Direct())
+    assert metrics["update/skipped"] == 0.0 and metrics["update/optimizer_steps"] == 2
+    assert abs(metrics["update/tis_weight_mean"] - 1.0) < 0.05
+    expected = HfEngine(trainer.model, tokenizer, max_concurrent_rollouts=16).generate(
+        PROMPTS, 1, GREEDY)
+    synced = engine.generate(PROMPTS, 1, GREEDY)
+    assert torch.equal(synced.response_ids, expected.response_ids)  # the update reached vLLM
