@@ -63,6 +63,20 @@ def _run_flow(name: str, params: str, overrides: list[str] | None, **extra: Any)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
 
+def _dvc_set(params: str, override: str) -> str:
+    """`FILE:KEY=VALUE` for `dvc exp run -S`; `FILE:+KEY=VALUE` when the file itself lacks the
+    key (it may come from a file it `extends`): DVC only replaces keys a file already has."""
+    import yaml
+
+    key, _, value = override.partition("=")
+    node = yaml.safe_load(open(params, encoding="utf-8").read()) or {}
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return f"{params}:+{key}={value}"
+        node = node[part]
+    return f"{params}:{override}"
+
+
 DEFAULT_STAGES = ("simulate", "compare")
 """What `brorl run` and `make run` reproduce: every stage up to the ProRL-vs-BroRL comparison and
 the simulator; the study (`make study`, about two hours) only when named."""
@@ -87,7 +101,7 @@ def run(stages: Annotated[list[str] | None, typer.Argument(
 
     command = [sys.executable, "-m", "dvc"]
     if overrides:
-        command += ["exp", "run", *(a for o in overrides for a in ("-S", f"{params}:{o}"))]
+        command += ["exp", "run", *(a for o in overrides for a in ("-S", _dvc_set(params, o)))]
     else:
         command += ["repro"]
     raise typer.Exit(server.main(["--pipeline", "--", *command, *(stages or DEFAULT_STAGES)]))
