@@ -111,17 +111,17 @@ def check_checkpoint(folder: str | Path, field: str) -> None:
 
 
 def _safetensors_shapes(path: Path, fix: str) -> dict[str, list[int]]:
-    """Tensor name -> shape from the file's header; InputError when it is not safetensors or
-    is shorter than its header says."""
-    from safetensors import safe_open
-
+    """Tensor name -> shape from the file's header (read once); InputError when it is not
+    safetensors or is shorter than its header says."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            shapes = {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
-        header_len = int.from_bytes(path.open("rb").read(8), "little")
-        header = json.loads(path.open("rb").read(8 + header_len)[8:])
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
-                  default=0)
+        with path.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if header_len > path.stat().st_size:
+                raise ValueError(f"header length {header_len} beyond the file")
+            header = json.loads(f.read(header_len))
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        shapes = {name: list(v["shape"]) for name, v in tensors.items()}
+        end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
     except Exception as err:  # noqa: BLE001 - any failure to read is the file's
         raise InputError(f"{path}: truncated or not a safetensors file ({_first_line(err)}); "
                          f"{fix}.") from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -69,7 +70,7 @@ def _dvc_set(params: str, override: str) -> str:
     import yaml
 
     key, _, value = override.partition("=")
-    node = yaml.safe_load(open(params, encoding="utf-8").read()) or {}
+    node = yaml.safe_load(Path(params).read_text(encoding="utf-8")) or {}
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
             return f"{params}:+{key}={value}"
