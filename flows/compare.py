@@ -30,8 +30,8 @@ def compare(params_path: str, overrides: list[str] | None = None) -> dict[str, A
         run_id = c.open_run(dumped)
         for name, arm in arms.items():
             train_arm(arm, arm["name"], parent_run_id=run_id)
-    result = c.report(arms, params.compare.report_dir,
-                      f"{params.tracking.metrics_dir}/{params.name}.json", params.compare.baseline)
+    metrics_path = f"{params.tracking.metrics_dir}/{params.compare_label}.json"
+    result = c.report(arms, params.compare.report_dir, metrics_path, params.compare.baseline)
     result["mlflow_run_id"] = c.log_report(dumped, result, run_id)
     return result
 

@@ -1,7 +1,8 @@
 """Flow `data`: build the problem splits of one experiment (`python -m flows.data --params FILE`).
 
 Composition only: load params, call the `data` task (splits to `data.path`, counts to
-`<tracking.metrics_dir>/data.json` for DVC), record both in one MLflow run, return the summary.
+`<tracking.metrics_dir>/<data_label>.json` for DVC: `data.json` for `outputs/data/problems`),
+record both in one MLflow run, return the summary.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def data(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]
     """Build, split and save the problems named by the params file's `data` section."""
     params = load_params(params_path, overrides or [])
     p = params.data
-    result = build_data(p, str(tracking.ROOT / params.tracking.metrics_dir / "data.json"))
+    result = build_data(p, str(tracking.ROOT / params.tracking.metrics_dir / f"{params.data_label}.json"))
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
     run_id = log_data({"name": params.name, "data": p.model_dump(mode="json")}, result,
                       params.tracking.experiment, uri)

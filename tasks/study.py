@@ -98,10 +98,10 @@ def finish_run(prepared: dict[str, Any], summary: dict[str, Any]) -> None:
 
 @task(name="study-report", **_TASK)
 def report(params: dict[str, Any]) -> dict[str, Any]:
-    """report.md, report.json and the PNGs; the headline as `<metrics_dir>/<name>.json`."""
+    """report.md, report.json and the PNGs; the headline as `<metrics_dir>/<study_label>.json`."""
     p = ExperimentParams.model_validate(params)
     result = build_report(p, tracking.ROOT)
-    path = tracking.ROOT / p.tracking.metrics_dir / f"{p.name}.json"
+    path = tracking.ROOT / p.tracking.metrics_dir / f"{p.study_label}.json"
     atomic_write_text(path, json.dumps(headline(result), indent=2, sort_keys=True) + "\n")
     get_run_logger().info("\n".join(result["verdict"]))
     return result

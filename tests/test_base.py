@@ -232,9 +232,9 @@ def test_data_and_base_flows_run_on_a_prefect_server(tmp_path, monkeypatch):
     with prefect_test_harness(server_startup_timeout=120):
         counts = data(params_path=params, overrides=sizes)["counts"]
         summary = base(params_path=params, overrides=sizes)
-    assert json.loads((tmp_path / "metrics/data.json").read_text()) == {
+    assert json.loads((tmp_path / "metrics/ci_data.json").read_text()) == {
         "problems": sum(n for k, n in counts.items() if k.endswith("/total"))}
-    assert set(json.loads((tmp_path / "metrics/base.json").read_text())) == {
+    assert set(json.loads((tmp_path / "metrics/ci_base.json").read_text())) == {
         "math", "code", "reasoning"}
     assert load_policy(summary["path"])[0].config.hidden_size == 64  # tiny_ci.yaml's size
     import mlflow

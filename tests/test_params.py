@@ -98,6 +98,8 @@ def test_pipeline_vars_agree_with_the_params_files_they_name(path):
         assert not {dirs["metrics"], dirs["plots"]} & {"metrics", "plots"}
     assert Path(p["data"].data.path).parent == Path(stages["data"]["out"])
     assert Path(p["base"].base.path).parent == Path(stages["base"]["out"])
+    assert (p["data"].data_label, p["base"].base_label) == \
+        (stages["data"]["name"], stages["base"]["name"])  # <metrics_dir>/<label>.json
     for arm in ("prorl_warmup", "prorl", "brorl"):
         # metrics/<run_label>.json and plots/<run_label>/, named after the run's folder
         assert p[arm].train.run_dir == stages[arm]["out"] and p[arm].run_label == stages[arm]["name"]
@@ -106,7 +108,7 @@ def test_pipeline_vars_agree_with_the_params_files_they_name(path):
     for arm in ("prorl", "brorl"):
         assert p[arm].train.init_checkpoint == f"{stages['prorl_warmup']['out']}/policy"
     assert p["compare"].compare.report_dir == stages["compare"]["out"]
-    assert p["compare"].name == stages["compare"]["name"]  # metrics/<name>.json, the stage's metrics
+    assert p["compare"].compare_label == stages["compare"]["name"]  # the stage's metrics name
     arms = {name: load_params(ROOT / f) for name, f in p["compare"].compare.arms.items()}
     assert [a.train.run_dir for a in arms.values()] == [stages["prorl"]["out"], stages["brorl"]["out"]]
 
@@ -319,3 +321,12 @@ def test_a_runs_metrics_name_comes_from_its_run_folder():
     assert load_params(ROOT / "params/prorl_ci.yaml").run_label == "ci_prorl"
     moved = load_params(ROOT / "params/prorl.yaml", ["train.run_dir=outputs/elsewhere"])
     assert moved.run_label == "elsewhere"  # not the arm's `prorl`: its metrics stay untouched
+    tiny = load_params(ROOT / "params/tiny.yaml")
+    assert (tiny.data_label, tiny.base_label) == ("data", "base")
+    ci = load_params(ROOT / "params/tiny_ci.yaml")
+    assert (ci.data_label, ci.base_label) == ("ci_data", "ci_base")
+    assert load_params(ROOT / "params/compare.yaml").compare_label == "compare"
+    assert load_params(ROOT / "params/compare.yaml", ["compare.report_dir=outputs/other"]
+                       ).compare_label == "other"
+    assert load_params(ROOT / "params/study_ci.yaml").study_label == "ci_study"
+    assert load_params(ROOT / "params/tiny.yaml", ["data.path=/tmp/x/problems"]).data_label == "x"

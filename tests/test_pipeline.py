@@ -48,7 +48,7 @@ def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
     for arm in ("ci_prorl", "ci_brorl", "ci_prorl_warmup"):
         csv = clone / "outputs" / "ci" / "plots" / arm / "eval.csv"
         assert csv.read_text().startswith("step,rollouts")
-    compared = json.loads((clone / "outputs" / "ci" / "metrics" / "compare-ci.json").read_text())
+    compared = json.loads((clone / "outputs" / "ci" / "metrics" / "ci_compare.json").read_text())
     report = json.loads((clone / "outputs" / "ci" / "compare" / "report.json").read_text())
     # the paired test recomputed here from the arms' own last test rows, instance by instance
     last = {}

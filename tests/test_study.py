@@ -112,7 +112,7 @@ def test_the_dvc_foreach_list_is_the_plan_of_the_named_study(name):
     study = pipeline["study"]
     params = load_params(ROOT / study["params"])
     assert study["runs"] == [r.id for r in plan_runs(params.study)]
-    assert (study["out"], study["name"]) == (params.study.out_dir, params.name)
+    assert (study["out"], study["name"]) == (params.study.out_dir, params.study_label)
     assert params.tracking.metrics_dir == pipeline["dirs"]["metrics"]
     assert params.train.init_checkpoint == f"{pipeline['prorl_warmup']['out']}/policy"
     assert params.data.path == load_params(ROOT / pipeline["data"]["params"]).data.path
@@ -403,7 +403,7 @@ def test_an_interrupted_study_resumes_without_redoing_finished_runs(ci_pipeline,
                             capture_output=True, text=True, timeout=120)
     assert "up to date" in status.stdout, status.stdout
     report = json.loads((clone / "outputs" / "ci" / "study" / "report.json").read_text())
-    metrics = json.loads((clone / "outputs" / "ci" / "metrics" / "study-ci.json").read_text())
+    metrics = json.loads((clone / "outputs" / "ci" / "metrics" / "ci_study.json").read_text())
     assert _same(metrics, headline(report)) == []
 
     client = MlflowClient(uri)

@@ -38,19 +38,43 @@ class ExperimentParams(Section):
     tracking: TrackingParams = TrackingParams()
     study: StudyParams = StudyParams()
 
+    def output_label(self, folder: str) -> str:
+        """A run's own name for its DVC metrics file and plot folder, from the folder it writes
+        (`<tracking.metrics_dir>/<label>.json`): the folder under `tracking.output_dir`, `/` as
+        `_` (`outputs/prorl` -> `prorl`, `outputs/ci/compare` -> `ci_compare`), else the folder's
+        own name. Two runs writing different folders never share it, whatever their params files
+        are called (`-S compare.report_dir=...` cannot overwrite another run's metrics)."""
+        path, out = PurePosixPath(folder), PurePosixPath(self.tracking.output_dir)
+        try:
+            parts = path.relative_to(out).parts
+        except ValueError:
+            parts = (path.name,)
+        return "_".join(parts) or self.name
+
     @property
     def run_label(self) -> str:
-        """The training run's own name for its DVC metrics file and plot folder
-        (`<tracking.metrics_dir>/<run_label>.json`): its `train.run_dir` under
-        `tracking.output_dir`, `/` as `_` (`outputs/prorl` -> `prorl`, `outputs/ci/prorl` ->
-        `ci_prorl`), else the folder's own name. Two runs never share it, whatever their params
-        files are called (`-S train.run_dir=...` cannot overwrite another run's metrics)."""
-        run, out = PurePosixPath(self.train.run_dir), PurePosixPath(self.tracking.output_dir)
-        try:
-            parts = run.relative_to(out).parts
-        except ValueError:
-            parts = (run.name,)
-        return "_".join(parts) or self.name
+        """The training run's label: `output_label` of its `train.run_dir`."""
+        return self.output_label(self.train.run_dir)
+
+    @property
+    def data_label(self) -> str:
+        """The data stage's label: `output_label` of the folder holding `data.path`."""
+        return self.output_label(str(PurePosixPath(self.data.path).parent))
+
+    @property
+    def base_label(self) -> str:
+        """The base stage's label: `output_label` of the folder holding `base.path`."""
+        return self.output_label(str(PurePosixPath(self.base.path).parent))
+
+    @property
+    def compare_label(self) -> str:
+        """The comparison's label: `output_label` of its `compare.report_dir`."""
+        return self.output_label(self.compare.report_dir)
+
+    @property
+    def study_label(self) -> str:
+        """The study's label: `output_label` of its `study.out_dir`."""
+        return self.output_label(self.study.out_dir)
 
     @model_validator(mode="after")
     def _check_sections(self) -> ExperimentParams:
