@@ -2,7 +2,8 @@
 
 Composition only: load params, call the `base` task on the `data` stage's output (checkpoint
 at `base.path`, metrics at `<tracking.metrics_dir>/<base_label>.json` for DVC, `base.json` for
-`outputs/base/checkpoint`; the warm-up history at `<base.path>/../report.json`), record them in one MLflow run, return the summary.
+`outputs/base/checkpoint`; the warm-up history at `<base.path>/../report.json`), record them
+in one MLflow run, return the summary.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from tasks.base import log_base, train_base
 def base(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Warm the tiny policy of the `model` section up with the `base` section's knobs."""
     params = load_params(params_path, overrides or [])
-    result = train_base(params, str(tracking.ROOT / params.tracking.metrics_dir / f"{params.base_label}.json"))
+    metrics_path = tracking.ROOT / params.tracking.metrics_dir / f"{params.base_label}.json"
+    result = train_base(params, str(metrics_path))
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
     logged = {"name": params.name, **params.model_dump(mode="json", include={"model", "base"})}
     run_id = log_base(logged, result, params.tracking.experiment, uri)

@@ -22,7 +22,8 @@ def data(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]
     """Build, split and save the problems named by the params file's `data` section."""
     params = load_params(params_path, overrides or [])
     p = params.data
-    result = build_data(p, str(tracking.ROOT / params.tracking.metrics_dir / f"{params.data_label}.json"))
+    metrics_path = tracking.ROOT / params.tracking.metrics_dir / f"{params.data_label}.json"
+    result = build_data(p, str(metrics_path))
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
     run_id = log_data({"name": params.name, "data": p.model_dump(mode="json")}, result,
                       params.tracking.experiment, uri)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from brorl.base import BaseConfig
 from brorl.data import DataConfig
-from brorl.params import ExperimentParams, ParamsError, TrainParams, load_params
+from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
 from brorl.train.config import LossConfig, TrainerConfig
 from brorl.train.run import RunConfig
@@ -251,10 +251,12 @@ def test_data_and_base_configs_take_every_field_from_their_sections():
 
 def test_run_config_takes_every_field_from_its_params_field():
     changed, unused = _changed_by(lambda p: RunConfig.from_params(p, Path("/r")),
-                                  ("train", "generate", "verify", "data"), BASE)
+                                  ("train", "generate", "verify", "data", "diagnostics"), BASE)
     renamed = {"name": set(), "eval_max_response_tokens": {"generate.max_response_tokens"},
                "eval_workers": {"verify.workers"}, "data_path": {"data.path"}}
-    assert changed == {key: renamed.get(key, {f"train.{key}"}) for key in changed}
+    owner = {key: {key} if key.startswith("diagnostics.") else {f"train.{key}"} for key in changed}
+    assert changed == {key: renamed.get(key, owner[key]) for key in changed}
+    assert {f"diagnostics.{f}" for f in DiagnosticsParams.model_fields}.isdisjoint(unused)
     assert {f"train.{f}" for f in ("run_dir", "steps", "max_rollouts", "max_seconds",
                                    "plateau_patience", "eval_every", "checkpoint_every",
                                    "eval_splits", "eval_seed")}.isdisjoint(unused)

@@ -33,6 +33,7 @@ from brorl.train import (
     TrainerConfig,
     parameter_digest,
 )
+from brorl.train.diagnostics import DiagnosticsConfig
 from brorl.train.rollouts import ScoredGroups
 from brorl.train.run import TRAIN_STAGES
 from brorl.train.sampler import PromptSampler
@@ -46,7 +47,8 @@ def _config(**changes) -> RunConfig:
                   max_rollouts=None, max_seconds=None, plateau_patience=None, eval_every=4,
                   checkpoint_every=5, save_rollouts=False, eval_splits=("test",), eval_samples=1,
                   eval_temperature=0.6, eval_top_p=0.95, eval_max_response_tokens=8, eval_seed=0,
-                  eval_workers=1)
+                  eval_workers=1, diagnostics=DiagnosticsConfig(
+                      enabled=False, probes_per_family=1, step_probes=0, decompose=False, seed=0))
     return RunConfig(**{**values, **changes})
 
 

@@ -14,7 +14,7 @@ each stage's plain config is built by one `from_params` beside it (`TrainerConfi
 here only, so a mapping that misses a field fails loudly.
 
 Modules: `loading` (files, overrides, errors), `theory` (`simulate`), `data` (`data`, `model`,
-`base`), `rl` (`update`, `filter`, `generate`, `verify`), `run` (`train`, `compare`,
+`base`), `rl` (`update`, `filter`, `generate`, `verify`), `run` (`train`, `diagnostics`, `compare`,
 `tracking`), `experiment` (the root).
 """
 
@@ -24,13 +24,14 @@ from brorl.params.data import BaseParams, DataParams, ModelParams
 from brorl.params.experiment import ExperimentParams
 from brorl.params.loading import ParamsError, apply_override, load_params, read_yaml_tree
 from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
-from brorl.params.run import CompareParams, TrackingParams, TrainParams
+from brorl.params.run import CompareParams, DiagnosticsParams, TrackingParams, TrainParams
 from brorl.params.theory import SimulateParams
 
 __all__ = [
     "BaseParams",
     "CompareParams",
     "DataParams",
+    "DiagnosticsParams",
     "ExperimentParams",
     "FilterParams",
     "GenerateParams",

@@ -14,7 +14,7 @@ from pydantic import model_validator
 
 from brorl.params.data import BaseParams, DataParams, ModelParams
 from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
-from brorl.params.run import CompareParams, TrackingParams, TrainParams
+from brorl.params.run import CompareParams, DiagnosticsParams, TrackingParams, TrainParams
 from brorl.params.section import Section
 from brorl.params.study import StudyParams
 from brorl.params.theory import SimulateParams
@@ -34,6 +34,7 @@ class ExperimentParams(Section):
     generate: GenerateParams = GenerateParams()
     verify: VerifyParams = VerifyParams()
     train: TrainParams = TrainParams()
+    diagnostics: DiagnosticsParams = DiagnosticsParams()
     compare: CompareParams = CompareParams()
     tracking: TrackingParams = TrackingParams()
     study: StudyParams = StudyParams()

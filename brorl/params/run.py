@@ -109,6 +109,29 @@ class TrainParams(Section):
         return self
 
 
+class DiagnosticsParams(Section):
+    """Knowledge shrinkage on the live policy (`brorl.train.diagnostics`, spec §3, Fig. 3):
+    probes scored before and after each PPO update, logged as `diag/*` (docs/metrics.md).
+    Their seconds are kept out of the training time (`time/diagnostics`)."""
+
+    enabled: bool = True
+    """Score the probes around every update. Forward passes only (no randomness drawn), so a
+    run's training is the same with or without them."""
+    probes_per_family: PositiveInt = 8
+    """Held-out probes per family: validation problems with a reference response, drawn by
+    `seed` (the same probes all run long, and in every run with that seed). Our choice: a few
+    dozen in all."""
+    step_probes: NonNegativeInt = 16
+    """Most of the step's own drawn prompts scored per class, solved (some rollout correct: the
+    correct path was sampled) and unsolved (none was), in draw order; 0: none. Our choice."""
+    decompose: bool = False
+    """Also split the first-order change of the held-out Q_pos into the parts driven by the
+    step's correct and incorrect rollouts (gradient dot products; about two extra backward
+    passes over the step's rollouts). Off by default for its cost."""
+    seed: int = 0
+    """Seed that draws the held-out probes. Our choice."""
+
+
 class CompareParams(Section):
     """The ProRL-vs-BroRL comparison (`flows/compare.py`): arms, shared start, equal budget."""
 

@@ -45,6 +45,7 @@ from brorl.base import sample_per_family
 from brorl.data import load_split
 from brorl.train import checkpoint as ckpt
 from brorl.evals import SELECTION_METRIC, eval_metrics, evals_jsonl, row_split, score_policy
+from brorl.train.diagnostics import DiagnosticsConfig, Shrinkage, build_probes, rollout_parts
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.trainer import Collected, Collection, RewardFn, Trainer, parameter_digest
@@ -93,6 +94,7 @@ class RunConfig:
     eval_max_response_tokens: int
     eval_seed: int
     eval_workers: int | None
+    diagnostics: DiagnosticsConfig
 
     @classmethod
     def from_params(cls, params: ExperimentParams, root: Path) -> RunConfig:
@@ -106,7 +108,8 @@ class RunConfig:
             eval_splits=tuple(t.eval_splits), eval_samples=t.eval_samples,
             eval_temperature=t.eval_temperature, eval_top_p=t.eval_top_p,
             eval_max_response_tokens=params.generate.max_response_tokens,
-            eval_seed=t.eval_seed, eval_workers=params.verify.workers)
+            eval_seed=t.eval_seed, eval_workers=params.verify.workers,
+            diagnostics=DiagnosticsConfig.from_params(params))
 
 
 @dataclass
@@ -128,6 +131,9 @@ class RunState:
     """Per-step metrics, one dict per finished step."""
     evals: list[dict[str, Any]] = field(default_factory=list)
     """Evaluation rows, one per (step, split) (`brorl.evals`)."""
+    probe_start: list[float] | None = None
+    """The held-out probes' reference-token probabilities at the run's start, flat
+    (`brorl.train.diagnostics.Shrinkage.start`); None before the first update."""
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> RunState:
@@ -163,15 +169,25 @@ class Direct:
 
 class Run:
     """A trainer, its run policy and state; `train()` is the loop (see the module docstring).
-    `eval_problems` maps each evaluated split to its fixed instances."""
+    `eval_problems` maps each evaluated split to its fixed instances; `probe_problems` are the
+    held-out probes of the shrinkage diagnostics (`brorl.train.diagnostics`)."""
 
     def __init__(self, trainer: Trainer, config: RunConfig,
-                 eval_problems: Mapping[str, Sequence[Problem]]) -> None:
+                 eval_problems: Mapping[str, Sequence[Problem]],
+                 probe_problems: Sequence[Problem] = ()) -> None:
         self.trainer, self.config = trainer, config
         self.eval_problems = {split: list(problems) for split, problems in eval_problems.items()}
         self.state = RunState.from_dict(trainer.resumed_state) if trainer.resumed_state \
             else RunState()
         self.run_dir = Path(config.run_dir)
+        self.shrinkage: Shrinkage | None = None
+        """Rank 0's diagnostics when `diagnostics.enabled` (the other ranks skip them)."""
+        if config.diagnostics.enabled and trainer.rank == 0:
+            c = trainer.config
+            self.shrinkage = Shrinkage(
+                build_probes(probe_problems, trainer.tokenizer), trainer.tokenizer,
+                config.diagnostics, c.temperature, c.micro_batch_rollouts, c.correct_reward,
+                start=self.state.probe_start)
 
     @classmethod
     def open(cls, params: ExperimentParams, root: Path | str = ".", *, resume: bool = True,
@@ -179,7 +195,8 @@ class Run:
         """The run of `params` (relative paths taken from `root`), resumed from its newest
         checkpoint unless `resume` is False. Each split of `train.eval_splits` is scored on
         `train.eval_per_family` instances per family drawn by `train.eval_seed` (the same
-        instances at every evaluation, and in every run with that seed)."""
+        instances at every evaluation, and in every run with that seed); the shrinkage probes
+        are `diagnostics.probes_per_family` validation problems drawn by `diagnostics.seed`."""
         from dataclasses import replace
 
         from brorl.train.config import TrainerConfig
@@ -195,8 +212,11 @@ class Run:
         if empty:
             raise ValueError(f"{data}: the {empty} split holds no problems; drop it from "
                              "train.eval_splits or regenerate the data with that split.")
+        d = params.diagnostics
+        probes = sample_per_family(load_split(data, "validation"), d.probes_per_family, d.seed) \
+            if d.enabled else []
         trainer = Trainer(config, load_split(data, "train"), reward_fn=reward_fn, resume=resume)
-        return cls(trainer, RunConfig.from_params(params, root), eval_problems)
+        return cls(trainer, RunConfig.from_params(params, root), eval_problems, probes)
 
     @property
     def step_count(self) -> int:
@@ -267,14 +287,33 @@ class Run:
         return Timed(collection.done, time.perf_counter() - started)
 
     def ppo_update(self, collection: Collection | None) -> Timed[dict[str, float]]:
-        """The PPO mini-batches on the kept groups (all ranks), then the step's end."""
+        """The PPO mini-batches on the kept groups (all ranks), then the step's end. With
+        diagnostics, rank 0 scores its probes before and after the update (`diag/*`); their
+        seconds (`time/diagnostics`) are not the stage's, so training time never counts them."""
         started = time.perf_counter()
         collected: Collected = self.trainer.broadcast(collection.finish() if collection else None)
         metrics = dict(collected.metrics)
         if collected.groups is not None:  # else the draws found nothing informative: report it
+            pending = None
+            if self.shrinkage is not None:
+                t = self.trainer
+                pending = self.shrinkage.before(t.model, collected.drawn, partial(
+                    self._decompose, collected.groups))
+                self.state.probe_start = self.shrinkage.start_values()
             metrics.update(self.trainer.update(collected.groups))
+            if pending is not None:
+                metrics.update(self.shrinkage.after(self.trainer.model, pending))
         metrics = self.trainer.end_step(metrics)
-        return Timed(metrics, time.perf_counter() - started)
+        return Timed(metrics, time.perf_counter() - started - metrics.get("time/diagnostics", 0.0))
+
+    def _decompose(self, groups: ScoredGroups, objective) -> dict[str, float]:
+        """The first-order split of the probes' `objective` by the step's correct and
+        incorrect rollouts (`brorl.train.diagnostics.first_order_split`), at the update's LR."""
+        from brorl.train.diagnostics import first_order_split
+
+        t = self.trainer
+        parts = rollout_parts(t.model, t.reference, groups, t.config)
+        return first_order_split(t.model, objective, parts, t.config.lr)
 
     def eval_protocol(self) -> dict[str, Any]:
         """What this run's evaluation rows depend on besides its training: the policy's weights

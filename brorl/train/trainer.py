@@ -121,6 +121,9 @@ class Collected:
     groups: ScoredGroups | None
     stats: FilterStats
     metrics: dict[str, float]
+    drawn: tuple[tuple[Problem, bool], ...] = ()
+    """Every drawn prompt, kept or not, with whether some rollout of it was correct (reward >=
+    the filter's `correct_reward`): the shrinkage diagnostics' sampled / unsampled split."""
 
 
 class Collection:
@@ -130,6 +133,7 @@ class Collection:
         self.collector = collector
         self.totals = {"generate": 0.0, "verify": 0.0, "tokens": 0.0, "reward_sum": 0.0,
                        "truncated": 0.0}
+        self.drawn: list[tuple[Problem, bool]] = []
 
     @property
     def done(self) -> bool:
@@ -150,6 +154,8 @@ class Collection:
         self.totals["tokens"] += float(groups.batch.response_lengths.sum())
         self.totals["reward_sum"] += float(groups.rewards.sum())
         self.totals["truncated"] += sum(r == "length" for r in groups.batch.finish_reasons)
+        solved = (groups.rewards >= self.collector.correct_reward).any(dim=1).tolist()
+        self.drawn += list(zip(groups.problems, solved))
         self.collector.add(groups)
 
     def finish(self) -> Collected:
@@ -167,7 +173,8 @@ class Collection:
             "verify/seconds": totals["verify"],
             **stats.as_metrics(),
         }
-        return Collected(concat(kept.pieces) if kept.pieces else None, stats, metrics)
+        return Collected(concat(kept.pieces) if kept.pieces else None, stats, metrics,
+                         tuple(self.drawn))
 
 
 class Trainer:
