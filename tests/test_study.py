@@ -223,6 +223,17 @@ def _hand_made_study(tmp_path: Path):
                     "filter/pass_rate": 0.5, "generate/seconds": 1.0},
                    {"train/step": 2.0, "generate/rollouts": 96.0, "filter/rollouts_generated": 96.0,
                     "filter/pass_rate": 1.0, "generate/seconds": 4.0}]
+        # shrinkage diagnostics: the held-out Q_pos starts at 0.30 - 0.02 = 0.28 and ends at
+        # 0.27 (N=16) or 0.33 (N=64); unsolved prompts lose 0.002 then 0.004 per update (N=16)
+        small = run_id.startswith("n16")
+        for m, q, since, worst, unsolved in zip(
+                history, (0.30, 0.27 if small else 0.33), (60.0, 40.0 if small else 80.0),
+                (-0.01, -0.03 if small else -0.02), (-0.002, -0.004 if small else 0.0)):
+            m.update({"generate/rollouts_total": 32.0 if m["train/step"] == 1 else 128.0,
+                      "diag/heldout/q_pos": q, "diag/heldout/q_pos_delta": 0.02,
+                      "diag/heldout/pct_improved_since_start": since,
+                      "diag/heldout/worst_drop_since_start": worst,
+                      "diag/solved/q_pos_delta": 0.003, "diag/unsolved/q_pos_delta": unsolved})
         (folder / "summary.json").write_text(json.dumps(
             {"steps": 2, "train_seconds": float(s[2]), "eval_seconds": 3.0,
              "checkpoint_seconds": 0.5, "history": history}))
@@ -276,8 +287,18 @@ def test_the_report_holds_hand_computed_means_tests_and_pooled_rates(tmp_path):
     out = tmp_path / "study"
     text = (out / "report.md").read_text()
     assert "| Method | N | Prompts/step |" in text and "## N-sweep" in text
-    for png in ("score_vs_rollouts.png", "score_vs_seconds.png", "sweep.png", "warmup.png"):
+    for png in ("score_vs_rollouts.png", "score_vs_seconds.png", "sweep.png", "warmup.png",
+                "shrinkage.png"):
         assert (out / png).stat().st_size > 5_000, png
+    shrink = {name: a["shrinkage"] for name, a in r["arms"].items()}
+    assert shrink["prorl"]["q_pos_change"]["mean"] == pytest.approx(-0.01)
+    assert shrink["brorl"]["q_pos_change"]["mean"] == pytest.approx(0.05)
+    assert shrink["prorl"]["unsolved_delta"]["mean"] == pytest.approx(-0.003)
+    assert shrink["brorl"]["worst_drop_since_start"]["mean"] == pytest.approx(-0.02)
+    assert shrink["brorl"]["pct_improved_since_start"]["mean"] == pytest.approx(80.0)
+    assert shrink["prorl"]["solved_delta"]["mean"] == pytest.approx(0.003)
+    assert "## Knowledge shrinkage on the live policy" in text and "shrinkage.png" in text
+    assert "| prorl (16) | -0.0100 [" in text
     assert headline(r)["delta_rollouts"] == round(0.95 / 6, 4) and headline(r)["peak_n"] == 64
     p = r["equal_rollouts"]["paired_test"]["p_two_sided"]
     assert headline(r)["p_rollouts"] == float(f"{p:.3g}") > 0  # significant digits, never 0

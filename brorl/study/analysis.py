@@ -104,6 +104,43 @@ def warmup_curve(folder: Path) -> dict[str, Any] | None:
         for r in rows if r["step"] <= start]}
 
 
+SHRINKAGE = ("q_pos_change", "pct_improved_since_start", "worst_drop_since_start",
+             "solved_delta", "unsolved_delta")
+"""Per-run summaries of the live shrinkage diagnostics (`brorl.train.diagnostics`): the held-out
+Q_pos change from the run's start to its end, the paper's cumulative % improved and worst drop
+at the end, and the mean per-update change of the step's solved and unsolved prompts."""
+
+
+def shrinkage_of(history: list[dict[str, float]]) -> dict[str, float] | None:
+    """`SHRINKAGE` of one run's per-step history; None when no step logged the diagnostics (a
+    run recorded before they existed, or with `diagnostics.enabled: false`)."""
+    steps = [m for m in history if "diag/heldout/q_pos" in m]
+    if not steps:
+        return None
+    first, last = steps[0], steps[-1]
+
+    def mean_of(key: str) -> float:
+        values = [m[key] for m in history if key in m]
+        return float(np.mean(values)) if values else math.nan
+
+    return {"q_pos_change": last["diag/heldout/q_pos"] - first["diag/heldout/q_pos"]
+            + first["diag/heldout/q_pos_delta"],
+            "pct_improved_since_start": last.get("diag/heldout/pct_improved_since_start",
+                                                 math.nan),
+            "worst_drop_since_start": last.get("diag/heldout/worst_drop_since_start", math.nan),
+            "solved_delta": mean_of("diag/solved/q_pos_delta"),
+            "unsolved_delta": mean_of("diag/unsolved/q_pos_delta")}
+
+
+def shrinkage(runs: list[RunResult], study: StudyParams) -> dict[str, Any] | None:
+    """Each `SHRINKAGE` quantity over the arm's runs (mean, interval over seeds); None unless
+    every run logged the diagnostics."""
+    per_run = [shrinkage_of(r.summary.get("history", [])) for r in runs]
+    if any(v is None for v in per_run):
+        return None
+    return {key: over_seeds([v[key] for v in per_run], study) for key in SHRINKAGE}
+
+
 def arm(params: ExperimentParams, runs: list[RunResult], ids: list[str], families: list[str],
         t_star: float) -> dict[str, Any]:
     """One arm: shape, runs, scores at the start, at the budget and at T*, pass rate, speed."""
@@ -125,6 +162,7 @@ def arm(params: ExperimentParams, runs: list[RunResult], ids: list[str], familie
         "rollouts_at_equal_time": [float(np.interp(t_star, [e["seconds"] for e in r.evals],
                                                    [e["rollouts"] for e in r.evals]))
                                    for r in runs],
+        "shrinkage": shrinkage(runs, study),
     }
     if reasoning:
         x = table([values_of(r.final, "pass_at_1") for r in runs], ids)[:, reasoning]

@@ -1,5 +1,5 @@
 """The study's PNG figures: score against rollouts and against training seconds per arm, the
-N-sweep, the warm-up's validation curve.
+N-sweep, the warm-up's validation curve, the live shrinkage diagnostics against rollouts.
 
 Curves of several seeds: each run's curve (a family's mean per-instance score at each test
 evaluation) is interpolated linearly onto a common grid (0 to the budget; 0 to the arm's
@@ -59,6 +59,42 @@ def curves(arms: dict[str, list[RunResult]], key: str, path: Path, label: str) -
             ax.set_xlabel(label)
             ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("held-out score (mean line, seed range)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+SHRINKAGE_PANELS = (
+    ("diag/heldout/q_pos", "held-out Q_pos (mean ref. token prob.)"),
+    ("diag/heldout/pct_improved_since_start", "% held-out ref. tokens above start"),
+    ("diag/heldout/worst_drop_since_start", "worst held-out drop since start"),
+    ("diag/unsolved/q_pos_delta", "unsolved prompts: Q_pos change per update"))
+"""The live shrinkage diagnostics drawn against rollouts (`brorl.train.diagnostics`)."""
+
+
+def shrinkage(arms: dict[str, list[RunResult]], path: Path) -> Path:
+    """Each `SHRINKAGE_PANELS` metric against rollouts generated, per arm: the mean over seeds
+    (each run interpolated onto a grid over the range all its runs' updates cover) and the seed
+    range, as `curves` draws scores."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(SHRINKAGE_PANELS), figsize=(4 * len(SHRINKAGE_PANELS), 3.6),
+                             squeeze=False)
+    for name, runs in arms.items():
+        for col, (key, title) in enumerate(SHRINKAGE_PANELS):
+            series = [[(m["generate/rollouts_total"], m[key])
+                       for m in r.summary.get("history", []) if key in m] for r in runs]
+            series = [np.array(points) for points in series if points]
+            ax = axes[0][col]
+            if series:  # the common range of the runs' updates, so no run is extrapolated
+                grid = np.linspace(max(p[0, 0] for p in series), min(p[-1, 0] for p in series), 41)
+                ys = np.array([np.interp(grid, p[:, 0], p[:, 1]) for p in series])
+                label = f"{name} (N={runs[0].run.rollouts_per_prompt}, {len(ys)} seeds)"
+                line = ax.plot(grid, ys.mean(axis=0), label=label)[0]
+                ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), alpha=0.2,
+                                color=line.get_color())
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("rollouts generated")
+            ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, plt, path)

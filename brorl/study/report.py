@@ -1,5 +1,5 @@
 """The study's report: `report.md` (Table 1 and Table 2 layouts with intervals, the tests, the
-N-sweep, the plateau check, a verdict), `report.json` (every number, `brorl.study.analysis`),
+N-sweep, the live shrinkage diagnostics, the plateau check, a verdict), `report.json` (every number, `brorl.study.analysis`),
 PNG figures (`brorl.study.figures`) and the headline numbers for `dvc metrics show`.
 
 The verdict is written from the numbers at report time: significance at the study's alpha, the
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from brorl.params import ExperimentParams
 
 FIGURES = {"rollouts": "score_vs_rollouts.png", "seconds": "score_vs_seconds.png",
-           "sweep": "sweep.png", "warmup": "warmup.png"}
+           "sweep": "sweep.png", "warmup": "warmup.png", "shrinkage": "shrinkage.png"}
 
 
 def load_results(params: ExperimentParams, root: Path) -> list[RunResult]:
@@ -81,6 +81,29 @@ def table2(r: dict[str, Any]) -> str:
         lines.append(f"| {name} ({a['N']}) | {_pts(rate)}% | {speed_text} "
                      f"| {_mean(a['train_seconds']):.0f} | {_mean(a['eval_seconds']):.0f} "
                      f"| {_mean(a['checkpoint_seconds']):.1f} |")
+    return "\n".join(lines)
+
+
+def shrinkage_table(r: dict[str, Any]) -> str | None:
+    """The live shrinkage diagnostics per arm (mean [interval over seeds]); None when some arm's
+    runs did not log them."""
+    if any(a.get("shrinkage") is None for a in r["arms"].values()):
+        return None
+
+    def cell(iv: dict[str, float], scale: float = 1.0, digits: int = 4) -> str:
+        text = f"{scale * iv['mean']:+.{digits}f}"
+        return text if math.isnan(iv["low"]) else \
+            f"{text} [{scale * iv['low']:+.{digits}f}, {scale * iv['high']:+.{digits}f}]"
+
+    lines = ["| Method (N) | held-out Q_pos change | % improved since start | worst drop since "
+             "start | per update: solved | per update: unsolved |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, a in r["arms"].items():
+        s = a["shrinkage"]
+        lines.append(f"| {name} ({a['N']}) | {cell(s['q_pos_change'])} "
+                     f"| {cell(s['pct_improved_since_start'], digits=1)} "
+                     f"| {cell(s['worst_drop_since_start'])} | {cell(s['solved_delta'], digits=5)} "
+                     f"| {cell(s['unsolved_delta'], digits=5)} |")
     return "\n".join(lines)
 
 
@@ -191,6 +214,16 @@ def markdown(r: dict[str, Any], names: dict[str, str]) -> str:
     if r["sweep"] is not None:
         text += ["## N-sweep", "", sweep_table(r["sweep"]), "", f"![N-sweep]({names['sweep']})",
                  ""]
+    shrink = shrinkage_table(r)
+    text += ["## Knowledge shrinkage on the live policy", ""]
+    if shrink is None:
+        text += ["Some runs logged no shrinkage diagnostics (recorded before they existed, or "
+                 "with `diagnostics.enabled: false`).", ""]
+    else:
+        text += ["Reference-token probabilities of held-out probes and of each step's drawn "
+                 "prompts, before and after every update (docs/metrics.md, `diag/*`); means "
+                 "[bootstrap interval over seeds].", "", shrink, "",
+                 f"![shrinkage]({names['shrinkage']})", ""]
     curve = r["plateau"]["warmup_validation"]
     if curve is not None and "warmup" in names:
         text += ["## The start point", "", f"The warm-up stopped at step {curve['start_step']}; "
@@ -229,6 +262,10 @@ def build_report(params: ExperimentParams, root: Path | str = ".") -> dict[str, 
         figures.sweep(report["sweep"]["points"], report["sweep"]["peak"], out / FIGURES["sweep"])
     else:
         figures.placeholder("no N-sweep in this study", out / FIGURES["sweep"])
+    if all(a["shrinkage"] is not None for a in report["arms"].values()):
+        figures.shrinkage(arms, out / FIGURES["shrinkage"])
+    else:
+        figures.placeholder("no shrinkage diagnostics in these runs", out / FIGURES["shrinkage"])
     curve = report["plateau"]["warmup_validation"]
     if curve is not None and curve["points"]:
         figures.warmup(curve, out / FIGURES["warmup"])
