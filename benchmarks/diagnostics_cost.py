@@ -1,0 +1,93 @@
+"""What the live shrinkage diagnostics cost against a default training step (issue target: <= 10%).
+
+    python benchmarks/diagnostics_cost.py                      # default arms, 5 steps each
+    python benchmarks/diagnostics_cost.py --steps 6 --arms brorl --decompose
+
+For each arm (params/prorl.yaml, params/brorl.yaml: the CPU defaults, `diagnostics` as
+configured there), K steps from the same start (`--init`, default the pipeline's warm-up
+policy) on the same data, bare (`brorl.train.Run.train`, no Prefect, no MLflow). Each step's
+diagnostics are timed inside the step (`time/diagnostics`: probe scoring before and after the
+update) and the rest of the step is the step without them (`time/iteration` minus that), so the
+ratio compares the two side by side in one run; the headline pools the steps (sum of the
+diagnostics' seconds over sum of the rest), per arm. `--decompose` adds the optional first-order
+split and reports it the same way. Steps that did not update (nothing informative) carry no
+diagnostics and are left out of the ratio.
+
+Prints the thread count and /proc/loadavg beside the figures: a busy second core slows all of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flows  # noqa: E402,F401  (offline, project-local environment defaults)
+
+
+def overrides(out: Path, steps: int, data: str, init: str, decompose: bool) -> list[str]:
+    return [f"train.run_dir={out}", f"train.checkpoint_dir={out / 'checkpoints'}",
+            f"train.steps={steps}", "train.max_rollouts=null", "train.max_seconds=null",
+            "train.plateau_patience=null", f"train.eval_every={10**6}",
+            f"train.checkpoint_every={10**6}", "train.save_rollouts=false",
+            f"data.path={data}", f"train.init_checkpoint={init}",
+            f"diagnostics.decompose={str(decompose).lower()}",
+            f"tracking.metrics_dir={out / 'metrics'}", f"tracking.plots_dir={out / 'plots'}"]
+
+
+def run_arm(arm: str, steps: int, data: str, init: str, decompose: bool, tmp: Path) -> list[dict]:
+    """The per-step histories of K bare steps of one arm."""
+    from brorl.params import load_params
+    from brorl.train import Run
+
+    params = load_params(ROOT / "params" / f"{arm}.yaml",
+                         overrides(tmp / arm, steps, data, init, decompose))
+    return Run.open(params, ROOT, resume=False).train()["history"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", nargs="+", default=["prorl", "brorl"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--data", default="outputs/data/problems")
+    parser.add_argument("--init", default="outputs/prorl_warmup/policy")
+    parser.add_argument("--decompose", action="store_true")
+    args = parser.parse_args(argv)
+    import torch
+
+    print(f"torch threads {torch.get_num_threads()}, load {Path('/proc/loadavg').read_text().strip()}")
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm in args.arms:
+            history = run_arm(arm, args.steps, args.data, args.init, args.decompose, Path(tmp))
+            rows = [m for m in history if "time/diagnostics" in m]
+            print(f"\n{arm}: {len(history)} steps, {len(rows)} with an update")
+            print("step | step without diagnostics s | diagnostics s | ratio | probes h/s/u")
+            ratios, diag_total, rest_total = [], 0.0, 0.0
+            for m in rows:
+                diag = m["time/diagnostics"]
+                rest = m["time/iteration"] - diag
+                ratios.append(diag / rest)
+                diag_total, rest_total = diag_total + diag, rest_total + rest
+                probes = "/".join(str(int(m.get(f"diag/{s}/probes", 0)))
+                                  for s in ("heldout", "solved", "unsolved"))
+                print(f"{int(m['train/step']):4d} | {rest:26.2f} | {diag:13.3f} | "
+                      f"{100 * ratios[-1]:5.1f}% | {probes}")
+            if ratios:
+                pooled = diag_total / rest_total
+                worst = max(worst, pooled)
+                print(f"{arm}: diagnostics / step without them, pooled over steps "
+                      f"{100 * pooled:.1f}% (per step: median "
+                      f"{100 * statistics.median(ratios):.1f}%, min {100 * min(ratios):.1f}%, "
+                      f"max {100 * max(ratios):.1f}%)")
+    print(f"\nworst arm, pooled: {100 * worst:.1f}% (target <= 10%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
