@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    print(f"torch threads {torch.get_num_threads()}, load {Path('/proc/loadavg').read_text().strip()}")
+    load = Path("/proc/loadavg").read_text().strip()
+    print(f"torch threads {torch.get_num_threads()}, load {load}")
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for arm in args.arms:
