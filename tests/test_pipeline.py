@@ -114,7 +114,8 @@ def test_both_arms_mlflow_runs_hold_metrics_artifacts_and_tags(ci_pipeline):
         assert run.data.tags["data_version"] == tracking.data_version(data) != "missing"
         for key in ("verify/reward_mean", "filter/pass_rate", "generate/rollouts_per_s",
                     "eval/pass_at_1_math", "eval/pass_at_1_reasoning", "time/iteration",
-                    "time/orchestration_share"):
+                    "time/orchestration_share", "diag/heldout/q_pos", "diag/solved/probes",
+                    "diag/heldout/worst_drop_since_start", "time/diagnostics"):
             assert key in run.data.metrics, (name, key)
         assert run.data.params["update.rollouts_per_prompt"] == n
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
