@@ -124,7 +124,7 @@ def test_a_band_margin_that_empties_the_band_is_refused():
 TRAINER_SECTIONS = ("update", "filter", "generate", "verify", "train")
 TRAINER_RENAMED = {
     "lr": {"update.base_lr", "update.base_samples_per_step", "update.prompts_per_step",
-           "update.rollouts_per_prompt"},  # the sqrt rule (spec §4.1)
+           "update.rollouts_per_prompt", "update.train_subset"},  # the sqrt rule (spec §4.1)
     "filter_enabled": {"filter.enabled"}, "filter_max_draws": {"filter.max_draws"},
     "filter_oversample": {"filter.oversample"}, "generate_dtype": {"generate.dtype"},
     "dtype": {"train.dtype"}, "verify_workers": {"verify.workers"},
@@ -229,7 +229,7 @@ def test_loss_config_takes_every_field_from_the_update_section():
     assert unused == {f"update.{f}" for f in (
         "prompts_per_step", "rollouts_per_prompt", "base_lr", "base_samples_per_step",
         "mini_batches_per_step", "epochs_per_step", "advantage_estimator",
-        "reference_reset_every", "reset_optimizer_on_reference_reset")}
+        "reference_reset_every", "reset_optimizer_on_reference_reset", "train_subset")}
 
 
 def test_sim_config_takes_every_field_from_the_simulate_section():

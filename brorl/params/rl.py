@@ -27,6 +27,12 @@ class UpdateParams(Section):
     rollouts_per_prompt: int = Field(16, ge=2)
     """N, rollouts per prompt, at least 2 (the group baseline needs two: with one, every
     advantage is 0 and the binary keep rule keeps nothing). Spec §4.1: ProRL 16, BroRL 512."""
+    train_subset: PositiveInt | None = None
+    """M, rollouts per group the update trains on, 2 <= M < N; None trains on all N. Each kept
+    group's N rollouts are verified and its M of largest reward variance are kept (PODS,
+    Xu et al. 2025, `brorl.algorithm.downsample`); advantages are computed on the M. The LR
+    follows the rollouts trained: the sqrt rule and the mini-batch split use B * M
+    (`trained_per_step`), so the update's cost stops growing with N. Not in the BroRL paper."""
     base_lr: float = Field(2e-6, gt=0)
     """Learning rate at `base_samples_per_step` samples. ProRL v1's constant 2e-6 (spec §7.1);
     UNCONFIRMED for ProRLv2/BroRL (spec §4.3): our choice."""
@@ -72,26 +78,42 @@ class UpdateParams(Section):
 
     @property
     def samples_per_step(self) -> int:
-        """B * N, rollouts trained per step (before filtering this many are planned)."""
+        """B * N, rollouts generated per step once filtering kept B groups (planned)."""
         return self.prompts_per_step * self.rollouts_per_prompt
 
     @property
+    def trained_per_step(self) -> int:
+        """Rollouts the update trains per step (planned): B * M with `train_subset`, else B * N."""
+        return self.prompts_per_step * (self.train_subset or self.rollouts_per_prompt)
+
+    @property
     def lr(self) -> float:
-        """base_lr * sqrt(samples_per_step / base_samples_per_step) (spec §4.1, §8 rule 3)."""
-        return scaled_lr(self.base_lr, self.samples_per_step, self.base_samples_per_step)
+        """base_lr * sqrt(trained_per_step / base_samples_per_step) (spec §4.1, §8 rule 3)."""
+        return scaled_lr(self.base_lr, self.trained_per_step, self.base_samples_per_step)
 
     @property
     def mini_batch_rollouts(self) -> int:
-        """Rollouts per PPO mini-batch: samples_per_step / mini_batches_per_step (spec §8 rule 2)."""
-        return self.samples_per_step // self.mini_batches_per_step
+        """Rollouts per PPO mini-batch: trained_per_step / mini_batches_per_step (spec §8
+        rule 2)."""
+        return self.trained_per_step // self.mini_batches_per_step
 
     @model_validator(mode="after")
     def _check_update(self) -> UpdateParams:
-        if self.samples_per_step % self.mini_batches_per_step:
+        m, n = self.train_subset, self.rollouts_per_prompt
+        if m is not None and not 2 <= m < n:
             raise ValueError(
-                f"prompts_per_step * rollouts_per_prompt = {self.samples_per_step} rollouts do not "
-                f"split into mini_batches_per_step = {self.mini_batches_per_step} equal mini-batches; "
-                "the count is fixed across arms (spec §8), so pick a divisor of B * N."
+                f"update.train_subset = {m} must be at least 2 and below rollouts_per_prompt = "
+                f"{n}: it is the M of the N rollouts per group that the update trains on (one "
+                "rollout has no group baseline, M = N selects nothing); set 2..N-1, or null to "
+                "train on all N."
+            )
+        if self.trained_per_step % self.mini_batches_per_step:
+            trained = "train_subset" if m is not None else "rollouts_per_prompt"
+            raise ValueError(
+                f"prompts_per_step * {trained} = {self.trained_per_step} rollouts trained per step "
+                f"do not split into mini_batches_per_step = {self.mini_batches_per_step} equal "
+                "mini-batches; the count is fixed across arms (spec §8), so pick a divisor of the "
+                "rollouts trained, B * N (B * M with train_subset)."
             )
         if self.tis_min >= self.tis_cap:
             raise ValueError(

@@ -61,8 +61,11 @@ class TrainerConfig:
     """update.prompts_per_step: B."""
     rollouts_per_prompt: int
     """update.rollouts_per_prompt: N."""
+    train_subset: int | None
+    """update.train_subset: M, rollouts per group trained (max reward variance); None: all N."""
     lr: float
-    """update.lr: base_lr scaled by sqrt(B*N / base_samples_per_step) (spec §4.1)."""
+    """update.lr: base_lr scaled by sqrt(rollouts trained per step / base_samples_per_step)
+    (spec §4.1): B*N, or B*M with `train_subset`."""
     mini_batches_per_step: int
     """update.mini_batches_per_step: optimizer steps per RL step."""
     epochs_per_step: int
@@ -142,7 +145,7 @@ class TrainerConfig:
         return cls(
             init_checkpoint=t.init_checkpoint, checkpoint_dir=t.checkpoint_dir,
             seed=t.seed, continue_stream=t.continue_stream, prompts_per_step=u.prompts_per_step,
-            rollouts_per_prompt=u.rollouts_per_prompt, lr=u.lr,
+            rollouts_per_prompt=u.rollouts_per_prompt, train_subset=u.train_subset, lr=u.lr,
             mini_batches_per_step=u.mini_batches_per_step, epochs_per_step=u.epochs_per_step,
             micro_batch_rollouts=t.micro_batch_rollouts, advantage_estimator=u.advantage_estimator,
             loss=LossConfig.from_params(u), reference_reset_every=u.reference_reset_every,
@@ -172,4 +175,10 @@ class TrainerConfig:
             raise ValueError(
                 f"rollouts_per_prompt = {self.rollouts_per_prompt}: group baselines need N >= 2 "
                 "(update.rollouts_per_prompt)."
+            )
+        m = self.train_subset
+        if m is not None and not 2 <= m < self.rollouts_per_prompt:
+            raise ValueError(
+                f"train_subset = {m}: the rollouts trained per group must be 2..N-1 with N = "
+                f"{self.rollouts_per_prompt}, or None for all N (update.train_subset)."
             )

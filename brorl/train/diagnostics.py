@@ -184,14 +184,19 @@ def rollout_parts(model: torch.nn.Module, reference: torch.nn.Module, groups, co
     """The step's policy-gradient loss at the current weights (on-policy: old log-probs are the
     current ones, ratio 1), split into the rollouts judged correct (reward >= the filter's
     `correct_reward`) and the others: two runners for `first_order_split`. Advantages, TIS
-    weights, KL and normaliser are the update's own (`Trainer.update`, over all N rollouts)."""
+    weights, KL and normaliser are the update's own (`Trainer.update`: over all N rollouts, or
+    over the M each group keeps with `train_subset`)."""
     from functools import partial
 
     from brorl.algorithm.advantages import compute_advantages, token_advantages
+    from brorl.algorithm.downsample import max_variance_subset
     from brorl.train.ppo import accumulate_mini_batch, score_batch
     from brorl.train.rollouts import response_mask
 
-    batch, c = groups.batch, config
+    c = config
+    if c.train_subset is not None:
+        groups = groups.select_rollouts(max_variance_subset(groups.rewards, c.train_subset))
+    batch = groups.batch
     mask = response_mask(batch)
     advantages = token_advantages(compute_advantages(groups.rewards, c.advantage_estimator),
                                   mask).float()

@@ -1,9 +1,10 @@
 """Scored rollout groups: one step's problems, their B x N rollouts and rewards, as one record.
 
 `ScoredGroups` is what generation plus verification returns and what dynamic sampling filters
-(`brorl.algorithm.filtering.GroupBatch`): `select` keeps whole groups, `concat` joins the pieces
-of several refill rounds (right-padding responses to the widest). Rows stay prompt-major:
-row i is rollout i % N of problem i // N.
+(`brorl.algorithm.filtering.GroupBatch`): `select` keeps whole groups, `select_rollouts` keeps
+the same number of rollouts of every group (a training subset, `brorl.algorithm.downsample`),
+`concat` joins the pieces of several refill rounds (right-padding responses to the widest). Rows
+stay prompt-major: row i is rollout i % N of problem i // N.
 
 Deliberately ignored: variable N per prompt (every group has the same N).
 """
@@ -53,21 +54,39 @@ class ScoredGroups:
             reasons=tuple(self.reasons[r] for r in group_rows(index, self.batch.rollouts_per_prompt).tolist()),
         )
 
+    def select_rollouts(self, index: Tensor) -> ScoredGroups:
+        """Every group with only its rollouts at `index` `[b, M]` (positions 0..N-1 in each
+        group, in the order given): the same problems, M rollouts each."""
+        batch = select_rollouts(self.batch, index)  # checks index first
+        rows = rollout_rows(index, self.batch.rollouts_per_prompt)
+        return ScoredGroups(
+            problems=self.problems,
+            batch=batch,
+            rewards=self.rewards.gather(1, index.to(torch.long)),
+            reasons=tuple(self.reasons[r] for r in rows.tolist()),
+        )
+
 
 def group_rows(index: Tensor, n: int) -> Tensor:
     """Row indices `[k*n]` of the groups at `index` `[k]` in a prompt-major batch."""
     return (index.to(torch.long)[:, None] * n + torch.arange(n)[None, :]).reshape(-1)
 
 
-def select_groups(batch: RolloutBatch, index: Tensor) -> RolloutBatch:
-    """The sub-batch of the prompts at `index` `[k]`, with all their rollouts, re-indexed 0..k-1."""
-    n = batch.rollouts_per_prompt
-    rows = group_rows(index, n)
+def rollout_rows(index: Tensor, n: int) -> Tensor:
+    """Row indices `[b*M]` of the rollouts at `index` `[b, M]` (positions 0..n-1 in each group
+    of n), prompt-major."""
+    index = index.to(torch.long)
+    return (torch.arange(index.shape[0])[:, None] * n + index).reshape(-1)
+
+
+def _take_rows(batch: RolloutBatch, rows: Tensor, prompts: list[int], n: int) -> RolloutBatch:
+    """The batch of `rows` (prompt-major, n per prompt) of the prompts `prompts`, re-indexed
+    0..len(prompts)-1, responses trimmed to the longest kept."""
     width = int(batch.response_lengths[rows].max()) if rows.numel() else 0
     row_list = rows.tolist()
     return RolloutBatch(
-        prompt_index=torch.arange(len(index)).repeat_interleave(n),
-        prompt_ids=tuple(batch.prompt_ids[i] for i in index.tolist()),
+        prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
+        prompt_ids=tuple(batch.prompt_ids[i] for i in prompts),
         response_ids=batch.response_ids[rows, :width],
         response_lengths=batch.response_lengths[rows],
         logprobs=batch.logprobs[rows, :width],
@@ -76,6 +95,26 @@ def select_groups(batch: RolloutBatch, index: Tensor) -> RolloutBatch:
         rollouts_per_prompt=n,
         pad_id=batch.pad_id,
     )
+
+
+def select_groups(batch: RolloutBatch, index: Tensor) -> RolloutBatch:
+    """The sub-batch of the prompts at `index` `[k]`, with all their rollouts, re-indexed 0..k-1."""
+    n = batch.rollouts_per_prompt
+    return _take_rows(batch, group_rows(index, n), index.tolist(), n)
+
+
+def select_rollouts(batch: RolloutBatch, index: Tensor) -> RolloutBatch:
+    """Every prompt with only its rollouts at `index` `[B, M]` (positions 0..N-1 in each
+    group): a batch of N = M, still prompt-major."""
+    if index.dim() != 2 or index.shape[0] != batch.num_prompts:
+        raise ValueError(f"index has shape {tuple(index.shape)}; pass [B, M] rollout positions, "
+                         f"one row per prompt of the batch (B = {batch.num_prompts}).")
+    n = batch.rollouts_per_prompt
+    if index.numel() and not 0 <= int(index.min()) <= int(index.max()) < n:
+        raise ValueError(f"rollout positions must be in 0..{n - 1} (N = {n}), got "
+                         f"{int(index.min())}..{int(index.max())}.")
+    rows = rollout_rows(index, n)
+    return _take_rows(batch, rows, list(range(batch.num_prompts)), index.shape[1])
 
 
 def _pad_to(x: Tensor, width: int, value: float) -> Tensor:

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from brorl.algorithm.advantages import compute_advantages, token_advantages
+from brorl.algorithm.downsample import max_variance_subset
 from brorl.algorithm.filtering import FilterStats, InformativeCollector
 from brorl.algorithm.schedule import mini_batch_bounds, reset_plan
 from brorl.engines import SamplingConfig, build_engine
@@ -295,9 +296,17 @@ class Trainer:
         return [torch.randperm(rows, generator=gen) for _ in range(self.config.epochs_per_step)]
 
     def update(self, groups: ScoredGroups) -> dict[str, float]:
-        """PPO on the kept groups: `epochs_per_step` x `mini_batches_per_step` optimizer steps."""
-        config, batch = self.config, groups.batch
+        """PPO on the kept groups: `epochs_per_step` x `mini_batches_per_step` optimizer steps.
+
+        With `train_subset` M, each group first keeps its M rollouts of largest reward variance
+        (PODS, `max_variance_subset`): advantages, scoring and training see only those rows.
+        """
+        config = self.config
         started = time.perf_counter()
+        if config.train_subset is not None:
+            chosen = max_variance_subset(groups.rewards, config.train_subset)
+            groups = groups.select_rollouts(chosen)
+        batch = groups.batch
         mask = response_mask(batch)
         advantages = compute_advantages(groups.rewards, config.advantage_estimator)
         token_adv = token_advantages(advantages, mask).float()
@@ -340,6 +349,7 @@ class Trainer:
             "update/lr": float(self.scheduler.get_last_lr()[0]),
             "update/advantage_abs_mean": float(advantages.abs().mean()),
             "update/reward_mean": float(groups.rewards.mean()),
+            "update/trained_rollouts": float(batch.num_rollouts),
             "update/seconds": time.perf_counter() - started,
         })
         return out

@@ -1,0 +1,223 @@
+"""Peak memory and rollouts/s of one whole BroRL step versus N, at the same prompts per step.
+
+For each N in `--n` (default 512, 1024, 2048, 4096) a FRESH process runs one step of a tiny
+policy on CI-size data through the project's own loop (`Run.open` + `Run.step`): generation with
+the hf engine, verification with the real family verifiers, filtering, the PPO update. Each N has
+its own process so that the peaks do not mix (CPython and glibc keep freed memory mapped).
+The data (the `data` stage's `make_splits` of `params/brorl_ci.yaml`) and the random-weight
+policy (`build_policy` of its `model` section) are written once into a temporary folder.
+
+Measured per N (Linux /proc; `ru_maxrss` where /proc/self/clear_refs is missing):
+- `process_peak`: the process's resident peak over its whole life (VmHWM), setup included;
+- `step_peak`, `step_increment`: VmHWM reset to the current RSS just before the step
+  (/proc/self/clear_refs), read after it; the increment is that peak minus the RSS before;
+- `children_peak`: the largest resident peak of a reaped child (RUSAGE_CHILDREN: the forked
+  verifier workers), and whether it was set during the step;
+- rollouts/s: rollouts generated / the step's wall seconds (all stages).
+It prints the table and the N / 512 ratios of the process peak and of the step increment (the
+issue's bar: peak at N = 4096 <= 1.5 x peak at N = 512), with the core count and /proc/loadavg.
+
+The filter is off by default (`filter.enabled: false`): a random policy writing 8 tokens never
+answers, every group is uniform, and with the paper's keep rule no step would reach the update.
+With it off every step trains all B x N rollouts (advantages 0, the same compute); `--filter`
+turns it on. `--subset M` trains M rollouts per group (`update.train_subset`, PODS).
+`--warm-steps K` runs K steps before the measured one, leaving out the first step's one-time
+allocations (which stay mapped) from the increment.
+
+Usage: python benchmarks/step_memory.py
+       python benchmarks/step_memory.py --n 512,4096 --prompts 1 --subset 64
+Deliberately ignored: GPU memory, the vllm engine, evaluation and checkpoints (not part of a step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PARAMS = ROOT / "params" / "brorl_ci.yaml"
+"""The CI BroRL arm: tiny model, CI data; B, N and sizes are overridden from the command line."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", default="512,1024,2048,4096", help="comma list of rollouts per prompt")
+    ap.add_argument("--prompts", type=int, default=2, help="B, prompts per step (equal for all N)")
+    ap.add_argument("--max-response-tokens", type=int, default=8)
+    ap.add_argument("--subset", type=int, default=None,
+                    help="update.train_subset M: train M rollouts per group (PODS)")
+    ap.add_argument("--max-concurrent-rollouts", type=int, default=256, help="hf decode chunk")
+    ap.add_argument("--micro-batch-rollouts", type=int, default=64, help="rows per forward")
+    ap.add_argument("--filter", action="store_true", help="dynamic sampling on (default off)")
+    ap.add_argument("--warm-steps", type=int, default=0,
+                    help="steps run before the measured one (their one-time costs excluded)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.n_values = [int(n) for n in args.n.split(",")]
+    return args
+
+
+def overrides(args: argparse.Namespace, n: int, workdir: Path) -> list[str]:
+    """`key=value` overrides of `PARAMS` for one step of B x N in `workdir`."""
+    out = [f"data.path={workdir / 'data'}", f"train.init_checkpoint={workdir / 'policy'}",
+           f"train.run_dir={workdir / f'run_{n}'}",
+           f"train.checkpoint_dir={workdir / f'run_{n}' / 'checkpoints'}",
+           f"update.prompts_per_step={args.prompts}", f"update.rollouts_per_prompt={n}",
+           f"generate.max_response_tokens={args.max_response_tokens}",
+           f"generate.max_concurrent_rollouts={args.max_concurrent_rollouts}",
+           f"train.micro_batch_rollouts={args.micro_batch_rollouts}",
+           f"filter.enabled={str(args.filter).lower()}", "train.max_rollouts=null",
+           "train.steps=1000", "train.eval_every=1000", "train.checkpoint_every=1000",
+           "train.save_rollouts=false"]
+    if args.subset is not None:
+        out.append(f"update.train_subset={args.subset}")
+    return out
+
+
+def prepare(workdir: Path) -> None:
+    """The CI data splits and a random-weight tiny policy, as the `data` stage and
+    `build_policy` make them, under `workdir`."""
+    import datasets
+    import transformers
+
+    from brorl.data import DataConfig, make_splits, save_splits
+    from brorl.params import load_params
+    from brorl.policy import build_policy, build_tokenizer, save_policy
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    params = load_params(PARAMS)
+    save_splits(make_splits(DataConfig.from_params(params.data)), workdir / "data")
+    tokenizer = build_tokenizer()
+    model = build_policy(vocab_size=len(tokenizer), **params.model.model_dump())
+    save_policy(model, tokenizer, workdir / "policy")
+
+
+def status_kib(field: str) -> int | None:
+    """A `/proc/self/status` field in KiB (VmRSS, VmHWM), None where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak() -> bool:
+    """Reset VmHWM to the current RSS; False where the kernel does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One step of B x N (`args.child`) in this process; its figures in MiB and seconds."""
+    from brorl.params import load_params
+    from brorl.train import Direct, Run
+
+    n = args.child
+    run = Run.open(load_params(PARAMS, overrides(args, n, args.workdir)), ROOT, resume=False)
+    for _ in range(args.warm_steps):
+        run.step(Direct())
+    setup_peak = status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    exact = reset_peak()
+    before = status_kib("VmRSS") or 0
+    started = time.perf_counter()
+    metrics = run.step(Direct())
+    seconds = time.perf_counter() - started
+    step_peak = status_kib("VmHWM") if exact else resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    rollouts = int(metrics["generate/rollouts"])
+    mib = 1 / 1024
+    return {
+        "n": n, "prompts": args.prompts, "rollouts": rollouts,
+        "trained": int(metrics.get("update/trained_rollouts", 0)),  # 0: update skipped
+        "seconds": round(seconds, 2), "rollouts_per_s": round(rollouts / seconds, 1),
+        "process_peak_mib": round(max(setup_peak, step_peak) * mib, 1),
+        "step_peak_mib": round(step_peak * mib, 1), "rss_before_mib": round(before * mib, 1),
+        "step_increment_mib": round((step_peak - before) * mib, 1),
+        "children_peak_mib": round(children * mib, 1),
+        "children_peak_in_step": children > children_before, "exact_peak": exact,
+        "stage_seconds": {k.removeprefix("time/"): round(v, 2) for k, v in metrics.items()
+                          if k.startswith("time/")},
+    }
+
+
+def run_child(args: argparse.Namespace, n: int, workdir: Path) -> dict:
+    """`child` for N = `n` in a fresh interpreter; its JSON row."""
+    cmd = [sys.executable, __file__, "--child", str(n), "--workdir", str(workdir),
+           "--prompts", str(args.prompts), "--max-response-tokens", str(args.max_response_tokens),
+           "--max-concurrent-rollouts", str(args.max_concurrent_rollouts),
+           "--micro-batch-rollouts", str(args.micro_batch_rollouts),
+           "--warm-steps", str(args.warm_steps)]
+    cmd += ["--subset", str(args.subset)] if args.subset is not None else []
+    cmd += ["--filter"] if args.filter else []
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"N={n} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(rows: list[dict]) -> None:
+    print(f"\n{'N':>5} {'B':>3} {'rollouts':>8} {'trained':>7} {'s':>6} {'rollouts/s':>10} "
+          f"{'process MiB':>11} {'before MiB':>10} {'step peak':>9} {'step +MiB':>9} "
+          f"{'children MiB':>12}")
+    for r in rows:
+        print(f"{r['n']:5d} {r['prompts']:3d} {r['rollouts']:8d} {r['trained']:7d} "
+              f"{r['seconds']:6.1f} {r['rollouts_per_s']:10.1f} {r['process_peak_mib']:11.1f} "
+              f"{r['rss_before_mib']:10.1f} {r['step_peak_mib']:9.1f} "
+              f"{r['step_increment_mib']:9.1f} {r['children_peak_mib']:12.1f}"
+              f"{'' if r['children_peak_in_step'] else ' (setup)'}")
+    base = next((r for r in rows if r["n"] == 512), rows[0])
+
+    def ratio(row: dict, key: str) -> str:
+        return f"{row[key] / base[key]:.2f}" if base[key] else "n/a"
+
+    for r in rows:
+        if r is not base:
+            print(f"N={r['n']}/{base['n']}: process peak {ratio(r, 'process_peak_mib')}  "
+                  f"step increment {ratio(r, 'step_increment_mib')}  "
+                  f"children peak {ratio(r, 'children_peak_mib')}  "
+                  f"rollouts/s {ratio(r, 'rollouts_per_s')}")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(child(args)), flush=True)
+        return []
+    print(f"cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
+          f"B={args.prompts} T={args.max_response_tokens} chunk={args.max_concurrent_rollouts} "
+          f"micro={args.micro_batch_rollouts} subset={args.subset} filter={args.filter}")
+    print("loadavg before:", Path("/proc/loadavg").read_text().strip())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="step_memory_") as tmp:
+        prepare(Path(tmp))
+        for n in args.n_values:
+            rows.append(run_child(args, n, Path(tmp)))
+            print(json.dumps(rows[-1]), flush=True)
+    print("loadavg after:", Path("/proc/loadavg").read_text().strip())
+    report(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
