@@ -126,8 +126,9 @@ class DiagnosticsParams(Section):
     correct path was sampled) and unsolved (none was), in draw order; 0: none. Our choice."""
     decompose: bool = False
     """Also split the first-order change of the held-out Q_pos into the parts driven by the
-    step's correct and incorrect rollouts (gradient dot products; about two extra backward
-    passes over the step's rollouts). Off by default for its cost."""
+    step's correct and incorrect rollouts (gradient dot products; two extra backward passes
+    over the step's rollouts: +41% (ProRL) and +57% (BroRL) on a CPU-default step, measured by
+    `benchmarks/diagnostics_cost.py --decompose`). Off by default for its cost."""
     seed: int = 0
     """Seed that draws the held-out probes. Our choice."""
 
