@@ -46,7 +46,7 @@ def test_misspelt_key_and_bad_values_fail(tmp_path):
     (tmp_path / "typo.yaml").write_text("update:\n  clip_eps_hi: 0.3\n")
     with pytest.raises(ParamsError, match="clip_eps_hi: unknown key"):
         load_params(tmp_path / "typo.yaml")
-    with pytest.raises(ValueError, match="pick a divisor of B"):
+    with pytest.raises(ValueError, match="pick a divisor of the rollouts trained, B \\* N"):
         UpdateParams(prompts_per_step=3, rollouts_per_prompt=3, mini_batches_per_step=4)
     with pytest.raises(ValueError, match="tis_min"):
         UpdateParams(tis_min=6.0)
