@@ -146,6 +146,7 @@ def test_warm_up_is_deterministic_for_a_seed():
     assert torch.equal(runs[0], runs[1])
 
 
+@pytest.mark.slow  # 39 s; the CI pipeline (tests/test_pipeline.py) runs this stage in make test
 def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
     splits = _code_splits()
     test = splits["test"]

@@ -111,10 +111,12 @@ async def _read_deployment(name: str):
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM (prefect's runner shuts down and pauses its schedules), then SIGKILL the group."""
+    """SIGTERM (prefect's runner shuts down and pauses its schedules), then SIGKILL the group.
+    The runner first lets a flow run it already started finish (the next scheduled evaluation,
+    over a minute on a loaded machine: a 45 s wait once killed it before the pause)."""
     process.terminate()
     try:
-        process.wait(45)
+        process.wait(180)
     except subprocess.TimeoutExpired:
         stop(process, grace_s=0)
 

@@ -144,6 +144,7 @@ def _stable(summary: dict) -> list[dict]:
              and "per_s" not in k} for m in summary["history"]]
 
 
+@pytest.mark.slow  # 34 s; tests/test_kill_resume.py (slow) kills runs at 7 points, MLflow included
 def test_an_interrupted_train_flow_resumes_into_the_same_mlflow_run(ci_pipeline, monkeypatch):
     clone = ci_pipeline
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{clone / 'mlflow.db'}")
