@@ -1,6 +1,7 @@
 """The study's report: `report.md` (Table 1 and Table 2 layouts with intervals, the tests, the
 N-sweep, the live shrinkage diagnostics, the plateau check, a verdict), `report.json` (every
-number, `brorl.study.analysis`), PNG figures (`brorl.study.figures`) and the headline numbers for `dvc metrics show`.
+number, `brorl.study.analysis`), PNG figures (`brorl.study.figures`) and the headline numbers
+for `dvc metrics show`.
 
 The verdict is written from the numbers at report time: significance at the study's alpha, the
 direction and size of each difference against the minimum detectable difference, where the
