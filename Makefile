@@ -67,7 +67,7 @@ study: install
 	@grep -v '^!\[' outputs/study/report.md
 	@echo
 	@echo "Results:"
-	@echo "  study report  outputs/study/report.md (+ report.json, score_vs_rollouts.png, score_vs_seconds.png, sweep.png, warmup.png)"
+	@echo "  study report  outputs/study/report.md (+ report.json, score_vs_rollouts.png, score_vs_seconds.png, sweep.png, warmup.png, shrinkage.png)"
 	@echo "  runs          outputs/study/runs/n<N>_s<seed> (evals.jsonl, summary.json, checkpoints/)"
 	@echo "  headline      dvc metrics show metrics/study.json"
 	@echo "  MLflow        make ui: the run named study and its child runs (select them, Compare)"

@@ -35,12 +35,14 @@ sequence has one known-correct path here, so the reference tokens' own probabili
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from brorl.train.rollouts import response_mask
 from brorl.types import Problem, RolloutBatch
 
 
@@ -54,8 +56,7 @@ class Probes:
     @property
     def mask(self) -> Tensor:
         """bool `[P, T]`: True on each probe's reference tokens (EOS included)."""
-        t = self.batch.response_ids.shape[1]
-        return torch.arange(t)[None, :] < self.batch.response_lengths[:, None]
+        return response_mask(self.batch)
 
     def __len__(self) -> int:
         return len(self.problems)
@@ -191,7 +192,6 @@ def rollout_parts(model: torch.nn.Module, reference: torch.nn.Module, groups, co
     from brorl.algorithm.advantages import compute_advantages, token_advantages
     from brorl.algorithm.downsample import max_variance_subset
     from brorl.train.ppo import accumulate_mini_batch, score_batch
-    from brorl.train.rollouts import response_mask
 
     c = config
     if c.train_subset is not None:
@@ -278,16 +278,13 @@ class Shrinkage:
         """Score the held-out probes and the step's drawn prompts (`(problem, solved)` pairs)
         under the policy before the update; `decompose(objective)` (when configured) gives the
         first-order split of the held-out Q_pos objective."""
-        import time
-
         started = time.perf_counter()
         heldout = self._probs(model, self.heldout)
         if self.start is None:
             self.start = heldout.clone()
         cap = self.config.step_probes
-        solved = build_probes([p for p, s in drawn if s][:cap] if cap else [], self.tokenizer)
-        unsolved = build_probes([p for p, s in drawn if not s][:cap] if cap else [],
-                                self.tokenizer)
+        solved = build_probes([p for p, s in drawn if s][:cap], self.tokenizer)
+        unsolved = build_probes([p for p, s in drawn if not s][:cap], self.tokenizer)
         decomposition = {}
         if self.config.decompose and decompose is not None and len(self.heldout):
             decomposition = {f"diag/decompose/{k}": v
@@ -313,8 +310,6 @@ class Shrinkage:
     def after(self, model: torch.nn.Module, pending: Pending) -> dict[str, float]:
         """The `diag/*` metrics of the update that ran since `before`, and `time/diagnostics`
         (the seconds of both halves)."""
-        import time
-
         started = time.perf_counter()
         out = probe_metrics(self.heldout, pending.heldout, self._probs(model, self.heldout),
                             "diag/heldout", start=self.start)

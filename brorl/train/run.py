@@ -45,7 +45,13 @@ from brorl.base import sample_per_family
 from brorl.data import load_split
 from brorl.train import checkpoint as ckpt
 from brorl.evals import SELECTION_METRIC, eval_metrics, evals_jsonl, row_split, score_policy
-from brorl.train.diagnostics import DiagnosticsConfig, Shrinkage, build_probes, rollout_parts
+from brorl.train.diagnostics import (
+    DiagnosticsConfig,
+    Shrinkage,
+    build_probes,
+    first_order_split,
+    rollout_parts,
+)
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.trainer import Collected, Collection, RewardFn, Trainer, parameter_digest
@@ -205,15 +211,16 @@ class Run:
         config = TrainerConfig.from_params(params)
         config = replace(config, init_checkpoint=str(root / config.init_checkpoint),
                          checkpoint_dir=str(root / config.checkpoint_dir))
-        data, t = root / params.data.path, params.train
-        eval_problems = {split: sample_per_family(load_split(data, split), t.eval_per_family,
+        data, t, d = root / params.data.path, params.train, params.diagnostics
+        needed = {*t.eval_splits, "validation"} if d.enabled else set(t.eval_splits)
+        splits = {split: load_split(data, split) for split in needed}  # each read once
+        eval_problems = {split: sample_per_family(splits[split], t.eval_per_family,
                                                   t.eval_seed) for split in t.eval_splits}
         empty = [split for split, problems in eval_problems.items() if not problems]
         if empty:
             raise ValueError(f"{data}: the {empty} split holds no problems; drop it from "
                              "train.eval_splits or regenerate the data with that split.")
-        d = params.diagnostics
-        probes = sample_per_family(load_split(data, "validation"), d.probes_per_family, d.seed) \
+        probes = sample_per_family(splits["validation"], d.probes_per_family, d.seed) \
             if d.enabled else []
         trainer = Trainer(config, load_split(data, "train"), reward_fn=reward_fn, resume=resume)
         return cls(trainer, RunConfig.from_params(params, root), eval_problems, probes)
@@ -309,8 +316,6 @@ class Run:
     def _decompose(self, groups: ScoredGroups, objective) -> dict[str, float]:
         """The first-order split of the probes' `objective` by the step's correct and
         incorrect rollouts (`brorl.train.diagnostics.first_order_split`), at the update's LR."""
-        from brorl.train.diagnostics import first_order_split
-
         t = self.trainer
         parts = rollout_parts(t.model, t.reference, groups, t.config)
         return first_order_split(t.model, objective, parts, t.config.lr)
