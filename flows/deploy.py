@@ -113,7 +113,28 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1) from None
     from prefect import serve
 
-    serve(*deployments, limit=args.limit)
+    try:
+        serve(*deployments, limit=args.limit)
+    finally:
+        pause(deployments)
+
+
+def pause(deployments: list) -> None:
+    """Pause the served schedules, however serving ended (Ctrl-C, SIGTERM, an error).
+
+    Prefect's runner also pauses on a clean shutdown, but a SIGTERM that lands while a flow run
+    is in flight can end the process before that pause reaches the server; this one is ours.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for served in deployments:
+            try:
+                found = client.read_deployment_by_name(f"{served.flow_name}/{served.name}")
+            except ObjectNotFound:  # serving ended before it was registered
+                continue
+            client.pause_deployment(found.id)
 
 
 if __name__ == "__main__":
