@@ -130,6 +130,9 @@ TRAINER_RENAMED = {
     "dtype": {"train.dtype"}, "verify_workers": {"verify.workers"},
     "verify_timeout_s": {"verify.timeout_s"}, "sandbox.memory_bytes": {"verify.memory_mib"},
     "adam_betas": {"train.adam_beta1", "train.adam_beta2"},
+    # the adaptive allocation's defaults are N / 4 and 4 N
+    "first_round": {"update.first_round", "update.rollouts_per_prompt"},
+    "rollouts_cap": {"update.max_rollouts_per_prompt", "update.rollouts_per_prompt"},
 }
 NOT_THE_TRAINERS = {f"train.{f}" for f in (
     "algorithm", "run_dir", "save_rollouts", "steps", "max_rollouts", "max_seconds",
@@ -229,7 +232,8 @@ def test_loss_config_takes_every_field_from_the_update_section():
     assert unused == {f"update.{f}" for f in (
         "prompts_per_step", "rollouts_per_prompt", "base_lr", "base_samples_per_step",
         "mini_batches_per_step", "epochs_per_step", "advantage_estimator",
-        "reference_reset_every", "reset_optimizer_on_reference_reset", "train_subset")}
+        "reference_reset_every", "reset_optimizer_on_reference_reset", "train_subset",
+        "allocation", "first_round", "max_rollouts_per_prompt")}
 
 
 def test_sim_config_takes_every_field_from_the_simulate_section():

@@ -87,9 +87,9 @@ class FakeTrainer:
     def sample_prompts(self, count):
         return self.sampler.take(count)
 
-    def generate_rollouts(self, problems, draw):
+    def generate_rollouts(self, problems, draw, n=None):
         time.sleep(self.sleep.get("generate", 0.0))
-        b, n = len(problems), self.config.rollouts_per_prompt
+        b, n = len(problems), n or self.config.rollouts_per_prompt
         return RolloutBatch(
             prompt_index=torch.arange(b).repeat_interleave(n), prompt_ids=((1,),) * b,
             response_ids=torch.ones(b * n, 1, dtype=torch.long),

@@ -227,7 +227,10 @@ def test_arms_differ_only_in_batch_shape_and_lr():
     assert b.lr == pytest.approx(a.lr * 8**0.5)
     assert a.mini_batches_per_step == b.mini_batches_per_step
     different = {k for k in vars(a) if getattr(a, k) != getattr(b, k)}
-    assert different == {"prompts_per_step", "rollouts_per_prompt", "lr", "checkpoint_dir"}
+    # first_round and rollouts_cap follow N (N / 4, 4 N) but act only with allocation: adaptive
+    assert different == {"prompts_per_step", "rollouts_per_prompt", "lr", "checkpoint_dir",
+                         "first_round", "rollouts_cap"}
+    assert a.allocation == b.allocation == "fixed"
     assert brorl.model_dump(exclude={"name", "update", "train"}) == \
         prorl.model_dump(exclude={"name", "update", "train"})
 

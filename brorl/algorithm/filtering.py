@@ -15,6 +15,10 @@ remaining rollout budget) is reached. It then returns what it kept, flagged, rat
 rates whatever rule is active: rollouts of generated groups that pass / rollouts generated (the
 paper's Table 2 quantity, 41% for ProRL vs 62% for BroRL, spec §4.4, §5.5).
 
+Groups of different sizes (adaptive allocation) arrive padded to one width with a `valid` mask
+`[B, N]` (an optional `valid` attribute of the draw, None when every slot is real): both rules
+and every count then see only the real rollouts.
+
 Deliberately ignored: soft band-pass filters (verl#2791) and per-rollout validity (a failed
 rollout should carry the reward the verifier gives it, e.g. 0 for truncation, spec §7.3).
 """
@@ -57,22 +61,34 @@ def _check(rewards: Tensor) -> None:
         )
 
 
-def informative_groups(rewards: Tensor) -> Tensor:
-    """bool `[B]` from rewards `[B, N]`: True where a group's rewards are not all equal (exactly)."""
+def informative_groups(rewards: Tensor, valid: Tensor | None = None) -> Tensor:
+    """bool `[B]` from rewards `[B, N]`: True where a group's rewards (its `valid` ones) are not
+    all equal (exactly)."""
     _check(rewards)
-    return rewards.amax(dim=1) != rewards.amin(dim=1)
+    if valid is None:
+        return rewards.amax(dim=1) != rewards.amin(dim=1)
+    high = torch.where(valid, rewards, -torch.inf).amax(dim=1)
+    low = torch.where(valid, rewards, torch.inf).amin(dim=1)
+    return high != low
 
 
-def mixed_outcome_groups(rewards: Tensor, correct_reward: float = 1.0) -> Tensor:
-    """bool `[B]` from rewards `[B, N]`: True where 0 < #(reward >= correct_reward) < N."""
+def mixed_outcome_groups(rewards: Tensor, correct_reward: float = 1.0,
+                         valid: Tensor | None = None) -> Tensor:
+    """bool `[B]` from rewards `[B, N]`: True where 0 < #(reward >= correct_reward) < the
+    group's size (N, or its `valid` count)."""
     _check(rewards)
-    correct = (rewards >= correct_reward).sum(dim=1)
-    return (correct > 0) & (correct < rewards.shape[1])
+    hits = rewards >= correct_reward
+    if valid is None:
+        correct, size = hits.sum(dim=1), rewards.shape[1]
+    else:
+        correct, size = (hits & valid).sum(dim=1), valid.sum(dim=1)
+    return (correct > 0) & (correct < size)
 
 
 @dataclass
 class FilterStats:
-    """Counters of one `collect_informative` call (groups = prompts, rollouts = groups x N).
+    """Counters of one `collect_informative` call (groups = prompts, rollouts = their real rollouts:
+    groups x N, or the `valid` count of padded groups).
 
     `groups_informative` counts groups passing the active rule; `rollouts_binary` and
     `rollouts_any_difference` count rollouts of groups passing each rule, active or not.
@@ -129,6 +145,7 @@ class FilterStats:
             "groups_none_correct groups_surplus"
         ).split()
         metrics = {f"filter/{n}": float(getattr(self, n)) for n in names}
+        metrics["filter/rollouts_wasted"] = float(self.rollouts_generated - self.rollouts_kept)
         metrics.update({f"filter/{n}": getattr(self, n) for n in (
             "pass_rate", "pass_rate_binary", "pass_rate_any_difference", "kept_rate")})
         for flag in ("budget_exhausted", "source_exhausted", "rollout_cap_reached"):
@@ -217,21 +234,24 @@ class InformativeCollector(Generic[G]):
         if rewards.shape[0] == 0:
             stats.source_exhausted = True
             return
-        n = rewards.shape[1]
-        binary = mixed_outcome_groups(rewards, self.correct_reward)
-        different = informative_groups(rewards)
+        valid = getattr(batch, "valid", None)
+        real = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
+        sizes = real.sum(dim=1)  # [b]; slot 0 of every group is real
+        binary = mixed_outcome_groups(rewards, self.correct_reward, valid)
+        different = informative_groups(rewards, valid)
         passing = binary if stats.keep_rule == "binary" else different
         uniform = rewards[~different, 0]
         stats.groups_all_correct += int((uniform >= self.correct_reward).sum())
         stats.groups_all_wrong += int((uniform <= self.wrong_reward).sum())
         stats.groups_uniform_other += int(
             ((uniform > self.wrong_reward) & (uniform < self.correct_reward)).sum())
-        stats.groups_none_correct += int(((rewards >= self.correct_reward).sum(1) == 0).sum())
+        stats.groups_none_correct += int(
+            (((rewards >= self.correct_reward) & real).sum(1) == 0).sum())
         stats.groups_generated += rewards.shape[0]
-        stats.rollouts_generated += rewards.numel()
+        stats.rollouts_generated += int(sizes.sum())
         stats.groups_informative += int(passing.sum())
-        stats.rollouts_binary += int(binary.sum()) * n
-        stats.rollouts_any_difference += int(different.sum()) * n
+        stats.rollouts_binary += int(sizes[binary].sum())
+        stats.rollouts_any_difference += int(sizes[different].sum())
         keep = torch.ones_like(passing) if self.keep_uniform else passing
         index = keep.nonzero().flatten()
         room = self.target_groups - stats.groups_kept
@@ -240,7 +260,7 @@ class InformativeCollector(Generic[G]):
         if index.numel():
             self.out.pieces.append(batch.select(index))
             stats.groups_kept += index.numel()
-            stats.rollouts_kept += index.numel() * n
+            stats.rollouts_kept += int(sizes[index].sum())
         if self.max_groups is not None and stats.groups_generated >= self.max_groups:
             stats.rollout_cap_reached = True
 

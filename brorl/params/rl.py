@@ -33,6 +33,18 @@ class UpdateParams(Section):
     Xu et al. 2025, `brorl.algorithm.downsample`); advantages are computed on the M. The LR
     follows the rollouts trained: the sqrt rule and the mini-batch split use B * M
     (`trained_per_step`), so the update's cost stops growing with N. Not in the BroRL paper."""
+    allocation: Literal["fixed", "adaptive"] = "fixed"
+    """How a draw spends its B x N rollouts. `fixed`: N per prompt (the paper). `adaptive`: a
+    first round of `first_round` per prompt, then the rest of the draw's B x N to the prompts
+    whose groups it makes most informative (Knapsack RL's value, capped at
+    `max_rollouts_per_prompt` per prompt; `brorl.algorithm.allocation`, docs/algorithm.md).
+    The same rollouts per step as `fixed`; groups then differ in size. Not in the BroRL paper."""
+    first_round: PositiveInt | None = None
+    """n0 of `adaptive`: rollouts per prompt before the allocation, 2 <= n0 < N; None: N / 4
+    (at least 2), our choice. Unused with `fixed`."""
+    max_rollouts_per_prompt: PositiveInt | None = None
+    """Cap of `adaptive`: most rollouts one prompt gets in all, >= N; None: 4 N, our choice
+    (Knapsack RL caps too, so one hard prompt cannot take a whole step). Unused with `fixed`."""
     base_lr: float = Field(2e-6, gt=0)
     """Learning rate at `base_samples_per_step` samples. ProRL v1's constant 2e-6 (spec §7.1);
     UNCONFIRMED for ProRLv2/BroRL (spec §4.3): our choice."""
@@ -87,6 +99,16 @@ class UpdateParams(Section):
         return self.prompts_per_step * (self.train_subset or self.rollouts_per_prompt)
 
     @property
+    def first_round_rollouts(self) -> int:
+        """n0 of the adaptive allocation: `first_round`, or max(2, N // 4)."""
+        return self.first_round or max(2, self.rollouts_per_prompt // 4)
+
+    @property
+    def rollouts_cap(self) -> int:
+        """Most rollouts per prompt of the adaptive allocation: `max_rollouts_per_prompt`, or 4N."""
+        return self.max_rollouts_per_prompt or 4 * self.rollouts_per_prompt
+
+    @property
     def lr(self) -> float:
         """base_lr * sqrt(trained_per_step / base_samples_per_step) (spec §4.1, §8 rule 3)."""
         return scaled_lr(self.base_lr, self.trained_per_step, self.base_samples_per_step)
@@ -107,6 +129,20 @@ class UpdateParams(Section):
                 "rollout has no group baseline, M = N selects nothing); set 2..N-1, or null to "
                 "train on all N."
             )
+        n0, cap = self.first_round_rollouts, self.rollouts_cap
+        if self.allocation == "adaptive" and m is not None:
+            raise ValueError(
+                "update.allocation = 'adaptive' with update.train_subset: the adaptive groups "
+                "differ in size, and the subset takes M of every group's N; use one of them.")
+        if self.allocation == "adaptive" and not 2 <= n0 < n:
+            raise ValueError(
+                f"update.first_round = {n0} must be at least 2 (a first-round pass rate needs "
+                f"two rollouts) and below rollouts_per_prompt = {n} (the rest is what the "
+                "adaptive allocation spends); e.g. N / 4.")
+        if self.allocation == "adaptive" and cap < n:
+            raise ValueError(
+                f"update.max_rollouts_per_prompt = {cap} is below rollouts_per_prompt = {n}: a "
+                "draw's B x N rollouts would not fit; set at least N (e.g. 4 N).")
         if self.trained_per_step % self.mini_batches_per_step:
             trained = "train_subset" if m is not None else "rollouts_per_prompt"
             raise ValueError(

@@ -63,6 +63,12 @@ class TrainerConfig:
     """update.rollouts_per_prompt: N."""
     train_subset: int | None
     """update.train_subset: M, rollouts per group trained (max reward variance); None: all N."""
+    allocation: Literal["fixed", "adaptive"]
+    """update.allocation: N per prompt, or a first round then the rest where it teaches most."""
+    first_round: int
+    """update.first_round_rollouts: n0 of the adaptive allocation."""
+    rollouts_cap: int
+    """update.rollouts_cap: most rollouts per prompt of the adaptive allocation."""
     lr: float
     """update.lr: base_lr scaled by sqrt(rollouts trained per step / base_samples_per_step)
     (spec §4.1): B*N, or B*M with `train_subset`."""
@@ -145,7 +151,9 @@ class TrainerConfig:
         return cls(
             init_checkpoint=t.init_checkpoint, checkpoint_dir=t.checkpoint_dir,
             seed=t.seed, continue_stream=t.continue_stream, prompts_per_step=u.prompts_per_step,
-            rollouts_per_prompt=u.rollouts_per_prompt, train_subset=u.train_subset, lr=u.lr,
+            rollouts_per_prompt=u.rollouts_per_prompt, train_subset=u.train_subset,
+            allocation=u.allocation, first_round=u.first_round_rollouts,
+            rollouts_cap=u.rollouts_cap, lr=u.lr,
             mini_batches_per_step=u.mini_batches_per_step, epochs_per_step=u.epochs_per_step,
             micro_batch_rollouts=t.micro_batch_rollouts, advantage_estimator=u.advantage_estimator,
             loss=LossConfig.from_params(u), reference_reset_every=u.reference_reset_every,

@@ -198,12 +198,13 @@ def rollout_parts(model: torch.nn.Module, reference: torch.nn.Module, groups, co
         groups = groups.select_rollouts(max_variance_subset(groups.rewards, c.train_subset))
     batch = groups.batch
     mask = response_mask(batch)
-    advantages = token_advantages(compute_advantages(groups.rewards, c.advantage_estimator),
-                                  mask).float()
+    advantages = token_advantages(
+        compute_advantages(groups.rewards, c.advantage_estimator, groups.valid), mask).float()
     old_logp = score_batch(model, batch, c.temperature, c.micro_batch_rollouts)
     ref_logp = score_batch(reference, batch, c.temperature, c.micro_batch_rollouts) \
         if c.loss.kl_coef > 0 else None
     correct = groups.rewards.reshape(-1) >= c.correct_reward
+    real = groups.valid_mask().reshape(-1)  # padded groups: their empty rows are neither
     rows = torch.arange(batch.num_rollouts)
 
     def run(index: Tensor, backward: Backward) -> None:
@@ -213,7 +214,8 @@ def rollout_parts(model: torch.nn.Module, reference: torch.nn.Module, groups, co
             micro_batch_rollouts=c.micro_batch_rollouts, normaliser=float(mask.sum()),
             loss_options=c.loss.options())
 
-    return {"correct": partial(run, rows[correct]), "incorrect": partial(run, rows[~correct])}
+    return {"correct": partial(run, rows[correct & real]),
+            "incorrect": partial(run, rows[~correct & real])}
 
 
 @dataclass(frozen=True)

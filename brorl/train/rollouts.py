@@ -6,7 +6,11 @@ the same number of rollouts of every group (a training subset, `brorl.algorithm.
 `concat` joins the pieces of several refill rounds (right-padding responses to the widest). Rows
 stay prompt-major: row i is rollout i % N of problem i // N.
 
-Deliberately ignored: variable N per prompt (every group has the same N).
+Groups of different sizes (adaptive allocation, `brorl.algorithm.allocation`) are padded to one
+width N with empty rows and a `valid` mask `[b, N]`: `merge_rounds` builds them from a first
+round of n0 rollouts per prompt and a second round of each prompt's extra rollouts. Padded rows
+have no response tokens (so they carry no loss and no advantage) and are left out of every
+count; `valid` is None when every row is real.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from brorl.types import Problem, RolloutBatch
 
 @dataclass(frozen=True)
 class ScoredGroups:
-    """b problems, their rollouts `batch` (b*N rows) and rewards `[b, N]` with verdict reasons."""
+    """b problems, their rollouts `batch` (b*N rows) and rewards `[b, N]` with verdict reasons;
+    `valid` `[b, N]` bool marks the real rollouts of padded groups (None: all are real)."""
 
     problems: tuple[Problem, ...]
     batch: RolloutBatch
     rewards: Tensor
     reasons: tuple[str, ...]
+    valid: Tensor | None = None
 
     def __post_init__(self) -> None:
         b, n = len(self.problems), self.batch.rollouts_per_prompt
@@ -40,10 +46,24 @@ class ScoredGroups:
             )
         if len(self.reasons) != b * n:
             raise ValueError(f"{len(self.reasons)} verdict reasons for {b * n} rollouts.")
+        if self.valid is not None and tuple(self.valid.shape) != (b, n):
+            raise ValueError(f"valid has shape {tuple(self.valid.shape)}; it must be [b, N] = "
+                             f"[{b}, {n}], one flag per rollout slot.")
 
     @property
     def num_groups(self) -> int:
         return len(self.problems)
+
+    def valid_mask(self) -> Tensor:
+        """bool `[b, N]`: the real rollouts (all True for unpadded groups)."""
+        if self.valid is None:
+            return torch.ones_like(self.rewards, dtype=torch.bool)
+        return self.valid
+
+    @property
+    def num_rollouts(self) -> int:
+        """Real rollouts (padding excluded)."""
+        return int(self.valid.sum()) if self.valid is not None else self.rewards.numel()
 
     def select(self, index: Tensor) -> ScoredGroups:
         """The groups at `index` (`[k]` long), whole, in the order given."""
@@ -52,11 +72,15 @@ class ScoredGroups:
             batch=select_groups(self.batch, index),
             rewards=self.rewards[index],
             reasons=tuple(self.reasons[r] for r in group_rows(index, self.batch.rollouts_per_prompt).tolist()),
+            valid=None if self.valid is None else self.valid[index],
         )
 
     def select_rollouts(self, index: Tensor) -> ScoredGroups:
         """Every group with only its rollouts at `index` `[b, M]` (positions 0..N-1 in each
         group, in the order given): the same problems, M rollouts each."""
+        if self.valid is not None:
+            raise ValueError("select_rollouts needs whole groups of N; padded groups (adaptive "
+                             "allocation) cannot take a training subset.")
         batch = select_rollouts(self.batch, index)  # checks index first
         rows = rollout_rows(index, self.batch.rollouts_per_prompt)
         return ScoredGroups(
@@ -142,12 +166,64 @@ def concat(pieces: Sequence[ScoredGroups]) -> ScoredGroups:
         rollouts_per_prompt=n,
         pad_id=pad,
     )
+    padded = any(p.valid is not None for p in pieces)
     return ScoredGroups(
         problems=tuple(q for p in pieces for q in p.problems),
         batch=batch,
         rewards=torch.cat([p.rewards for p in pieces]),
         reasons=tuple(r for p in pieces for r in p.reasons),
+        valid=torch.cat([p.valid_mask() for p in pieces]) if padded else None,
     )
+
+
+def merge_rounds(first: ScoredGroups, second: ScoredGroups | None, extra: Tensor,
+                 width: int) -> ScoredGroups:
+    """Padded groups of `width` slots from two rounds: `first` holds b groups of n0 rollouts,
+    `second` (None when `extra` is all 0) the extra rollouts, one per row (N = 1), prompt-major:
+    `extra[i]` rows of prompt i, in prompt order. Group i holds its n0 first-round rollouts, then
+    its extra ones, then empty rows (`valid` False, reward 0, no response tokens)."""
+    b, n0 = first.rewards.shape
+    extra = extra.to(torch.long)
+    taken = 0 if second is None else second.batch.num_rollouts
+    if extra.shape != (b,) or int(extra.sum()) != taken:
+        raise ValueError(f"extra {extra.tolist()} must give one count per group of the first round "
+                         f"({b}) and sum to the second round's {taken} rollouts.")
+    if second is not None and second.batch.rollouts_per_prompt != 1:
+        raise ValueError("the second round must hold one rollout per row (N = 1).")
+    sizes = n0 + extra
+    if int(sizes.max()) > width:
+        raise ValueError(f"a group of {int(sizes.max())} rollouts does not fit in {width} slots.")
+    rounds = [first.batch] + ([second.batch] if second is not None else [])
+    wide = max(r.response_ids.shape[1] for r in rounds)
+    rows = b * width
+    pad = first.batch.pad_id
+    response_ids = torch.full((rows, wide), pad, dtype=first.batch.response_ids.dtype)
+    logprobs = torch.zeros(rows, wide, dtype=first.batch.logprobs.dtype)
+    lengths = torch.zeros(rows, dtype=first.batch.response_lengths.dtype)
+    rewards = torch.zeros(b, width, dtype=first.rewards.dtype)
+    texts, finish, reasons = [""] * rows, ["stop"] * rows, [""] * rows
+    valid = torch.arange(width)[None, :] < sizes[:, None]
+    # slot of every real rollout: first round at 0..n0-1, the extras after them
+    first_slots = (torch.arange(b)[:, None] * width + torch.arange(n0)[None, :]).reshape(-1)
+    starts = torch.cumsum(extra, 0) - extra  # row of prompt i's first extra in `second`
+    owner = torch.arange(b).repeat_interleave(extra)
+    rank = torch.arange(taken) - starts[owner]
+    second_slots = owner * width + n0 + rank
+    for batch, groups, slots in ((first.batch, first, first_slots),
+                                 *(((second.batch, second, second_slots),) if second else ())):
+        t = batch.response_ids.shape[1]
+        response_ids[slots, :t] = batch.response_ids
+        logprobs[slots, :t] = batch.logprobs
+        lengths[slots] = batch.response_lengths
+        rewards.view(-1)[slots] = groups.rewards.reshape(-1).to(rewards.dtype)
+        for slot, text, reason, why in zip(slots.tolist(), batch.texts, batch.finish_reasons,
+                                           groups.reasons):
+            texts[slot], finish[slot], reasons[slot] = text, reason, why
+    batch = RolloutBatch(
+        prompt_index=torch.arange(b).repeat_interleave(width), prompt_ids=first.batch.prompt_ids,
+        response_ids=response_ids, response_lengths=lengths, logprobs=logprobs,
+        texts=tuple(texts), finish_reasons=tuple(finish), rollouts_per_prompt=width, pad_id=pad)
+    return ScoredGroups(first.problems, batch, rewards, tuple(reasons), valid)
 
 
 def response_mask(batch: RolloutBatch) -> Tensor:

@@ -266,13 +266,18 @@ class Run:
 
     # -- stage methods: inputs in, (output, seconds) out ------------------------------------
     def sample_prompts(self, collection: Collection) -> Timed[list[Problem]]:
-        """The prompts of the next draw (as many as the collection still needs)."""
+        """The prompts of the next draw (as many as the collection still needs); with the
+        adaptive allocation's first round waiting, its prompts repeated by their extra rollouts."""
+        if collection.pending is not None:
+            return timed(collection.second_round_problems)
         return timed(self.trainer.sample_prompts, collection.request())
 
     def generate_rollouts(self, problems: list[Problem],
                           collection: Collection) -> Timed[RolloutBatch]:
-        """N rollouts per prompt from the current policy, seeded by (global step, draw)."""
-        return timed(self.trainer.generate_rollouts, problems, collection.rounds)
+        """N rollouts per prompt (n0, or 1 per listed prompt, with the adaptive allocation)
+        from the current policy, seeded by (global step, engine call)."""
+        return timed(self.trainer.generate_rollouts, problems, collection.rounds,
+                     collection.rollouts_per_prompt)
 
     def verify(self, problems: list[Problem], batch: RolloutBatch,
                collection: Collection) -> Timed[ScoredGroups]:
@@ -308,8 +313,8 @@ class Run:
                     self._decompose, collected.groups))
                 self.state.probe_start = self.shrinkage.start_values()
             metrics.update(self.trainer.update(collected.groups))
-            if pending is not None:
-                metrics.update(self.shrinkage.after(self.trainer.model, pending))
+            diag = {} if pending is None else self.shrinkage.after(self.trainer.model, pending)
+            metrics.update(self.trainer.broadcast(diag))  # every rank logs rank 0's figures
         metrics = self.trainer.end_step(metrics)
         return Timed(metrics, time.perf_counter() - started - metrics.get("time/diagnostics", 0.0))
 

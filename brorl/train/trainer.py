@@ -48,7 +48,8 @@ import torch.distributed as dist
 
 from brorl.algorithm.advantages import compute_advantages, token_advantages
 from brorl.algorithm.downsample import max_variance_subset
-from brorl.algorithm.filtering import FilterStats, InformativeCollector
+from brorl.algorithm.allocation import allocate
+from brorl.algorithm.filtering import FilterStats, InformativeCollector, mixed_outcome_groups
 from brorl.algorithm.schedule import mini_batch_bounds, reset_plan
 from brorl.engines import SamplingConfig, build_engine
 from brorl.policy import load_policy
@@ -56,7 +57,7 @@ from brorl.prompts import render_prompt
 from brorl.train import checkpoint as ckpt
 from brorl.train.config import TrainerConfig
 from brorl.train.ppo import accumulate_mini_batch, score_batch
-from brorl.train.rollouts import ScoredGroups, concat, response_mask
+from brorl.train.rollouts import ScoredGroups, concat, merge_rounds, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, read_run_record
 from brorl.types import Problem, RolloutBatch
 from brorl.verifiers import Verdict, verify_batch
@@ -128,36 +129,107 @@ class Collected:
 
 
 class Collection:
-    """One step's dynamic sampling, a draw at a time: the filter plus generation figures."""
+    """One step's dynamic sampling, a draw at a time: the filter plus generation figures.
 
-    def __init__(self, collector: InformativeCollector) -> None:
+    With an `allocation` (`update.allocation: adaptive`) a draw of m prompts takes two engine
+    calls: a first round of n0 rollouts each, then the rest of its m x N rollouts spread by
+    `brorl.algorithm.allocation.allocate` (one rollout per row, each prompt repeated by its
+    share); the two rounds are merged into padded groups (`merge_rounds`) before the filter.
+    `rollouts_per_prompt` and `second_round_problems` tell the run what the next call is."""
+
+    def __init__(self, collector: InformativeCollector, rollouts_per_prompt: int,
+                 allocation: tuple[int, int] | None = None) -> None:
         self.collector = collector
+        self.n = rollouts_per_prompt
+        self.allocation = allocation
+        """(n0, cap) of the adaptive allocation; None: N per prompt in one call."""
         self.totals = {"generate": 0.0, "verify": 0.0, "tokens": 0.0, "reward_sum": 0.0,
                        "truncated": 0.0}
         self.drawn: list[tuple[Problem, bool]] = []
+        self.calls = 0
+        self.pending: ScoredGroups | None = None
+        """The first round of an adaptive draw, waiting for its extra rollouts."""
+        self.extra: torch.Tensor | None = None
+        self.sizes: list[int] = []
+        self.alloc = {"extra": 0.0, "extra_uniform": 0.0, "first_mixed": 0.0, "rescued": 0.0,
+                      "first_uniform": 0.0}
 
     @property
     def done(self) -> bool:
-        return self.collector.done
+        return self.pending is None and self.collector.done
 
     @property
     def rounds(self) -> int:
-        return self.collector.stats.rounds
+        """Engine calls so far: the draw index of the next call's seed (one per filter round
+        with fixed N, two per round with the adaptive allocation)."""
+        return self.calls
+
+    @property
+    def rollouts_per_prompt(self) -> int:
+        """Rollouts per listed prompt of the next engine call: N, n0, or 1 (second round)."""
+        if self.allocation is None:
+            return self.n
+        return 1 if self.pending is not None else self.allocation[0]
 
     def request(self) -> int:
         """Prompts to draw next."""
         return self.collector.request()
 
+    def second_round_problems(self) -> list[Problem]:
+        """The pending first round's problems, each repeated by its extra rollouts."""
+        if self.pending is None or self.extra is None:
+            raise RuntimeError("no first round is waiting for its extra rollouts.")
+        return [p for p, k in zip(self.pending.problems, self.extra.tolist()) for _ in range(k)]
+
     def add(self, groups: ScoredGroups, seconds: dict[str, float] | None = None) -> None:
-        """Filter one draw's verified groups; `seconds` adds its generate / verify times."""
+        """Count one engine call's verified rollouts (`seconds`: its generate / verify times);
+        filter its groups, or with the adaptive allocation allocate after a first round and
+        filter the merged groups after the second."""
         for key, value in (seconds or {}).items():
             self.totals[key] += value
+        self.calls += 1
         self.totals["tokens"] += float(groups.batch.response_lengths.sum())
         self.totals["reward_sum"] += float(groups.rewards.sum())
         self.totals["truncated"] += sum(r == "length" for r in groups.batch.finish_reasons)
-        solved = (groups.rewards >= self.collector.correct_reward).any(dim=1).tolist()
+        if self.allocation is not None and groups.num_groups:
+            if self.pending is None:
+                groups = self._first_round(groups)
+                if groups is None:
+                    return
+            else:
+                groups = self._second_round(groups)
+        valid = groups.valid_mask()
+        solved = ((groups.rewards >= self.collector.correct_reward) & valid).any(dim=1).tolist()
         self.drawn += list(zip(groups.problems, solved))
+        self.sizes += valid.sum(dim=1).tolist()
         self.collector.add(groups)
+
+    def _first_round(self, first: ScoredGroups) -> ScoredGroups | None:
+        """Allocate the draw's remaining rollouts; the merged groups if none is left to spend."""
+        n0, cap = self.allocation
+        correct = (first.rewards >= self.collector.correct_reward).sum(dim=1)
+        seen = torch.full_like(correct, n0)
+        budget = first.num_groups * (self.n - n0)
+        self.extra = allocate(correct, seen, budget, cap)
+        mixed = mixed_outcome_groups(first.rewards, self.collector.correct_reward)
+        self.alloc["first_mixed"] += float(mixed.sum())
+        self.alloc["first_uniform"] += float((~mixed).sum())
+        self.alloc["extra"] += float(self.extra.sum())
+        self.alloc["extra_uniform"] += float(self.extra[~mixed].sum())
+        self.pending = first
+        if int(self.extra.sum()) == 0:
+            return self._second_round(None)
+        return None
+
+    def _second_round(self, second: ScoredGroups | None) -> ScoredGroups:
+        first, extra = self.pending, self.extra
+        self.pending = self.extra = None
+        merged = merge_rounds(first, second, extra, self.allocation[1])
+        c = self.collector.correct_reward
+        was_mixed = mixed_outcome_groups(first.rewards, c)
+        now_mixed = mixed_outcome_groups(merged.rewards, c, merged.valid)
+        self.alloc["rescued"] += float((now_mixed & ~was_mixed).sum())
+        return merged
 
     def finish(self) -> Collected:
         kept = self.collector.result()
@@ -174,6 +246,18 @@ class Collection:
             "verify/seconds": totals["verify"],
             **stats.as_metrics(),
         }
+        if self.allocation is not None and self.sizes:
+            a = self.alloc
+            metrics.update({
+                "alloc/group_size_min": float(min(self.sizes)),
+                "alloc/group_size_max": float(max(self.sizes)),
+                "alloc/group_size_mean": sum(self.sizes) / len(self.sizes),
+                "alloc/extra_rollouts": a["extra"],
+                "alloc/extra_to_uniform_frac": a["extra_uniform"] / a["extra"] if a["extra"] else 0.0,
+                "alloc/first_round_mixed": a["first_mixed"],
+                "alloc/first_round_uniform": a["first_uniform"],
+                "alloc/groups_rescued": a["rescued"],
+            })
         return Collected(concat(kept.pieces) if kept.pieces else None, stats, metrics,
                          tuple(self.drawn))
 
@@ -252,8 +336,10 @@ class Trainer:
         """The next `count` problems from the seeded cursor."""
         return self.sampler.take(count)
 
-    def generate_rollouts(self, problems: Sequence[Problem], draw: int) -> RolloutBatch:
-        """N rollouts per problem from the current policy (rank 0), seeded by (step, draw)."""
+    def generate_rollouts(self, problems: Sequence[Problem], draw: int,
+                          n: int | None = None) -> RolloutBatch:
+        """`n` (default N) rollouts per problem from the current policy (rank 0), seeded by
+        (step, draw)."""
         if self.rollout_engine is None:
             raise RuntimeError("only rank 0 generates; other ranks receive the groups by broadcast.")
         sampling = SamplingConfig(
@@ -261,7 +347,7 @@ class Trainer:
             max_response_tokens=self.config.max_response_tokens,
             seed=draw_seed(self.config.seed, self.global_step, draw))
         prompts = [render_prompt(p, self.tokenizer) for p in problems]
-        return self.rollout_engine.generate(prompts, self.config.rollouts_per_prompt, sampling)
+        return self.rollout_engine.generate(prompts, n or self.config.rollouts_per_prompt, sampling)
 
     def verify(self, problems: Sequence[Problem], batch: RolloutBatch) -> ScoredGroups:
         """Rewards `[b, N]` of a batch from the reward function (the family verifiers)."""
@@ -280,7 +366,8 @@ class Trainer:
             c.prompts_per_step, c.filter_max_draws if c.filter_enabled else 1,
             oversample=c.filter_oversample, correct_reward=c.correct_reward,
             wrong_reward=c.wrong_reward, keep_uniform=not c.filter_enabled,
-            keep_rule=c.keep_rule, max_groups=max_groups))
+            keep_rule=c.keep_rule, max_groups=max_groups), c.rollouts_per_prompt,
+            (c.first_round, c.rollouts_cap) if c.allocation == "adaptive" else None)
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's `value` on every rank (a world of one returns it as is)."""
@@ -308,9 +395,11 @@ class Trainer:
             groups = groups.select_rollouts(chosen)
         batch = groups.batch
         mask = response_mask(batch)
-        advantages = compute_advantages(groups.rewards, config.advantage_estimator)
+        valid = groups.valid  # padded groups (adaptive allocation): train on the real rows only
+        advantages = compute_advantages(groups.rewards, config.advantage_estimator, valid)
         token_adv = token_advantages(advantages, mask).float()
-        perms = self._permutations(batch.num_rollouts)
+        real = groups.valid_mask().reshape(-1).nonzero().flatten()
+        perms = [real[perm] for perm in self._permutations(real.numel())]
         plan = [[perm[lo:hi] for lo, hi in mini_batch_bounds(len(perm), config.mini_batches_per_step)]
                 for perm in perms]
         mine = torch.cat([mb[self.rank :: self.world] for epoch in plan for mb in epoch]).unique()
@@ -347,9 +436,9 @@ class Trainer:
             "update/optimizer_steps": float(steps),
             "update/grad_norm": sum(grad_norms) / len(grad_norms),
             "update/lr": float(self.scheduler.get_last_lr()[0]),
-            "update/advantage_abs_mean": float(advantages.abs().mean()),
-            "update/reward_mean": float(groups.rewards.mean()),
-            "update/trained_rollouts": float(batch.num_rollouts),
+            "update/advantage_abs_mean": float(advantages.abs()[groups.valid_mask()].mean()),
+            "update/reward_mean": float(groups.rewards[groups.valid_mask()].mean()),
+            "update/trained_rollouts": float(real.numel()),
             "update/seconds": time.perf_counter() - started,
         })
         return out
