@@ -62,7 +62,8 @@ def prepare_run(params: dict[str, Any], run_id: str, started: float | None) -> d
         client = MlflowClient(tracking.resolve_tracking_uri(p.tracking.tracking_uri))
         client.delete_run(done.cleared_mlflow_run)
     tags = {"study": p.name, "N": str(run.rollouts_per_prompt), "B": str(run.prompts_per_step),
-            "seed": str(run.seed), "arm": run.arm or "sweep", "in_sweep": str(run.in_sweep)}
+            "seed": str(run.seed), "arm": run.arm or run.variant or "sweep",
+            "in_sweep": str(run.in_sweep), "variant": run.variant or "none"}
     return {"params": rp.model_dump(mode="json"), "tags": tags, "action": done.action,
             "folder": str(folder), "started": time.monotonic(),
             "start": str(tracking.ROOT / start_path(p.study))}

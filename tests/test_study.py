@@ -46,10 +46,10 @@ def test_prompts_per_step_rule_reproduces_both_arms_and_gives_the_sweep():
     assert [other.prompts_per_step(n) for n in (16, 32, 64, 1024)] == [4, 2, 1, 1]
 
 
-def test_the_study_expands_to_19_unique_runs_and_the_sweep_reuses_the_arms_seeds():
+def test_the_study_expands_to_19_unique_runs_then_its_variants_runs():
     runs = plan_runs(load_params(STUDY).study)
     by_id = {r.id: r for r in runs}
-    assert len(runs) == len(by_id) == 5 + 5 + 3 * 3
+    assert len(runs) == len(by_id) == 5 + 5 + 3 * 3 + 2 * 3
     assert {r.id for r in runs if r.arm == "prorl"} == {f"n16_s{s}" for s in range(5)}
     assert {r.id for r in runs if r.arm == "brorl"} == {f"n512_s{s}" for s in range(5)}
     assert {r.id for r in runs if r.in_sweep} == {
@@ -57,7 +57,12 @@ def test_the_study_expands_to_19_unique_runs_and_the_sweep_reuses_the_arms_seeds
     assert (by_id["n16_s2"].arm, by_id["n16_s2"].in_sweep) == ("prorl", True)
     assert (by_id["n16_s3"].arm, by_id["n16_s3"].in_sweep) == ("prorl", False)
     assert (by_id["n64_s1"].arm, by_id["n64_s1"].prompts_per_step) == (None, 5)
-    assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed by seed
+    plain, variants = runs[:19], runs[19:]
+    assert [r.seed for r in plain] == sorted(r.seed for r in plain)  # seed by seed
+    assert [r.id for r in variants] == [f"{v}_s{s}" for s in range(3) for v in ("adaptive", "pods")]
+    # a variant's runs take its arm's shape and are neither an arm's seeds nor the sweep's
+    assert {(r.variant, r.rollouts_per_prompt, r.prompts_per_step, r.arm, r.in_sweep)
+            for r in variants} == {("adaptive", 16, 8, None, False), ("pods", 512, 2, None, False)}
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -72,22 +77,27 @@ def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
 
 def test_every_run_has_the_equal_budget_and_differs_from_the_study_only_in_its_shape():
     params = load_params(STUDY)
-    study_leaves = _leaves(params.model_dump(mode="json"))
+    study_leaves = _leaves(params.model_dump(mode="json", exclude={"study"}))
     allowed = {"name", "update.prompts_per_step", "update.rollouts_per_prompt", "train.seed",
                "train.algorithm", "train.max_rollouts", "train.eval_every",
                "train.checkpoint_every", "train.run_dir", "train.checkpoint_dir",
                "tracking.metrics_dir", "tracking.plots_dir"}
+    variant_keys = {"adaptive": {"update.allocation"}, "pods": {"update.train_subset"}}
     # a quarter of 8192 is 2048 rollouts: 2048 / (B N) = 2048/128, 2048/320, 2048/768,
     # 2048/1024, 2048/2048 = 16, 6.4, 2.67, 2, 1 steps -> 16, 6, 3, 2, 1
     every = {16: 16, 64: 6, 256: 3, 512: 2, 1024: 1}
     for run in plan_runs(params.study):
         p = run_params(params, run)
-        changed = {k for k, v in _leaves(p.model_dump(mode="json")).items() if study_leaves[k] != v}
-        assert changed <= allowed, (run.id, changed - allowed)
+        # a run's plan file holds no study section (`run_tree`)
+        changed = {k for k, v in _leaves(p.model_dump(mode="json", exclude={"study"})).items()
+                   if study_leaves[k] != v}
+        extra = variant_keys.get(run.variant, set())
+        assert changed <= allowed | extra and extra <= changed, (run.id, changed - allowed)
         n, b = run.rollouts_per_prompt, run.prompts_per_step
         assert p.train.max_rollouts == 8192 and 8192 % n == 0
         assert (p.update.rollouts_per_prompt, p.update.prompts_per_step) == (n, b)
-        assert p.update.lr == pytest.approx(1e-4 * math.sqrt(b * n / 128))  # the sqrt rule
+        trained = b * (p.update.train_subset or n)  # pods trains 64 of each group's 512
+        assert p.update.lr == pytest.approx(1e-4 * math.sqrt(trained / 128))  # the sqrt rule
         assert p.train.eval_every == every[n] and p.train.seed == run.seed
         assert p.train.init_checkpoint == "outputs/prorl_warmup/policy"
         assert (p.train.eval_per_family, p.train.eval_samples, p.train.eval_seed) == (100, 8, 0)
@@ -100,6 +110,9 @@ def test_every_run_has_the_equal_budget_and_differs_from_the_study_only_in_its_s
     ("study.budget_rollouts=8000", "study.budget_rollouts = 8000 is not divisible by N = 256"),
     ("study.budget_rollouts=4096", "fewer than study.min_steps = 8 steps"),
     ("study.baseline=grpo", "exactly two arms, the baseline among them"),
+    ("study.variants.pods.arm=grpo", "study.variants.pods.arm = 'grpo' is not an arm"),
+    ("study.variants.adaptive.update.rollouts_per_prompt=64", "not prompts_per_step or rollouts"),
+    ("study.variants.pods.update.train_subset=600", "study.variants.pods.update .*update.train_subset = 600"),
 ])
 def test_a_study_that_breaks_a_rule_fails_naming_the_field_and_the_fix(override, message):
     with pytest.raises(ParamsError, match=message):
@@ -121,12 +134,12 @@ def test_the_dvc_foreach_list_is_the_plan_of_the_named_study(name):
 def test_the_plan_files_change_only_for_runs_whose_params_changed(tmp_path):
     params = load_params(STUDY_CI, [f"study.out_dir={tmp_path}"])
     ids = write_plan(params, tmp_path)
-    assert ids == ["n16_s0", "n64_s0", "n16_s1", "n64_s1"]
+    assert ids == ["n16_s0", "n64_s0", "n16_s1", "n64_s1", "adaptive_s0", "pods_s0"]
     before = {i: (tmp_path / "plan" / f"{i}.json").read_bytes() for i in ids}
     write_plan(load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.resamples=50"]), tmp_path)
     assert {i: (tmp_path / "plan" / f"{i}.json").read_bytes() for i in ids} == before
     more = load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.sweep_seeds=3"])
-    assert write_plan(more, tmp_path)[-1] == "n64_s2"
+    assert write_plan(more, tmp_path)[5] == "n64_s2"
     assert {i: (tmp_path / "plan" / f"{i}.json").read_bytes() for i in ids} == before
     write_plan(params, tmp_path)
     assert not (tmp_path / "plan" / "n64_s2.json").exists()  # a dropped run's file goes
@@ -174,12 +187,13 @@ def test_progress_counts_current_finished_runs_and_estimates_from_their_wall_tim
     prepare_run_dir(stale, "n64_s1", "old-digest")
     mark_finished(stale, 99.0)  # finished with other params: not done
     p = progress(params, tmp_path, "n16_s1")
-    # left: n16_s1 (the N=16 mean, 10 s) and n64_s1 (the N=64 mean, 30 s)
-    assert (p.done, p.total, p.elapsed, p.eta) == (2, 4, 40.0, 40.0)
+    # left: n16_s1 and adaptive_s0 (the N=16 mean, 10 s), n64_s1 and pods_s0 (the N=64 mean,
+    # 30 s): a variant's runs are estimated by its arm's N
+    assert (p.done, p.total, p.elapsed, p.eta) == (2, 6, 40.0, 80.0)
     run = plan_runs(params.study)[2]
     assert progress_line("study-ci", run, p) == (
-        "study study-ci: run n16_s1 (N=16, B=4, seed 1) | 2/4 runs done | elapsed 0m40s "
-        "| ETA 0m40s")
+        "study study-ci: run n16_s1 (N=16, B=4, seed 1) | 2/6 runs done | elapsed 0m40s "
+        "| ETA 1m20s")
     assert progress(params, tmp_path, "n16_s1", started=time.time() - 125).elapsed >= 125
 
 
@@ -188,8 +202,10 @@ def test_progress_counts_current_finished_runs_and_estimates_from_their_wall_tim
 IDS = [f"{f}/t/{k}" for f in ("math", "code", "reasoning") for k in ("a", "b")]
 START = np.array([0.2, 0.4, 0.3, 0.5, 0.2, 0.3])
 FINAL = {"n16_s0": [0.3, 0.4, 0.3, 0.6, 0.1, 0.4], "n16_s1": [0.2, 0.5, 0.4, 0.5, 0.2, 0.3],
-         "n64_s0": [0.5, 0.6, 0.4, 0.7, 0.3, 0.5], "n64_s1": [0.4, 0.6, 0.5, 0.8, 0.2, 0.6]}
-SECONDS = {"n16_s0": [0, 8, 20], "n16_s1": [0, 12, 24], "n64_s0": [0, 5, 10], "n64_s1": [0, 6, 12]}
+         "n64_s0": [0.5, 0.6, 0.4, 0.7, 0.3, 0.5], "n64_s1": [0.4, 0.6, 0.5, 0.8, 0.2, 0.6],
+         "adaptive_s0": [0.4, 0.5, 0.3, 0.7, 0.2, 0.4], "pods_s0": [0.5, 0.6, 0.5, 0.7, 0.3, 0.6]}
+SECONDS = {"n16_s0": [0, 8, 20], "n16_s1": [0, 12, 24], "n64_s0": [0, 5, 10], "n64_s1": [0, 6, 12],
+           "adaptive_s0": [0, 9, 21], "pods_s0": [0, 3, 6]}
 
 
 def _mid(run_id: str) -> np.ndarray:
@@ -225,7 +241,7 @@ def _hand_made_study(tmp_path: Path):
                     "filter/pass_rate": 1.0, "generate/seconds": 4.0}]
         # shrinkage diagnostics: the held-out Q_pos starts at 0.30 - 0.02 = 0.28 and ends at
         # 0.27 (N=16) or 0.33 (N=64); unsolved prompts lose 0.002 then 0.004 per update (N=16)
-        small = run_id.startswith("n16")
+        small = run_id.startswith(("n16", "adaptive"))
         for m, q, since, worst, unsolved in zip(
                 history, (0.30, 0.27 if small else 0.33), (60.0, 40.0 if small else 80.0),
                 (-0.01, -0.03 if small else -0.02), (-0.002, -0.004 if small else 0.0)):
@@ -283,7 +299,7 @@ def test_the_report_holds_hand_computed_means_tests_and_pooled_rates(tmp_path):
     # a - START = .05 .05 .05 .05 -.05 .05: mean .033, t = 2.0, p = 0.10
     assert start["p_two_sided"] == pytest.approx(stats.ttest_rel(a, START).pvalue)
     assert start["p_two_sided"] > 0.05
-    assert "prorl does not change significantly from the start (+3.33 points" in r["verdict"][3]
+    assert "prorl does not change significantly from the start (+3.33 points" in r["verdict"][-2]
     out = tmp_path / "study"
     text = (out / "report.md").read_text()
     assert "| Method | N | Prompts/step |" in text and "## N-sweep" in text
@@ -299,6 +315,25 @@ def test_the_report_holds_hand_computed_means_tests_and_pooled_rates(tmp_path):
     assert shrink["prorl"]["solved_delta"]["mean"] == pytest.approx(0.003)
     assert "## Knowledge shrinkage on the live policy" in text and "shrinkage.png" in text
     assert "| prorl (16) | -0.0100 [" in text
+    # the variants: one seed each, against every seed of each arm at equal rollouts
+    adaptive, pods = r["variants"]["adaptive"], r["variants"]["pods"]
+    assert (adaptive["arm"], adaptive["N"], adaptive["B"], adaptive["runs"]) == \
+        ("prorl", 16, 4, ["adaptive_s0"])
+    assert (pods["N"], pods["update"]) == (64, {"train_subset": 16})
+    versus = adaptive["versus"]["prorl"]["paired_test"]
+    assert versus["delta"] == pytest.approx(float((np.array(FINAL["adaptive_s0"]) - a).mean()))
+    assert versus["p_two_sided"] == pytest.approx(
+        stats.ttest_rel(np.array(FINAL["adaptive_s0"]), a).pvalue)
+    assert pods["versus"]["brorl"]["paired_test"]["delta"] == pytest.approx(
+        float((np.array(FINAL["pods_s0"]) - b).mean()))
+    assert math.isnan(pods["score"]["overall"]["low"]) is False  # instances still resampled
+    assert "at_equal_time" not in pods  # T* is the arms'
+    assert "## Variants: other update settings at an arm's shape" in text
+    assert "| adaptive | prorl (16, 4) | allocation: adaptive | 1 |" in text
+    assert sum("At equal rollouts, pods (brorl's shape with train_subset: 16)" in line
+               for line in r["verdict"]) == 2
+    assert "| pods (64) |" in text  # in the shrinkage table too
+    assert headline(r)["adaptive_vs_prorl"] == round(versus["delta"], 4)
     assert headline(r)["delta_rollouts"] == round(0.95 / 6, 4) and headline(r)["peak_n"] == 64
     p = r["equal_rollouts"]["paired_test"]["p_two_sided"]
     assert headline(r)["p_rollouts"] == float(f"{p:.3g}") > 0  # significant digits, never 0
@@ -373,7 +408,7 @@ def _recorded_ci_runs(clone: Path) -> list[str]:
         stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {}) if path.exists() else {}
     except yaml.YAMLError:  # caught while DVC rewrites it
         return []
-    return [r for r in ("n16_s0", "n64_s0", "n16_s1", "n64_s1")
+    return [r for r in ("n16_s0", "n64_s0", "n16_s1", "n64_s1", "adaptive_s0", "pods_s0")
             if any(out.get("path") == f"outputs/ci/study/runs/{r}"
                    for out in stages.get(f"study_run@{r}", {}).get("outs", []))]
 
@@ -433,8 +468,9 @@ def test_an_interrupted_study_resumes_without_redoing_finished_runs(ci_pipeline,
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     children = client.search_runs([experiment.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
-    assert sorted((c.data.tags["N"], c.data.tags["seed"]) for c in children) == \
-        [("16", "0"), ("16", "1"), ("64", "0"), ("64", "1")]
+    assert sorted((c.data.tags["N"], c.data.tags["seed"], c.data.tags["arm"]) for c in children) \
+        == [("16", "0", "adaptive"), ("16", "0", "prorl"), ("16", "1", "prorl"),
+            ("64", "0", "brorl"), ("64", "0", "pods"), ("64", "1", "brorl")]
     assert {c.data.tags["B"] for c in children} == {"4", "1"}
 
     # the same study without interruption: the runs DVC finished in one session are copied, the

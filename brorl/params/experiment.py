@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from pydantic import model_validator
+from pydantic import ValidationError, model_validator
 
 from brorl.params.data import BaseParams, DataParams, ModelParams
 from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
@@ -85,4 +85,15 @@ class ExperimentParams(Section):
                 f"{self.generate.top_p}): the trainer scores log-probs without top-p, so the "
                 "engine->trainer ratio would be the nucleus mass, not an off-policy correction; "
                 "set generate.top_p: 1.0 or update.tis_mode: none.")
+        for name, variant in self.study.variants.items():  # its runs' update section, now
+            shape = self.study.arms[variant.arm]
+            tree = {**self.update.model_dump(), **variant.update,
+                    "prompts_per_step": shape.prompts_per_step,
+                    "rollouts_per_prompt": shape.rollouts_per_prompt}
+            try:
+                UpdateParams.model_validate(tree)
+            except ValidationError as err:
+                why = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+                raise ValueError(f"study.variants.{name}.update {variant.update} at the "
+                                 f"{variant.arm} arm's shape: {why}") from None
         return self

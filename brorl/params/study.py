@@ -12,6 +12,8 @@ by the sqrt rule (`UpdateParams.lr`, spec §4.1).
 from __future__ import annotations
 
 import math
+import re
+from typing import Any
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -29,6 +31,26 @@ class StudyArm(Section):
     """Runs of the arm, with `train.seed` 0 .. seeds-1 (the issue asks for >= 5)."""
 
 
+class StudyVariant(Section):
+    """Runs with one arm's shape (N, B, the LR by the sqrt rule, the budget) and other `update`
+    settings: the adaptive allocation or a training subset, compared with both arms at the same
+    rollouts (issue: beyond the paper)."""
+
+    arm: str
+    """The arm whose shape these runs take."""
+    seeds: PositiveInt = 3
+    """Runs, with `train.seed` 0 .. seeds-1 (the arms' seeds: the same prompt streams)."""
+    update: dict[str, Any]
+    """`update` keys set for these runs, e.g. {allocation: adaptive} or {train_subset: 64};
+    not N or B (the arm's). Checked when the plan is built (`brorl.study.plan.run_params`)."""
+
+
+VARIANT_NAME = re.compile(r"[a-z][a-z0-9]*")
+"""A variant's name: its runs are `<name>_s<seed>` (folders and DVC keys); `n<digits>` is the
+arms' and the sweep's."""
+SHAPE_KEYS = {"prompts_per_step", "rollouts_per_prompt"}
+
+
 class StudyParams(Section):
     """Runs, budget, evaluations and statistics of a study (`brorl.study`, docs/study.md)."""
 
@@ -39,6 +61,9 @@ class StudyParams(Section):
     are the CPU arms of params/prorl.yaml and params/brorl.yaml (8 x 16 and 2 x 512)."""
     baseline: str = "prorl"
     """The arm the other is tested against (differences are other - baseline)."""
+    variants: dict[str, StudyVariant] = {}
+    """Name -> runs of one arm's shape with other update settings (`StudyVariant`); each is
+    reported beside both arms at equal rollouts. {} runs none."""
     sweep_rollouts_per_prompt: list[PositiveInt] = [16, 64, 256, 512, 1024]
     """N values of the sweep (the reviewers' request, spec §9); [] runs no sweep."""
     sweep_seeds: NonNegativeInt = 3
@@ -101,6 +126,18 @@ class StudyParams(Section):
                 (a.rollouts_per_prompt - b.rollouts_per_prompt) > 0:
             raise ValueError("study.arms: the arm with the larger N must have no more prompts per "
                              "step (BroRL trades prompts for rollouts, spec §4.1).")
+        for name, variant in self.variants.items():
+            if not VARIANT_NAME.fullmatch(name) or re.fullmatch(r"n\d+", name):
+                raise ValueError(
+                    f"study.variants: name {name!r} must be lower-case letters and digits, "
+                    "starting with a letter and not n<digits> (the arms' run ids), e.g. adaptive16.")
+            if variant.arm not in self.arms:
+                raise ValueError(f"study.variants.{name}.arm = {variant.arm!r} is not an arm of "
+                                 f"the study; use one of {sorted(self.arms)}.")
+            if not variant.update or SHAPE_KEYS & set(variant.update):
+                raise ValueError(
+                    f"study.variants.{name}.update = {variant.update}: set at least one update "
+                    "key, and not prompts_per_step or rollouts_per_prompt (the arm's shape).")
         for n in self.all_rollouts_per_prompt:
             if self.budget_rollouts % n:
                 raise ValueError(

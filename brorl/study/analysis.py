@@ -14,6 +14,10 @@
 - The N-sweep: per N (the sweep's seeds), the score at the budget with its interval, the pooled
   pass rate and throughput (interval over seeds), and the peak N: argmax of the mean score,
   with how often each N is the argmax when seeds (per N) and instances (shared) are resampled.
+- Variants (`study.variants`: an arm's shape with other update settings, e.g. the adaptive
+  allocation or a training subset): each described as an arm (at the budget; no equal-time
+  figures) and compared with both arms at equal rollouts, variant - arm, by the same paired test
+  and bootstrap (every seed of each side).
 - The plateau: the warm-up's validation curve up to the start, and the baseline arm's final
   evaluation against its step-0 evaluation (paired test): the paper's premise is a plateau.
 
@@ -142,8 +146,9 @@ def shrinkage(runs: list[RunResult], study: StudyParams) -> dict[str, Any] | Non
 
 
 def arm(params: ExperimentParams, runs: list[RunResult], ids: list[str], families: list[str],
-        t_star: float) -> dict[str, Any]:
-    """One arm: shape, runs, scores at the start, at the budget and at T*, pass rate, speed."""
+        t_star: float | None) -> dict[str, Any]:
+    """One arm: shape, runs, scores at the start, at the budget and at T* (unless None), pass
+    rate, speed."""
     study, first = params.study, runs[0].run
     reasoning = [j for j, f in enumerate(families) if f == "reasoning"]
     finals = [values_of(r.final) for r in runs]
@@ -158,12 +163,14 @@ def arm(params: ExperimentParams, runs: list[RunResult], ids: list[str], familie
         "score": describe(finals, ids, families, study),
         "pass_rate": over_seeds([r.pass_rate for r in runs], study),
         "rollouts_per_s": over_seeds([r.rollouts_per_s for r in runs], study),
-        "at_equal_time": describe([r.at("seconds", t_star) for r in runs], ids, families, study),
-        "rollouts_at_equal_time": [float(np.interp(t_star, [e["seconds"] for e in r.evals],
-                                                   [e["rollouts"] for e in r.evals]))
-                                   for r in runs],
         "shrinkage": shrinkage(runs, study),
     }
+    if t_star is not None:
+        out["at_equal_time"] = describe([r.at("seconds", t_star) for r in runs], ids, families,
+                                        study)
+        out["rollouts_at_equal_time"] = [
+            float(np.interp(t_star, [e["seconds"] for e in r.evals],
+                            [e["rollouts"] for e in r.evals])) for r in runs]
     if reasoning:
         x = table([values_of(r.final, "pass_at_1") for r in runs], ids)[:, reasoning]
         out["reasoning_pass_at_1"] = _iv(bootstrap_mean(x, **_boot(study)))
@@ -216,6 +223,22 @@ def sweep(results: list[RunResult], study: StudyParams, ids: list[str]) -> dict[
     return {"points": rows, "peak": peak(tables, study)}
 
 
+def variants(params: ExperimentParams, results: list[RunResult], arms: dict[str, list[RunResult]],
+             ids: list[str], families: list[str]) -> dict[str, Any]:
+    """Each variant as an arm at the budget, with `versus` each arm: variant - arm at equal
+    rollouts (`compare`)."""
+    study, out = params.study, {}
+    for name, v in study.variants.items():
+        runs = [r for r in results if r.run.variant == name]
+        if not runs:
+            raise ValueError(f"study variant {name} has no finished run; run the study first.")
+        finals = [values_of(r.final) for r in runs]
+        out[name] = {**arm(params, runs, ids, families, None), "arm": v.arm, "update": v.update,
+                     "versus": {a: compare([values_of(r.final) for r in arm_runs], finals, ids,
+                                           families, study) for a, arm_runs in arms.items()}}
+    return out
+
+
 def analyse(params: ExperimentParams, results: list[RunResult],
             warmup: Path | None = None) -> dict[str, Any]:
     """Every number of the report (module docstring). `warmup`: the warm-up's run folder."""
@@ -249,6 +272,7 @@ def analyse(params: ExperimentParams, results: list[RunResult],
             [at_t[r.run.id] for r in base], [at_t[r.run.id] for r in other], ids, families,
             study)},
         "sweep": sweep(results, study, ids),
+        "variants": variants(params, results, arms, ids, families),
         "plateau": {
             "warmup_validation": warmup_curve(warmup) if warmup is not None else None,
             "baseline_vs_start": compare([values_of(r.evals[0]) for r in base],

@@ -2,7 +2,8 @@
 
 A study (`brorl.params.study.StudyParams`) is the union of its arms' runs and its N-sweep's
 runs; a run is one (N, seed), so the sweep's N=16 and N=512 with seeds 0-2 are the arms' runs,
-not new ones (default: 5 + 5 + 3 x 3 = 19 runs). Each run's params are the study file's with
+not new ones (5 + 5 + 3 x 3 = 19 runs); then each variant's runs (one arm's shape with other
+`update` settings, `<variant>_s<seed>`). Each run's params are the study file's with
 only what makes the run itself changed (`run_params`): name, B and N (B by the study's rule,
 `StudyParams.prompts_per_step`; the LR follows by the sqrt rule, `UpdateParams.lr`),
 `train.seed`, the label `train.algorithm`, the equal budget `train.max_rollouts`, the evaluation
@@ -46,11 +47,14 @@ class StudyRun:
     arm: str | None
     """The arm this run is a seed of; None for a run only the sweep uses."""
     in_sweep: bool
+    variant: str | None = None
+    """The study variant this run belongs to (`StudyParams.variants`); None for arm and sweep runs."""
 
     @property
     def id(self) -> str:
-        """`n<N>_s<seed>`: the run's folder and DVC stage key."""
-        return f"n{self.rollouts_per_prompt}_s{self.seed}"
+        """`n<N>_s<seed>` (`<variant>_s<seed>` for a variant's run): the run's folder and DVC
+        stage key."""
+        return f"{self.variant or f'n{self.rollouts_per_prompt}'}_s{self.seed}"
 
     @property
     def samples_per_step(self) -> int:
@@ -60,7 +64,8 @@ class StudyRun:
 
 def plan_runs(study: StudyParams) -> list[StudyRun]:
     """Every unique (N, seed) of the study's arms and sweep, ordered by seed, then N (a study cut
-    short has then as many seeds of every N as possible)."""
+    short has then as many seeds of every N as possible); then the variants' runs, by seed,
+    then variant."""
     arms: dict[tuple[int, int], str] = {}
     for name, arm in study.arms.items():
         for seed in range(arm.seeds):
@@ -68,8 +73,15 @@ def plan_runs(study: StudyParams) -> list[StudyRun]:
     sweep = {(n, seed) for n in study.sweep_rollouts_per_prompt
              for seed in range(study.sweep_seeds)}
     keys = sorted(set(arms) | sweep, key=lambda k: (k[1], k[0]))
-    return [StudyRun(n, study.prompts_per_step(n), seed, arms.get((n, seed)), (n, seed) in sweep)
+    runs = [StudyRun(n, study.prompts_per_step(n), seed, arms.get((n, seed)), (n, seed) in sweep)
             for n, seed in keys]
+    variants = sorted(((seed, name) for name, v in study.variants.items()
+                       for seed in range(v.seeds)))
+    for seed, name in variants:
+        shape = study.arms[study.variants[name].arm]
+        runs.append(StudyRun(shape.rollouts_per_prompt, shape.prompts_per_step, seed, None, False,
+                             name))
+    return runs
 
 
 def find_run(study: StudyParams, run_id: str) -> StudyRun:
@@ -104,6 +116,9 @@ def run_params(params: ExperimentParams, run: StudyRun) -> ExperimentParams:
     tree["name"] = f"{params.name}-{run.id.replace('_', '-')}"
     tree["update"].update(prompts_per_step=run.prompts_per_step,
                           rollouts_per_prompt=run.rollouts_per_prompt)
+    if run.variant is not None:
+        tree["update"].update(study.variants[run.variant].update)
+    tree["study"]["variants"] = {}  # checked against the study's update section, not a run's
     baseline_n = study.arms[study.baseline].rollouts_per_prompt
     tree["train"].update(
         seed=run.seed, algorithm="prorl" if run.rollouts_per_prompt == baseline_n else "brorl",

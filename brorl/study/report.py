@@ -88,7 +88,8 @@ def table2(r: dict[str, Any]) -> str:
 def shrinkage_table(r: dict[str, Any]) -> str | None:
     """The live shrinkage diagnostics per arm (mean [interval over seeds]); None when some arm's
     runs did not log them."""
-    if any(a.get("shrinkage") is None for a in r["arms"].values()):
+    rows = {**r["arms"], **r.get("variants", {})}
+    if any(a.get("shrinkage") is None for a in rows.values()):
         return None
 
     def cell(iv: dict[str, float], scale: float = 1.0, digits: int = 4) -> str:
@@ -99,12 +100,29 @@ def shrinkage_table(r: dict[str, Any]) -> str | None:
     lines = ["| Method (N) | held-out Q_pos change | % improved since start | worst drop since "
              "start | per update: solved | per update: unsolved |",
              "|---|---:|---:|---:|---:|---:|"]
-    for name, a in r["arms"].items():
+    for name, a in rows.items():
         s = a["shrinkage"]
         lines.append(f"| {name} ({a['N']}) | {cell(s['q_pos_change'])} "
                      f"| {cell(s['pct_improved_since_start'], digits=1)} "
                      f"| {cell(s['worst_drop_since_start'])} | {cell(s['solved_delta'], digits=5)} "
                      f"| {cell(s['unsolved_delta'], digits=5)} |")
+    return "\n".join(lines)
+
+
+def variants_table(r: dict[str, Any]) -> str:
+    """Each variant at the budget beside both arms: its shape and setting, score, pass rate,
+    training time and the difference to each arm (points, bootstrap interval, paired p)."""
+    arms = list(r["arms"])
+    lines = ["| Variant | of arm (N, B) | update | runs | score at the budget | pass rate "
+             "| training s | " + " | ".join(f"- {a} (points, p)" for a in arms) + " |",
+             "|---|---|---|---:|---:|---:|---:|" + "---:|" * len(arms)]
+    for name, v in r["variants"].items():
+        setting = ", ".join(f"{k}: {val}" for k, val in v["update"].items())
+        diffs = " | ".join(f"{_pts(v['versus'][a]['difference']['overall'])}, p = "
+                           f"{v['versus'][a]['paired_test']['p_two_sided']:.3g}" for a in arms)
+        lines.append(f"| {name} | {v['arm']} ({v['N']}, {v['B']}) | {setting} "
+                     f"| {len(v['runs'])} | {_pts(v['score']['overall'])} "
+                     f"| {_pts(v['pass_rate'])}% | {_mean(v['train_seconds']):.0f} | {diffs} |")
     return "\n".join(lines)
 
 
@@ -167,6 +185,13 @@ def verdict(r: dict[str, Any]) -> list[str]:
             f"{100 * first['pass_rate']['mean']:.1f}% to {100 * last['pass_rate']['mean']:.1f}% "
             f"and generation from {first['rollouts_per_s']['mean']:.0f} to "
             f"{last['rollouts_per_s']['mean']:.0f} rollouts/s.")
+    for name, v in r["variants"].items():
+        setting = ", ".join(f"{k}: {val}" for k, val in v["update"].items())
+        for other, c in v["versus"].items():
+            lines.append(_test_sentence(
+                c["paired_test"], c["difference"]["overall"], r["alpha"], r["power"],
+                f"At equal rollouts, {name} ({v['arm']}'s shape with {setting}) - {other} "
+                f"(N={r['arms'][other]['N']})"))
     t = r["plateau"]["baseline_vs_start"]["paired_test"]
     if math.isnan(t["p_two_sided"]):
         lines.append(f"{r['baseline']}: every instance changes by the same amount from the start "
@@ -215,6 +240,12 @@ def markdown(r: dict[str, Any], names: dict[str, str]) -> str:
     if r["sweep"] is not None:
         text += ["## N-sweep", "", sweep_table(r["sweep"]), "", f"![N-sweep]({names['sweep']})",
                  ""]
+    if r["variants"]:
+        text += ["## Variants: other update settings at an arm's shape", "",
+                 "Every variant spends the same rollouts per step and per run as its arm; "
+                 "differences are variant - arm at equal rollouts (bootstrap interval over seeds "
+                 "and instances; p of the paired t over seed-averaged instances).", "",
+                 variants_table(r), ""]
     shrink = shrinkage_table(r)
     text += ["## Knowledge shrinkage on the live policy", ""]
     if shrink is None:
@@ -240,6 +271,10 @@ def headline(r: dict[str, Any]) -> dict[str, float]:
     out = {"delta_rollouts": eq["delta"], "p_rollouts": eq["p_two_sided"], "mde": eq["mde"],
            "delta_time": et["delta"], "p_time": et["p_two_sided"],
            "baseline_gain": start["delta"], "baseline_gain_p": start["p_two_sided"]}
+    for name, v in r["variants"].items():
+        for other, c in v["versus"].items():
+            out[f"{name}_vs_{other}"] = c["paired_test"]["delta"]
+            out[f"p_{name}_vs_{other}"] = c["paired_test"]["p_two_sided"]
     if r["sweep"] is not None:  # NaN when several N tie for the peak
         peak = r["sweep"]["peak"]
         out["peak_n"] = peak["N"] if len(peak["tied"]) == 1 else math.nan
@@ -257,14 +292,16 @@ def build_report(params: ExperimentParams, root: Path | str = ".") -> dict[str, 
     report = analyse(params, results, warmup_dir)
     report["verdict"] = verdict(report)
     arms = {name: [r for r in results if r.run.arm == name] for name in params.study.arms}
-    figures.curves(arms, "rollouts", out / FIGURES["rollouts"], "rollouts generated")
-    figures.curves(arms, "seconds", out / FIGURES["seconds"], "training seconds")
+    drawn = {**arms, **{name: [r for r in results if r.run.variant == name]
+                        for name in params.study.variants}}
+    figures.curves(drawn, "rollouts", out / FIGURES["rollouts"], "rollouts generated")
+    figures.curves(drawn, "seconds", out / FIGURES["seconds"], "training seconds")
     if report["sweep"] is not None:
         figures.sweep(report["sweep"]["points"], report["sweep"]["peak"], out / FIGURES["sweep"])
     else:
         figures.placeholder("no N-sweep in this study", out / FIGURES["sweep"])
-    if all(a["shrinkage"] is not None for a in report["arms"].values()):
-        figures.shrinkage(arms, out / FIGURES["shrinkage"])
+    if shrinkage_table(report) is not None:
+        figures.shrinkage(drawn, out / FIGURES["shrinkage"])
     else:
         figures.placeholder("no shrinkage diagnostics in these runs", out / FIGURES["shrinkage"])
     curve = report["plateau"]["warmup_validation"]
