@@ -46,6 +46,18 @@ def score_start(params: dict[str, Any]) -> str:
     return str(path)
 
 
+def forget_run(tracking_uri: str, run_id: str) -> None:
+    """Delete the MLflow run a cleared run folder named; one the store no longer holds (another
+    tracking database, or deleted by hand) is already gone."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        MlflowClient(tracking_uri).delete_run(run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+
+
 @task(name="study-prepare-run", **_TASK)
 def prepare_run(params: dict[str, Any], run_id: str, started: float | None) -> dict[str, Any]:
     """Print the progress line, get the run's folder ready (resume, or start over); the run's
@@ -59,8 +71,7 @@ def prepare_run(params: dict[str, Any], run_id: str, started: float | None) -> d
     digest = prog.digests(p, tracking.ROOT)[run_id]
     done = prog.prepare_run_dir(folder, run_id, digest)
     if done.cleared_mlflow_run:
-        client = MlflowClient(tracking.resolve_tracking_uri(p.tracking.tracking_uri))
-        client.delete_run(done.cleared_mlflow_run)
+        forget_run(tracking.resolve_tracking_uri(p.tracking.tracking_uri), done.cleared_mlflow_run)
     tags = {"study": p.name, "N": str(run.rollouts_per_prompt), "B": str(run.prompts_per_step),
             "seed": str(run.seed), "arm": run.arm or run.variant or "sweep",
             "in_sweep": str(run.in_sweep), "variant": run.variant or "none"}

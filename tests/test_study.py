@@ -174,6 +174,18 @@ def _checkpoint(folder: Path) -> None:
     (folder / "checkpoints" / ckpt.LATEST_FILE).write_text(step.name)
 
 
+def test_a_cleared_folders_mlflow_run_is_deleted_and_a_missing_one_is_no_error(mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from tasks.study import forget_run
+
+    client = MlflowClient(mlflow_uri)
+    run = client.create_run(client.create_experiment("x")).info.run_id
+    forget_run(mlflow_uri, run)
+    assert client.get_run(run).info.lifecycle_stage == "deleted"
+    forget_run(mlflow_uri, "0" * 32)  # another store's run: already gone
+
+
 def test_progress_counts_current_finished_runs_and_estimates_from_their_wall_time(tmp_path):
     params = load_params(STUDY_CI, [f"study.out_dir={tmp_path}/study"])
     from brorl.study.progress import digests
