@@ -2,7 +2,7 @@
 #   make run   install into .venv, then reproduce the pipeline on the CPU default (dvc repro
 #              simulate compare: every stage but the study's)
 #   make test  install into .venv, then run the test suite
-#   make study install into .venv, then the ProRL-vs-BroRL study (docs/study.md, 79 min measured)
+#   make study install into .venv, then the ProRL-vs-BroRL study (docs/study.md, 114 min measured)
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python

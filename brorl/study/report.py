@@ -93,6 +93,8 @@ def shrinkage_table(r: dict[str, Any]) -> str | None:
         return None
 
     def cell(iv: dict[str, float], scale: float = 1.0, digits: int = 4) -> str:
+        if math.isnan(iv["mean"]):
+            return "- (none)"  # e.g. no unsolved drawn prompt: every group had a solve
         text = f"{scale * iv['mean']:+.{digits}f}"
         return text if math.isnan(iv["low"]) else \
             f"{text} [{scale * iv['low']:+.{digits}f}, {scale * iv['high']:+.{digits}f}]"
