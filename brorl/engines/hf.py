@@ -3,7 +3,8 @@
 Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of at most
 `max_concurrent_rollouts` consecutive rows, so peak memory depends on that knob, not on N or B: a
 chunk may hold several small groups (N below the knob) or a slice of one large group (N above it).
-Each prompt is prefilled exactly once; its key/value cache `[1, H, P, D]` per layer is kept only
+Each prompt is prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's
+scoring); its key/value cache `[1, H, P, D]` per layer is kept only
 while a chunk still needs it, and is copied along the batch into the chunk's cache (prompts of
 different lengths are left-padded and masked). Finished rows (EOS) are dropped from the running
 cache. Token choice is inverse-CDF sampling with one counter-based uniform per (seed, row, step),
@@ -20,22 +21,11 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from brorl.engines.base import SamplingConfig, counter_uniform, sample_tokens, sampling_logprobs
+from brorl.policy.prefix import Prefix, prefill, rows_cache
 from brorl.types import FinishReason, RolloutBatch
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass
-class _Prefix:
-    """One prompt's prefill: per-layer (K, V) `[1, H, P, D]`, last position's logits `[V]`."""
-
-    kv: KV
-    logits: torch.Tensor
-    length: int
-
 
 @dataclass
 class _Outputs:
@@ -102,12 +92,12 @@ class HfEngine:
             lengths=torch.zeros(rows, dtype=torch.long, device=device),
             stopped=torch.zeros(rows, dtype=torch.bool, device=device),
         )
-        prefixes: dict[int, _Prefix] = {}
+        prefixes: dict[int, Prefix] = {}
         for start in range(0, rows, self.max_concurrent_rollouts):
             stop = min(start + self.max_concurrent_rollouts, rows)
             for b in range(start // n, (stop - 1) // n + 1):
                 if b not in prefixes:
-                    prefixes[b] = self._prefill(prompt_ids[b], device)
+                    prefixes[b] = prefill(self.model, prompt_ids[b], device)
                     out.prefills.append(b)
             self._decode_chunk(torch.arange(start, stop, device=device), n, prefixes, sampling, out)
             for b in [b for b in prefixes if (b + 1) * n <= stop]:
@@ -124,49 +114,20 @@ class HfEngine:
         finally:
             self.model.train(training)
 
-    def _prefill(self, ids: tuple[int, ...], device: torch.device) -> _Prefix:
-        """Run one prompt `[1, P]` through the model once; keep its cache and last logits."""
-        result = self.model(input_ids=torch.tensor([ids], device=device), use_cache=True)
-        kv = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
-        return _Prefix(kv=kv, logits=result.logits[0, -1].float(), length=len(ids))
-
-    def _chunk_cache(
-        self, groups: torch.Tensor, prefixes: dict[int, _Prefix]
-    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Cache `[C, H, P_max, D]`, attention mask `[C, P_max]`, next positions `[C]` and first
-        logits `[C, V]` for rows whose prompt indices are `groups` `[C]`."""
-        unique = sorted(set(groups.tolist()))
-        local = torch.tensor([unique.index(b) for b in groups.tolist()], device=groups.device)
-        p_max = max(prefixes[b].length for b in unique)
-        layers = []
-        for layer in range(len(prefixes[unique[0]].kv)):
-            keys, values = zip(*[self._left_pad(prefixes[b].kv[layer], p_max) for b in unique])
-            layers.append((torch.cat(keys)[local], torch.cat(values)[local]))
-        lengths = torch.tensor([prefixes[b].length for b in unique], device=groups.device)[local]
-        mask = torch.arange(p_max, device=groups.device)[None, :] >= (p_max - lengths)[:, None]
-        logits = torch.stack([prefixes[b].logits for b in unique])[local]
-        return DynamicCache(ddp_cache_data=layers), mask.long(), lengths, logits
-
-    @staticmethod
-    def _left_pad(
-        kv: tuple[torch.Tensor, torch.Tensor], p_max: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        pad = p_max - kv[0].shape[-2]
-        if pad == 0:
-            return kv
-        keys, values = (torch.nn.functional.pad(t, (0, 0, pad, 0)) for t in kv)
-        return keys, values
-
     def _decode_chunk(
         self,
         rows: torch.Tensor,
         n: int,
-        prefixes: dict[int, _Prefix],
+        prefixes: dict[int, Prefix],
         sampling: SamplingConfig,
         out: _Outputs,
     ) -> None:
         """Decode rows `[C]` (global row ids) until each stops or reaches `max_response_tokens`."""
-        cache, mask, positions, logits = self._chunk_cache(rows // n, prefixes)
+        groups = rows // n
+        unique = sorted(set(groups.tolist()))
+        local = torch.tensor([unique.index(b) for b in groups.tolist()], device=groups.device)
+        cache, mask, positions, logits = rows_cache([prefixes[b] for b in unique], local)
+        logits = logits.float()
         active = rows
         for step in range(sampling.max_response_tokens):
             out.peak_rows = max(out.peak_rows, int(active.numel()))

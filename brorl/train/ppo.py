@@ -9,8 +9,12 @@ A mini-batch (rows of the step's B x N rollouts) is processed in micro-batches o
 normaliser, `backward(loss)`. The gradients therefore sum to the mini-batch gradient whatever the
 split (tested), and peak memory is bounded by the micro-batch, not by N.
 
-Deliberately ignored: sequence packing / padding removal (rows are right-padded to the longest
-prompt + response of the micro-batch), logit chunking for very large vocabularies.
+Each distinct prompt of a micro-batch is run once and shared by its rows (`brorl.policy.prefix`,
+as in generation), so scoring and the update cost about P/N + T token passes per rollout, not
+P + T; the LM head is applied only at positions that predict a response token.
+
+Deliberately ignored: sequence packing / padding removal (responses are right-padded to the
+longest of the micro-batch), logit chunking for very large vocabularies.
 Paper: spec §4.2 (token-level PPO, clip-higher, TIS), §8 (fixed mini-batch count).
 """
 
@@ -23,22 +27,8 @@ import torch
 from torch import Tensor
 
 from brorl.algorithm.losses import policy_loss, token_entropy
+from brorl.policy.prefix import prefill, rows_cache
 from brorl.types import RolloutBatch
-
-
-def _inputs(batch: RolloutBatch, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-    """Right-padded prompt+response ids `[M, L]`, attention mask, prompt lengths `[M]`, T."""
-    t = int(batch.response_lengths[rows].max()) if rows.numel() else 0
-    prompts = [batch.prompt_ids[int(batch.prompt_index[r])] for r in rows.tolist()]
-    prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    width = int(prompt_lens.max()) + t
-    ids = torch.full((len(prompts), width), batch.pad_id, dtype=torch.long)
-    for i, (r, p) in enumerate(zip(rows.tolist(), prompts)):
-        ids[i, : len(p)] = torch.tensor(p)
-        ids[i, len(p) : len(p) + t] = batch.response_ids[r, :t]
-    lengths = prompt_lens + batch.response_lengths[rows]
-    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    return ids, mask, prompt_lens, t
 
 
 def response_logprobs(
@@ -48,13 +38,31 @@ def response_logprobs(
     """Log-probs `[M, T]` of rows' response tokens (0 on padding), and their entropy if asked.
 
     T is the longest response among `rows` (callers slice their `[.., T_batch]` tensors to it).
-    Gradients flow when called outside `torch.no_grad()`.
+    Gradients flow when called outside `torch.no_grad()`. Each distinct prompt among `rows` is
+    run once (`brorl.policy.prefix`) and its cache shared by its rows, whose responses are run
+    on top of it; the LM head sees only positions that predict a response token.
     """
-    ids, mask, prompt_lens, t = _inputs(batch, rows)
+    t = int(batch.response_lengths[rows].max()) if rows.numel() else 0
     device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-    positions = (prompt_lens[:, None] - 1 + torch.arange(t)[None, :]).to(device)
-    picked = logits[torch.arange(len(rows), device=device)[:, None], positions].float()
+    if t == 0:
+        empty = torch.zeros(len(rows), 0, device=device)
+        return empty, (empty if with_entropy else None)
+    groups = batch.prompt_index[rows]
+    unique, local = torch.unique(groups, return_inverse=True)
+    prefixes = [prefill(model, batch.prompt_ids[int(b)], device) for b in unique.tolist()]
+    cache, mask, lengths, first = rows_cache(prefixes, local.to(device))
+    picked = first[:, None]
+    if t > 1:  # response tokens 0..t-2 predict tokens 1..t-1
+        ones = torch.ones(len(rows), t - 1, dtype=mask.dtype, device=device)
+        rest = model(
+            input_ids=batch.response_ids[rows, : t - 1].to(device),
+            attention_mask=torch.cat([mask, ones], dim=1),
+            position_ids=lengths[:, None] + torch.arange(t - 1, device=device)[None, :],
+            past_key_values=cache,
+            use_cache=False,
+        ).logits
+        picked = torch.cat([picked, rest], dim=1)
+    picked = picked.float()
     if temperature > 0:
         picked = picked / temperature
     logp_all = torch.log_softmax(picked, dim=-1)
