@@ -404,6 +404,7 @@ class Trainer:
                 for perm in perms]
         mine = torch.cat([mb[self.rank :: self.world] for epoch in plan for mb in epoch]).unique()
         self.model.eval()
+        scoring = time.perf_counter()
         old_logp = score_batch(self.model, batch, config.temperature, config.micro_batch_rollouts,
                                mine)
         ref_logp = None
@@ -440,6 +441,7 @@ class Trainer:
             "update/reward_mean": float(groups.rewards[groups.valid_mask()].mean()),
             "update/trained_rollouts": float(real.numel()),
             "update/seconds": time.perf_counter() - started,
+            "update/score_seconds": score_seconds,
         })
         return out
 
