@@ -411,6 +411,7 @@ class Trainer:
         if config.loss.kl_coef > 0:
             ref_logp = score_batch(self.reference, batch, config.temperature,
                                    config.micro_batch_rollouts, mine)
+        score_seconds = time.perf_counter() - scoring
         self.model.train()
         sums: dict[str, float] = {}
         grad_norms, steps = [], 0
