@@ -1,0 +1,590 @@
+"""One whole RL step of brorl against TRL's `GRPOTrainer`, side by side, at the same P x N.
+
+For each N in `--n` (default 16, 64, 512) with P prompts per step (`--prompts`; default the
+paper's ProRL 8 x 16, 4 x 64, and BroRL 2 x 512), each side runs `--warm-steps` RL steps and then
+`--steps` timed ones in a FRESH process (so neither side's memory, threads or allocator state
+touches the other; the sides alternate: brorl N=16, TRL N=16, brorl N=64, ...), on the same
+random-weight tiny policy and CI data (written once into a temporary folder, as
+`benchmarks/step_memory.py` does), the same prompts in the same order, the same reward function
+and the same update settings. Printed per (N, side): rollouts/s (P x N x timed steps / their
+wall seconds) and the mean seconds per step of
+- generation: brorl `time/generate_rollouts` (hf engine: each prompt prefilled once, chunks of
+  `generate.max_concurrent_rollouts`); TRL `_generate` (prompt tokenisation, one `model.generate`
+  over all P x N rows, decoding);
+- verification: brorl `time/verify`; TRL `_calculate_rewards`. Both call the same function,
+  `brorl.verifiers.verify_batch` with the trainer's workers, time limit and sandbox limits;
+- scoring (old and reference log-probs): brorl `update/score_seconds`; TRL the calls of
+  `_get_per_token_logps_and_entropies` made inside `_generate_and_score_completions`;
+- update (PPO forward, backward, clipping, optimizer): brorl `time/ppo_update` minus
+  `update/score_seconds`; TRL `training_step` minus its `_prepare_inputs` (where generation and
+  scoring happen), plus `_clip_grad_norm` and `optimizer.step()` (timed by callbacks);
+- other: the step's wall seconds minus the four (brorl: prompt sampling, filter bookkeeping;
+  TRL: padding, advantages, metrics, shuffling, data loading, scheduler, callbacks).
+A TRL step is one generation batch: `mini_batches_per_step x epochs_per_step` optimizer steps,
+delimited by `on_step_end` of its last optimizer step. Then the ratio brorl / TRL of rollouts/s
+per N. Print the core count and /proc/loadavg beside the figures: other processes skew them.
+
+brorl side: `Run.open(load_params(params/brorl_ci.yaml, overrides))` + `Run.step(Direct())`,
+with the filter off (`filter.enabled: false`: TRL has no dynamic sampling, so both sides train
+all P x N rollouts), diagnostics off, no evaluation, checkpoint or saved rollouts within the
+steps, and `update.prompts_per_step` = P, `update.rollouts_per_prompt` = N,
+`generate.max_response_tokens` = `--max-response-tokens`.
+
+TRL side (`GRPOConfig`, read from the same loaded params through `TrainerConfig.from_params`):
+`num_generations` = N, `generation_batch_size` = P x N, `per_device_train_batch_size` = the
+largest divisor of the mini-batch (P x N / `mini_batches_per_step`) not above
+`train.micro_batch_rollouts`, `gradient_accumulation_steps` = mini-batch / that, so TRL makes
+`mini_batches_per_step` optimizer steps per generation batch, as brorl; `num_iterations` =
+`epochs_per_step`; `learning_rate` = brorl's `update.lr` (after the sqrt rule), constant
+(`warmup_steps` as brorl's); AdamW with brorl's betas, eps and weight decay, built the way brorl
+builds it (one parameter group, weight decay on every parameter) and set as the trainer's
+optimizer; `max_grad_norm`; `temperature`, `top_p`, `top_k` = 0; `max_completion_length`;
+`beta` = `kl_coef` (the model is given as the saved folder, from which TRL loads its reference);
+`epsilon` / `epsilon_high` = `clip_eps_low` / `clip_eps_high`; `loss_type="dapo"` (token-level
+normalisation); `entropy_coef`; `use_bias_correction_kl=False` (brorl does not weight the KL by
+the ratio); `scale_rewards="batch"` for brorl's `reinforce_pp_baseline`, `"group"` for `grpo`;
+float32, no gradient checkpointing, no dropout change, no logging or saving, `shuffle_dataset`
+off. Its dataset's "prompt" column holds the prompts brorl renders (`render_prompt`, plain text)
+for the problems brorl's `PromptSampler` draws with the same seed, P per step in the same order;
+a "problem_id" column lets the reward function find the problem.
+
+Long prompts (`--prompt-tokens K`): every problem's prompt text in the prepared data is
+rewritten as a deterministic filler (`FILLER` repeated, cut) followed by the problem, so that the
+rendered prompt is K tokens (the tokenizer is character-level; prompts already at least K long
+are kept). Both sides read that data (brorl through `data.path`, TRL through the same sampler),
+so the prompts are identical; the verifiers read answers and tests, not the prompt text.
+
+Known differences that remain (the measured work is otherwise the same):
+- advantages: brorl's REINFORCE++-baseline is (R - group mean) / std over the batch of the
+  group-centred rewards (population std, eps 1e-8); TRL's "batch" scaling divides by the batch
+  std of the raw rewards (unbiased, + 1e-4). With `grpo` both use the group std (TRL + 1e-4,
+  brorl + 1e-6). Same cost, different values.
+- engine -> trainer correction: brorl applies truncated IS (`tis_mode`, min(pi_old / pi_engine,
+  cap)) from the engine's sampling log-probs; TRL's correction exists only with vLLM, so the TRL
+  side has none (the hf `generate` path returns no log-probs).
+- KL: brorl k2 = 0.5 log(pi/ref)^2 with input/output clamps (`kl_estimator`); TRL always k3,
+  unclamped. The reference forward, its cost, is the same.
+- old log-probs: brorl always scores them; TRL only when `gradient_accumulation_steps` is not a
+  multiple of `steps_per_generation x num_iterations`, i.e. with `mini_batches_per_step` > 1 (the
+  params' 4): with 1 mini-batch TRL skips that forward and brorl does not.
+- token normaliser of the loss: brorl the exact token count of each mini-batch; TRL the
+  generation batch's token count x GA / steps_per_generation (the mean per mini-batch).
+- generation: brorl's hf engine prefills each prompt once and decodes its N rows on that cache,
+  in chunks of `max_concurrent_rollouts`, with its own counter-based sampler; TRL repeats the
+  prompt N times and decodes all P x N rows in one `model.generate` (transformers' sampler).
+  Responses differ (different random streams) but follow the same distribution, so lengths are
+  alike; the table reports mean response lengths.
+- scoring and update forwards: brorl runs each distinct prompt once per micro-batch and its
+  rows' responses on that cache (`brorl.policy.prefix`); TRL runs prompt + completion for every
+  row (left-padded prompts, right-padded completions). This and the generation difference are
+  the shared-prompt effect that `--prompt-tokens` makes visible.
+- optimizer wrapping: brorl steps through DeepSpeed (ZeRO stage `train.zero_stage`, gradient
+  clipping inside `engine.step()`); TRL through accelerate and `torch.nn.utils.clip_grad_norm_`.
+- TRL samples with `top_k` = 0 and transformers' `GenerationConfig`; brorl's engine with
+  `SamplingConfig` (temperature, top_p): the same distribution.
+
+Usage: python benchmarks/vs_trl.py
+       python benchmarks/vs_trl.py --n 512 --prompt-tokens 128
+       python benchmarks/vs_trl.py --n 16,64 --prompts 2,1 --steps 1 --max-response-tokens 8
+Deliberately ignored: vLLM on either side, several processes, GPU memory, evaluation and
+checkpoints (not part of a step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flows  # noqa: E402,F401  (offline, project-local environment defaults)
+from benchmarks.step_memory import PARAMS, prepare  # noqa: E402
+
+DEFAULT_PROMPTS = {16: 8, 64: 4, 512: 2}
+"""P per N by default: the paper's ProRL 8 x 16 and BroRL 2 x 512 shapes (CPU-sized, params/),
+and 4 x 64 between them."""
+FILLER = "Context: the question below is part of a benchmark of long prompts; read it and answer. "
+"""Deterministic text put before each problem's prompt to reach `--prompt-tokens`."""
+SIDES = ("brorl", "trl")
+PARTS = ("generation", "verification", "scoring", "update", "other")
+"""The step's time split, in the table's order (see the module docstring)."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", default="16,64,512", help="comma list of N, rollouts per prompt")
+    ap.add_argument("--prompts", default=None,
+                    help="P per N: one value for all, or a comma list aligned with --n "
+                         f"(default {DEFAULT_PROMPTS})")
+    ap.add_argument("--prompt-tokens", type=int, default=None,
+                    help="make every prompt about K tokens (default: the data's own prompts)")
+    ap.add_argument("--steps", type=int, default=3, help="timed RL steps per side and N")
+    ap.add_argument("--warm-steps", type=int, default=1, help="untimed RL steps before them")
+    ap.add_argument("--max-response-tokens", type=int, default=16)
+    ap.add_argument("--micro-batch-rollouts", type=int, default=None,
+                    help="train.micro_batch_rollouts (default: the params'); TRL's per-device "
+                         "batch follows it")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--child", choices=SIDES, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-n", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-p", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.n_values = [int(n) for n in args.n.split(",")]
+    args.p_values = prompts_per_n(ap, args.n_values, args.prompts)
+    if args.steps < 1 or args.warm_steps < 0:
+        ap.error("--steps must be >= 1 and --warm-steps >= 0.")
+    return args
+
+
+def prompts_per_n(ap: argparse.ArgumentParser, n_values: list[int],
+                  prompts: str | None) -> list[int]:
+    """P for each N: `--prompts` (one value, or one per N), else `DEFAULT_PROMPTS`."""
+    if prompts is None:
+        missing = [n for n in n_values if n not in DEFAULT_PROMPTS]
+        if missing:
+            ap.error(f"no default P for N in {missing}; pass --prompts (one value or one per N).")
+        return [DEFAULT_PROMPTS[n] for n in n_values]
+    values = [int(p) for p in prompts.split(",")]
+    if len(values) == 1:
+        return values * len(n_values)
+    if len(values) != len(n_values):
+        ap.error(f"--prompts has {len(values)} values for {len(n_values)} N; "
+                 "give one value, or one per N.")
+    return values
+
+
+# -- the shared data ---------------------------------------------------------------------------
+def data_dir(workdir: Path, prompt_tokens: int | None) -> Path:
+    return workdir / ("data" if prompt_tokens is None else f"data_{prompt_tokens}")
+
+
+def lengthen(problem: Any, tokens: int, tokenizer: Any) -> Any:
+    """`problem` with `FILLER` (repeated, cut) before its prompt so its rendered prompt has
+    `tokens` tokens (one per character); unchanged if it is already that long. Id kept."""
+    from dataclasses import replace
+
+    from brorl.prompts import render_prompt
+
+    need = tokens - len(tokenizer(render_prompt(problem, tokenizer))["input_ids"])
+    if need <= 0:
+        return problem
+    filler = (FILLER * (need // len(FILLER) + 1))[:need]
+    return replace(problem, prompt=filler + problem.prompt)
+
+
+def write_long_data(workdir: Path, tokens: int) -> None:
+    """Every split of `workdir/data` with prompts of `tokens` tokens, into `data_<tokens>`."""
+    import datasets
+    from transformers import PreTrainedTokenizerFast
+
+    from brorl.data import load_split, save_splits
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(workdir / "policy")
+    names = list(datasets.load_from_disk(str(workdir / "data")))
+    splits = {name: [lengthen(p, tokens, tokenizer) for p in load_split(workdir / "data", name)]
+              for name in names}
+    save_splits(splits, data_dir(workdir, tokens))
+
+
+def prompt_lengths(workdir: Path, prompt_tokens: int | None) -> tuple[float, int, int]:
+    """(mean, min, max) rendered prompt tokens of the training split both sides draw from."""
+    from transformers import PreTrainedTokenizerFast
+
+    from brorl.data import load_split
+    from brorl.prompts import render_prompt
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(workdir / "policy")
+    sizes = [len(tokenizer(render_prompt(p, tokenizer))["input_ids"])
+             for p in load_split(data_dir(workdir, prompt_tokens), "train")]
+    return sum(sizes) / len(sizes), min(sizes), max(sizes)
+
+
+def check_positions(tokens: int) -> None:
+    """Stop early if the longest prompt plus response exceeds the policy's positions."""
+    from brorl.params import load_params
+
+    limit = load_params(PARAMS).model.max_position_embeddings
+    if tokens > limit:
+        raise SystemExit(f"the longest prompt plus --max-response-tokens is {tokens} tokens, over "
+                         f"the policy's max_position_embeddings = {limit}; lower --prompt-tokens "
+                         "or --max-response-tokens.")
+
+
+def overrides(args: argparse.Namespace, side: str, n: int, p: int) -> list[str]:
+    """`key=value` overrides of `PARAMS` for P x N steps with neither filter nor side work."""
+    w = args.workdir
+    run = w / f"{side}_{n}"
+    out = [f"data.path={data_dir(w, args.prompt_tokens)}", f"train.init_checkpoint={w / 'policy'}",
+           f"train.run_dir={run}", f"train.checkpoint_dir={run / 'checkpoints'}",
+           f"update.prompts_per_step={p}", f"update.rollouts_per_prompt={n}",
+           f"generate.max_response_tokens={args.max_response_tokens}",
+           "filter.enabled=false", "diagnostics.enabled=false", "train.save_rollouts=false",
+           "train.max_rollouts=null", "train.max_seconds=null", "train.plateau_patience=null",
+           f"train.steps={10**6}", f"train.eval_every={10**6}",
+           f"train.checkpoint_every={10**6}"]
+    if args.micro_batch_rollouts is not None:
+        out.append(f"train.micro_batch_rollouts={args.micro_batch_rollouts}")
+    return out
+
+
+def load_side_params(args: argparse.Namespace, side: str) -> Any:
+    from brorl.params import load_params
+
+    return load_params(PARAMS, overrides(args, side, args.child_n, args.child_p))
+
+
+def summarise(side: str, args: argparse.Namespace, steps: list[dict[str, float]],
+              extra: dict[str, Any]) -> dict[str, Any]:
+    """The JSON row of one (side, N): rollouts/s over the timed steps, mean seconds per part."""
+    n, p = args.child_n, args.child_p
+    wall = sum(s["wall"] for s in steps)
+    row: dict[str, Any] = {"side": side, "n": n, "prompts": p, "timed_steps": len(steps),
+                           "rollouts_per_s": round(p * n * len(steps) / wall, 2),
+                           "step_s": round(wall / len(steps), 3)}
+    mean = {part: sum(s.get(part, 0.0) for s in steps) / len(steps) for part in PARTS[:-1]}
+    row.update({f"{part}_s": round(seconds, 3) for part, seconds in mean.items()})
+    row["other_s"] = round(wall / len(steps) - sum(mean.values()), 3)
+    row.update(extra)
+    return row
+
+
+# -- brorl ---------------------------------------------------------------------------------
+def brorl_child(args: argparse.Namespace) -> dict[str, Any]:
+    """Warm-up and timed steps of brorl's own loop in this process; their JSON row."""
+    from brorl.train import Direct, Run
+
+    params = load_side_params(args, "brorl")
+    run = Run.open(params, ROOT, resume=False)
+    for _ in range(args.warm_steps):
+        run.step(Direct())
+    steps, checks = [], defaultdict(list)
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        m = run.step(Direct())
+        wall = time.perf_counter() - started
+        score = m.get("update/score_seconds", 0.0)
+        steps.append({"wall": wall, "generation": m["time/generate_rollouts"],
+                      "verification": m["time/verify"], "scoring": score,
+                      "update": m["time/ppo_update"] - score})
+        for key in ("update/trained_rollouts", "update/loss", "verify/reward_mean",
+                    "generate/response_length_mean", "update/optimizer_steps"):
+            checks[key].append(m.get(key, float("nan")))
+    mean = {k: sum(v) / len(v) for k, v in checks.items()}
+    return summarise("brorl", args, steps, {
+        "trained": mean["update/trained_rollouts"], "loss": mean["update/loss"],
+        "reward_mean": round(mean["verify/reward_mean"], 4),
+        "response_tokens": round(mean["generate/response_length_mean"], 2),
+        "optimizer_steps": mean["update/optimizer_steps"], "lr": params.update.lr,
+        "score_seconds_reported": "update/score_seconds" in m})
+
+
+# -- TRL -----------------------------------------------------------------------------------
+class StepClock:
+    """Seconds (and counters) by part, cut into RL steps at `boundary()`."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = defaultdict(float)
+        self.cuts: list[tuple[float, dict[str, float]]] = []
+        self.scoring_phase = False
+        """True inside `_generate_and_score_completions`: log-prob forwards there are scoring."""
+
+    def add(self, part: str, value: float) -> None:
+        self.parts[part] += value
+
+    def boundary(self) -> None:
+        """End the current RL step: keep its time stamp and parts, start the next one empty."""
+        self.cuts.append((time.perf_counter(), dict(self.parts)))
+        self.parts = defaultdict(float)
+
+    def timed(self, fn: Callable[..., Any], part: str) -> Callable[..., Any]:
+        """`fn` with its seconds added to `part`."""
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.add(part, time.perf_counter() - started)
+        return wrapper
+
+    def steps(self) -> list[dict[str, float]]:
+        """One record per RL step: `wall` (between its boundaries) and its parts."""
+        return [{"wall": end - start, **parts}
+                for (start, _), (end, parts) in zip(self.cuts, self.cuts[1:])]
+
+
+def trl_batch_shape(p: int, n: int, mini_batches: int, micro: int) -> tuple[int, int]:
+    """(per_device_train_batch_size, gradient_accumulation_steps): the largest divisor of the
+    mini-batch P x N / mini_batches not above `micro`, and the micro-batches per mini-batch."""
+    rows = p * n // mini_batches
+    size = max(d for d in range(1, min(rows, micro) + 1) if rows % d == 0)
+    return size, rows // size
+
+
+def trl_dataset(config: Any, data: Path, steps: int, tokenizer: Any) -> tuple[Any, dict]:
+    """The prompts brorl draws for `steps` steps, in order (its sampler, its seed), rendered
+    as brorl renders them; and the problems by id for the reward."""
+    from datasets import Dataset
+
+    from brorl.data import load_split
+    from brorl.prompts import render_prompt
+    from brorl.train.sampler import PromptSampler
+
+    problems = load_split(data, "train")
+    chosen = PromptSampler(problems, config.seed).take(config.prompts_per_step * steps)
+    table = Dataset.from_dict({"prompt": [render_prompt(q, tokenizer) for q in chosen],
+                               "problem_id": [q.id for q in chosen]})
+    return table, {q.id: q for q in problems}
+
+
+def trl_reward(config: Any, problems: dict, clock: StepClock) -> Callable[..., list[float]]:
+    """TRL reward function calling brorl's verifier exactly as `Trainer.verify` does."""
+    from brorl.verifiers import verify_batch
+    from brorl.verifiers.sandbox import SandboxLimits
+
+    verify = functools.partial(verify_batch, workers=config.verify_workers,
+                               timeout_s=config.verify_timeout_s,
+                               limits=SandboxLimits(**config.sandbox))
+
+    def brorl_verifier(prompts: list, completions: list[str], problem_id: list[str],
+                       **_: Any) -> list[float]:
+        rewards = [v.reward for v in verify([problems[i] for i in problem_id], completions)]
+        clock.add("reward_sum", sum(rewards))
+        clock.add("reward_n", len(rewards))
+        return rewards
+
+    return brorl_verifier
+
+
+def trl_config(config: Any, args: argparse.Namespace, output_dir: Path) -> Any:
+    """`GRPOConfig` with brorl's settings (see the module docstring)."""
+    from trl import GRPOConfig
+
+    c, loss = config, config.loss
+    size, accumulation = trl_batch_shape(c.prompts_per_step, c.rollouts_per_prompt,
+                                         c.mini_batches_per_step, c.micro_batch_rollouts)
+    steps = (args.warm_steps + args.steps) * c.mini_batches_per_step * c.epochs_per_step
+    scale = {"reinforce_pp_baseline": "batch", "grpo": "group"}[c.advantage_estimator]
+    return GRPOConfig(
+        output_dir=str(output_dir), use_cpu=True, report_to="none", seed=c.seed,
+        bf16=False, fp16=False, gradient_checkpointing=False, disable_tqdm=True,
+        logging_strategy="no", save_strategy="no", shuffle_dataset=False,
+        dataloader_num_workers=0, max_steps=steps,
+        num_generations=c.rollouts_per_prompt,
+        generation_batch_size=c.prompts_per_step * c.rollouts_per_prompt,
+        per_device_train_batch_size=size, gradient_accumulation_steps=accumulation,
+        num_iterations=c.epochs_per_step,
+        learning_rate=c.lr, adam_beta1=c.adam_betas[0], adam_beta2=c.adam_betas[1],
+        adam_epsilon=c.adam_eps, weight_decay=c.weight_decay, max_grad_norm=c.max_grad_norm,
+        lr_scheduler_type="constant_with_warmup" if c.warmup_steps else "constant",
+        warmup_steps=c.warmup_steps,
+        temperature=c.temperature, top_p=c.top_p, top_k=0,
+        max_completion_length=c.max_response_tokens,
+        beta=loss.kl_coef, use_bias_correction_kl=False,
+        epsilon=loss.clip_eps_low, epsilon_high=loss.clip_eps_high, loss_type="dapo",
+        scale_rewards=scale, entropy_coef=loss.entropy_coef,
+    )
+
+
+def instrument(trainer: Any, clock: StepClock, rl_optimizer_steps: int) -> None:
+    """Wrap the trainer's methods (this process only) so `clock` gets each part's seconds, the
+    trained rows and the losses, and add the callback that cuts RL steps."""
+    from transformers import TrainerCallback
+
+    trainer._generate = clock.timed(trainer._generate, "generation")
+    trainer._calculate_rewards = clock.timed(trainer._calculate_rewards, "verification")
+    trainer._clip_grad_norm = clock.timed(trainer._clip_grad_norm, "update")
+    logps = trainer._get_per_token_logps_and_entropies
+    scored = clock.timed(logps, "scoring")
+    trainer._get_per_token_logps_and_entropies = functools.wraps(logps)(
+        lambda *a, **k: (scored if clock.scoring_phase else logps)(*a, **k))
+    generate_and_score = trainer._generate_and_score_completions
+
+    @functools.wraps(generate_and_score)
+    def scoring_phase(*a: Any, **k: Any) -> Any:
+        clock.scoring_phase = True
+        try:
+            return generate_and_score(*a, **k)
+        finally:
+            clock.scoring_phase = False
+
+    trainer._generate_and_score_completions = scoring_phase
+    trainer._prepare_inputs = clock.timed(trainer._prepare_inputs, "prepare_inputs")
+    training_step = trainer.training_step
+
+    @functools.wraps(training_step)
+    def update(*a: Any, **k: Any) -> Any:
+        started, inner = time.perf_counter(), clock.parts["prepare_inputs"]
+        out = training_step(*a, **k)
+        clock.add("update", time.perf_counter() - started - (clock.parts["prepare_inputs"] - inner))
+        return out
+
+    trainer.training_step = update
+    compute_loss = trainer.compute_loss
+
+    @functools.wraps(compute_loss)
+    def counted(model: Any, inputs: dict, *a: Any, **k: Any) -> Any:
+        loss = compute_loss(model, inputs, *a, **k)
+        clock.add("rows", float(inputs["completion_ids"].shape[0]))
+        clock.add("loss_sum", float(loss.detach()))
+        clock.add("response_tokens", float(inputs["completion_mask"].sum()))
+        return loss
+
+    trainer.compute_loss = counted
+
+    class RLSteps(TrainerCallback):
+        """Cuts an RL step after every `rl_optimizer_steps` optimizer steps; times `step()`."""
+
+        started = 0.0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            clock.parts = defaultdict(float)
+            clock.boundary()
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            clock.add("update", time.perf_counter() - self.started)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if state.global_step % rl_optimizer_steps == 0:
+                clock.boundary()
+
+    trainer.add_callback(RLSteps())
+
+
+def trl_child(args: argparse.Namespace) -> dict[str, Any]:
+    """Warm-up and timed steps of TRL's `GRPOTrainer` in this process; their JSON row."""
+    import datasets
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+    from trl import GRPOTrainer
+
+    from brorl.train.config import TrainerConfig
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.set_verbosity_error()
+    params = load_side_params(args, "trl")
+    config = TrainerConfig.from_params(params)
+    policy = args.workdir / "policy"
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(policy)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # as brorl's `load_policy`
+    total = args.warm_steps + args.steps
+    table, problems = trl_dataset(config, data_dir(args.workdir, args.prompt_tokens), total,
+                                  tokenizer)
+    clock = StepClock()
+    trainer = GRPOTrainer(model=str(policy), reward_funcs=trl_reward(config, problems, clock),
+                          args=trl_config(config, args, args.workdir / f"trl_out_{args.child_n}"),
+                          train_dataset=table, processing_class=tokenizer)
+    trainer.optimizer = torch.optim.AdamW(  # as brorl's Trainer: one group, decay on all
+        trainer.model.parameters(), lr=config.lr, betas=config.adam_betas, eps=config.adam_eps,
+        weight_decay=config.weight_decay)
+    rl_optimizer_steps = config.mini_batches_per_step * config.epochs_per_step
+    instrument(trainer, clock, rl_optimizer_steps)
+    trainer.train()
+    steps = clock.steps()
+    if len(steps) != total:
+        raise RuntimeError(f"TRL ran {len(steps)} RL steps, expected {total}: check max_steps.")
+    timed = steps[args.warm_steps:]
+    rows = sum(s.get("rows", 0.0) for s in timed) / len(timed)
+    return summarise("trl", args, timed, {
+        "trained": rows / config.epochs_per_step,
+        "loss": sum(s.get("loss_sum", 0.0) for s in timed) / len(timed) / rl_optimizer_steps,
+        "reward_mean": round(sum(s.get("reward_sum", 0.0) for s in timed)
+                             / max(sum(s.get("reward_n", 0.0) for s in timed), 1), 4),
+        "response_tokens": round(sum(s.get("response_tokens", 0.0) for s in timed)
+                                 / max(sum(s.get("rows", 0.0) for s in timed), 1), 2),
+        "optimizer_steps": float(rl_optimizer_steps), "lr": config.lr,
+        "per_device_train_batch_size": trainer.args.per_device_train_batch_size,
+        "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps,
+        "steps_per_generation": trainer.args.steps_per_generation,
+        "scored_old_logps": trainer.args.gradient_accumulation_steps
+        % (trainer.args.steps_per_generation * trainer.num_iterations) != 0})
+
+
+# -- the parent ----------------------------------------------------------------------------
+def run_child(args: argparse.Namespace, side: str, n: int, p: int, workdir: Path) -> dict:
+    """One (side, N) in a fresh interpreter; its JSON row."""
+    cmd = [sys.executable, __file__, "--child", side, "--child-n", str(n), "--child-p", str(p),
+           "--workdir", str(workdir), "--steps", str(args.steps),
+           "--warm-steps", str(args.warm_steps),
+           "--max-response-tokens", str(args.max_response_tokens)]
+    cmd += ["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else []
+    if args.micro_batch_rollouts is not None:
+        cmd += ["--micro-batch-rollouts", str(args.micro_batch_rollouts)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{side} N={n} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(rows: list[dict]) -> None:
+    print(f"\n{'N':>5} {'P':>3} {'side':>5} {'rollouts/s':>10} {'gen s':>7} {'verify s':>8} "
+          f"{'score s':>7} {'update s':>8} {'other s':>7} {'step s':>7} {'trained':>7} "
+          f"{'resp tok':>8} {'reward':>6} {'loss':>9}")
+    for r in rows:
+        print(f"{r['n']:5d} {r['prompts']:3d} {r['side']:>5} {r['rollouts_per_s']:10.1f} "
+              f"{r['generation_s']:7.2f} {r['verification_s']:8.2f} {r['scoring_s']:7.2f} "
+              f"{r['update_s']:8.2f} {r['other_s']:7.2f} {r['step_s']:7.2f} "
+              f"{r['trained']:7.0f} {r['response_tokens']:8.1f} {r['reward_mean']:6.3f} "
+              f"{r['loss']:9.2e}")
+    for n in dict.fromkeys(r["n"] for r in rows):
+        side = {r["side"]: r for r in rows if r["n"] == n}
+        if set(side) == set(SIDES):
+            ratio = side["brorl"]["rollouts_per_s"] / side["trl"]["rollouts_per_s"]
+            print(f"N={n}: brorl/TRL rollouts/s = {ratio:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    if args.child is not None:
+        row = (brorl_child if args.child == "brorl" else trl_child)(args)
+        print(json.dumps(row), flush=True)
+        return []
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit("vs_trl.py: TRL is not installed; install the benchmark extra first: "
+                         ".venv/bin/pip install -c requirements/constraints.txt -e '.[bench]'")
+    print(f"cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} "
+          f"N={args.n_values} P={args.p_values} T={args.max_response_tokens} "
+          f"prompt_tokens={args.prompt_tokens} warm={args.warm_steps} steps={args.steps}")
+    print("loadavg before:", Path("/proc/loadavg").read_text().strip())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        workdir = Path(tmp)
+        prepare(workdir)
+        if args.prompt_tokens is not None:
+            write_long_data(workdir, args.prompt_tokens)
+        mean, low, high = prompt_lengths(workdir, args.prompt_tokens)
+        print(f"prompt tokens (train split): mean {mean:.1f}, min {low}, max {high}")
+        check_positions(high + args.max_response_tokens)
+        for n, p in zip(args.n_values, args.p_values):
+            for side in SIDES:
+                rows.append(run_child(args, side, n, p, workdir))
+                print(json.dumps(rows[-1]), flush=True)
+    print("loadavg after:", Path("/proc/loadavg").read_text().strip())
+    report(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
