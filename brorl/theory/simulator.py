@@ -295,41 +295,52 @@ class _Population:
         self.z[:, 1] = config.correct_logit
         if has_anchor:
             self.z[:, 0] = config.anchor_logit
-        self.used = [3] * rows
+        self.log_count = self.count.log()
+        self.rewards = torch.where(self.correct, config.reward_correct, config.reward_wrong).to(dtype)
+        self.used = torch.full((rows,), 3, dtype=torch.long)
         self.step = torch.zeros((), dtype=torch.float32)
-        self.p0 = self.probs().double()
+        self.p0 = self.probs()[1].double()
 
-    def probs(self) -> Tensor:
-        """`[S, W]`: the probability of ONE token of each slot (0 where a slot is unused)."""
+    def probs(self) -> tuple[Tensor, Tensor]:
+        """`[S, W]` each slot's probability mass and the probability of ONE of its tokens.
+
+        An unused slot has mass 0 and probability 0. (Its logit may drift under the dense part
+        of the gradient; a slot's state is overwritten when it is first used.)"""
         tau = self.config.temperature
-        z = self.z.masked_fill(self.count == 0, float("-inf"))
-        e = torch.exp((z - z.max(-1, keepdim=True).values) / tau)
-        total = (e * self.count).sum(-1, keepdim=True, dtype=torch.float64)
-        return e.div_(total.to(e.dtype))
+        mass = torch.softmax((self.z if tau == 1.0 else self.z / tau) + self.log_count, dim=-1)
+        return mass, mass / self.count.clamp_min(1.0)
 
     def split(self, draws: Tensor, p: Tensor,
               generators: Sequence[torch.Generator]) -> tuple[Tensor, Tensor]:
         """Give the class members picked by `draws [S, N]` (slot ids) slots of their own; return
         the draws as those slots' ids and `p` with the new slots' probabilities."""
+        picked = (draws == 1) | (draws == 2)
+        if not bool(picked.any()):
+            return draws, p
+        rows, cols = picked.nonzero(as_tuple=True)  # row-major: each row's draws in order
+        per_row = picked.sum(-1).tolist()
+        uniforms = torch.cat([torch.rand(k, generator=g, dtype=torch.float64)
+                              for k, g in zip(per_row, generators)])
+        cls = draws[rows, cols]
+        member = (uniforms * self.count[rows, cls]).long()
         span = self.config.vocab_size + 1
-        for row, gen in enumerate(generators):
-            picked = (draws[row] == 1) | (draws[row] == 2)
-            if not bool(picked.any()):
-                continue
-            where = picked.nonzero().flatten()
-            cls = draws[row, where]
-            member = (torch.rand(where.numel(), generator=gen, dtype=torch.float64)
-                      * self.count[row, cls]).long()
-            keys, inverse = torch.unique(cls * span + member, return_inverse=True)
-            source, first = keys // span, self.used[row]
-            p = self._grow(first + keys.numel(), p)
-            slots = torch.arange(first, first + keys.numel())
-            for t in (self.z, self.m, self.v, self.correct, self.p0, p):
-                t[row, slots] = t[row, source]
-            self.count[row, slots] = 1.0
-            self.count[row].index_add_(0, source, torch.full_like(source, -1, dtype=self.count.dtype))
-            self.used[row] = first + keys.numel()
-            draws[row, where] = slots[inverse]
+        keys, inverse = torch.unique((rows * 3 + cls) * span + member, return_inverse=True)
+        key_row, source = keys // (3 * span), (keys // span) % 3
+        new = torch.bincount(key_row, minlength=len(generators))
+        rank = torch.arange(len(keys)) - (new.cumsum(0) - new)[key_row]
+        slots = self.used[key_row] + rank
+        p = self._grow(int((self.used + new).max()), p)
+        for t in (self.z, self.m, self.v, self.correct, self.rewards, self.p0, p):
+            t[key_row, slots] = t[key_row, source]
+        self.count[key_row, slots] = 1.0
+        self.count.index_put_((key_row, source), torch.full_like(source, -1, dtype=self.count.dtype),
+                              accumulate=True)
+        self.log_count[key_row, slots] = 0.0
+        classes = torch.arange(1, 3)
+        self.log_count[:, classes] = self.count[:, classes].log()
+        self.used += new
+        draws = draws.clone()
+        draws[rows, cols] = slots[inverse]
         return draws, p
 
     def _grow(self, needed: int, p: Tensor) -> Tensor:
@@ -338,13 +349,14 @@ class _Population:
             return p
         new = min(max(2 * width, needed), self.config.vocab_size + 3)
 
-        def grown(t: Tensor) -> Tensor:
-            out = torch.zeros(t.shape[0], new, dtype=t.dtype)
+        def grown(t: Tensor, fill: float = 0.0) -> Tensor:
+            out = torch.full((t.shape[0], new), fill, dtype=t.dtype)
             out[:, :width] = t
             return out
 
         self.z, self.m, self.v = grown(self.z), grown(self.m), grown(self.v)
         self.count, self.correct, self.p0 = grown(self.count), grown(self.correct), grown(self.p0)
+        self.rewards, self.log_count = grown(self.rewards), grown(self.log_count, float("-inf"))
         return grown(p)
 
     def adamw(self, grad: Tensor) -> None:
@@ -375,16 +387,19 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
     rec = _Recorder(config, len(seeds))
     rec.theorem(None, None)
     many = rollouts * 8 >= config.vocab_size  # the same draw method whatever the slot width
+    workspace: Tensor | None = None
     for step in range(config.steps + 1):
-        p = pop.probs()
+        mass, p = pop.probs()
         if _is_logged(step, config):
             rec.policy(step, p, pop.count, pop.correct, pop.p0)
         if step == config.steps:
             break
-        draws = draw_tokens(p * pop.count, rollouts, gens, many=many)
+        padded = -(-mass.shape[1] // 256) * 256  # row_cumsum's buffer, reused while it fits
+        if workspace is None or workspace.shape[1] != padded:
+            workspace = torch.zeros(len(seeds), padded, dtype=torch.float64)
+        draws = draw_tokens(mass, rollouts, gens, workspace, many=many)
         draws, p = pop.split(draws, p, gens)
-        rewards = torch.where(pop.correct, config.reward_correct, config.reward_wrong).to(dtype)
-        grad = surrogate_grad(p, draws, rewards, config.temperature)
+        grad = surrogate_grad(p, draws, pop.rewards, config.temperature)
         if _is_logged(step + 1, config):
             rec.theorem(p, draws, pop.count, pop.correct)  # the update about to happen
         pop.adamw(grad)
