@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
 _MAX_PARAM_VALUE = 6000
 _BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
+RUN_COLOURS = {"prorl": "#1f77b4", "brorl": "#ff7f0e"}
+"""Each arm's line colour in the MLflow UI (its `mlflow.runColor` tag; matplotlib's first two,
+as in the reports): ProRL and BroRL keep their colours in every chart and run, instead of a
+colour hashed from the run id, which can give both arms the same one."""
 
 
 def resolve_tracking_uri(configured: str | None = None) -> str:

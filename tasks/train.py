@@ -78,7 +78,7 @@ def start_tracking(run: Run, params: dict[str, Any], parent_run_id: str | None =
             logged = [m.step for key in STEP_KEYS for m in client.get_metric_history(run_id, key)]
             return Tracker(run_id, uri, backfill(uri, run_id, run, max(logged, default=-1)))
     tags = {**run_tags(p), "git_commit": tracking.git_commit(), "stage": "train",
-            "params_name": p.name}
+            "params_name": p.name, "mlflow.runColor": tracking.RUN_COLOURS[p.train.algorithm]}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     experiment_id = tracking.ensure_experiment(p.tracking.experiment, uri)

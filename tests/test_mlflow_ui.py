@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from tasks.mlflow_ui import search_runs, serve
+from tasks.tracking import RUN_COLOURS
 from tests.browser import capture_run_comparison, find_chromium, line_colours, pixels_near
 
 ARMS = ("prorl-ci", "brorl-ci")  # the CI pipeline's arm runs (params/prorl_ci.yaml, brorl_ci.yaml)
@@ -87,8 +88,11 @@ def test_server_lists_both_arms_and_renders_their_metric_charts(ci_pipeline: Pat
 
     _assert_real_screenshot(compare.png)
     _assert_real_screenshot(charts.png)
-    # Each arm's line colour (drawn at full opacity in the SVG) is painted in the screenshot.
+    # Each arm's line is drawn in its own colour (its `mlflow.runColor` tag, tasks/tracking.py;
+    # at full opacity in the SVG) and painted in the screenshot.
     colours = line_colours(charts.html)
-    assert len(colours) >= len(ARMS), f"expected one line colour per arm, found {colours}"
+    arm_colours = {tuple(int(hex_[i:i + 2], 16) for i in (1, 3, 5))
+                   for hex_ in RUN_COLOURS.values()}
+    assert arm_colours <= colours, f"expected the arms' colours {arm_colours}, found {colours}"
     for rgb in colours:
         assert pixels_near(charts.png, rgb) > 50, f"no pixels of line colour rgb{rgb} in {charts.png}"
