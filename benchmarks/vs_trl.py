@@ -535,7 +535,7 @@ def run_child(args: argparse.Namespace, side: str, n: int, p: int, workdir: Path
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(rows: list[dict]) -> None:
+def report(rows: list[dict], prompt_tokens: float) -> None:
     print(f"\n{'N':>5} {'P':>3} {'side':>5} {'rollouts/s':>10} {'gen s':>7} {'verify s':>8} "
           f"{'score s':>7} {'update s':>8} {'other s':>7} {'step s':>7} {'trained':>7} "
           f"{'resp tok':>8} {'reward':>6} {'loss':>9}")
@@ -550,6 +550,43 @@ def report(rows: list[dict]) -> None:
         if set(side) == set(SIDES):
             ratio = side["brorl"]["rollouts_per_s"] / side["trl"]["rollouts_per_s"]
             print(f"N={n}: brorl/TRL rollouts/s = {ratio:.2f}x")
+    sharing(rows, prompt_tokens)
+
+
+STAGES = {"generation": "generation_s", "scoring": "scoring_s", "update": "update_s"}
+
+
+def sharing(rows: list[dict], prompt_tokens: float) -> None:
+    """Per side and stage: seconds per rollout at each N against the smallest N, beside the
+    limit of sharing the prompt. A stage that runs each prompt once per group costs about
+    P/N + T token passes per rollout (P prompt tokens, T response tokens), so the most N can gain
+    over N0 is (P/N0 + T) / (P/N + T); `% of limit` is the measured gain over that."""
+    n_values = sorted(dict.fromkeys(r["n"] for r in rows))
+    if len(n_values) < 2:
+        return
+    n0 = n_values[0]
+    print(f"\nPrompt sharing: gain per rollout over N={n0}, P = {prompt_tokens:.1f} prompt tokens")
+    print(f"{'side':>5} {'stage':>10} " + " ".join(f"{'N=' + str(n):>22}" for n in n_values[1:]))
+    for side in SIDES:
+        by_n = {r["n"]: r for r in rows if r["side"] == side}
+        if n0 not in by_n:
+            continue
+        for stage, key in STAGES.items():
+            cells = []
+            for n in n_values[1:]:
+                if n not in by_n:
+                    cells.append(f"{'-':>22}")
+                    continue
+                base, row = by_n[n0], by_n[n]
+                per = [r[key] / (r["n"] * r["prompts"]) for r in (base, row)]
+                t = (base["response_tokens"] + row["response_tokens"]) / 2
+                limit = (prompt_tokens / n0 + t) / (prompt_tokens / n + t)
+                gain = per[0] / per[1] if per[1] > 0 else float("nan")
+                cells.append(f"{gain:5.2f}x of {limit:4.2f}x ={100 * gain / limit:4.0f}%")
+            print(f"{side:>5} {stage:>10} " + " ".join(f"{c:>22}" for c in cells))
+        whole = [f"N={n}/N={n0} {by_n[n]['rollouts_per_s'] / by_n[n0]['rollouts_per_s']:.2f}x"
+                 for n in n_values[1:] if n in by_n]
+        print(f"{side:>5} whole step rollouts/s: " + ", ".join(whole))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -580,7 +617,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows.append(run_child(args, side, n, p, workdir))
                 print(json.dumps(rows[-1]), flush=True)
     print("loadavg after:", Path("/proc/loadavg").read_text().strip())
-    report(rows)
+    report(rows, mean)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows
