@@ -248,3 +248,47 @@ def test_rollouts_round_trip_through_parquet(groups, tmp_path):
     assert [len(x) for x in table["response_ids"]] == lengths
     assert table["response_ids"][5] == groups.batch.response_ids[5, : lengths[5]].tolist()
     assert not list(path.parent.glob(".*"))  # no temporary file left
+
+
+def test_shared_prompt_scoring_equals_one_forward_per_row_and_runs_each_prompt_once(
+        policy, monkeypatch):
+    """Prompts of different lengths, rows of three groups in shuffled order: log-probs, entropy
+    and gradients equal a plain forward of each row's prompt + response alone."""
+    import brorl.train.ppo as ppo
+
+    model, tokenizer = policy
+    prompts = ["7+8=", "12+30+5=", "1="]
+    batch = HfEngine(model, tokenizer, max_concurrent_rollouts=4).generate(
+        prompts, 3, SamplingConfig(temperature=1.0, max_response_tokens=9, seed=5))
+    rows = torch.tensor([4, 0, 8, 2, 6, 1])  # groups 1, 0, 2, 0, 2, 0
+    prefills = []
+    real = ppo.prefill
+
+    def counting(*args, **kwargs):
+        prefills.append(tuple(args[1]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ppo, "prefill", counting)
+    model.zero_grad()
+    logp, entropy = response_logprobs(model, batch, rows, 0.8, with_entropy=True)
+    (logp.sum() + entropy.sum()).backward()
+    shared = [p.grad.clone() for p in model.parameters()]
+    assert sorted(prefills) == sorted(set(prefills)) and len(prefills) == 3  # once per prompt
+
+    model.zero_grad()
+    total = 0.0
+    for i, r in enumerate(rows.tolist()):
+        prompt = list(batch.prompt_ids[int(batch.prompt_index[r])])
+        length = int(batch.response_lengths[r])
+        ids = torch.tensor([prompt + batch.response_ids[r, :length].tolist()])
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / 0.8
+        ref = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+        assert torch.allclose(logp[i, :length].detach(), ref.detach(), atol=1e-5)
+        assert (logp[i, length:] == 0).all()
+        probs = torch.softmax(logits, -1)
+        ent = -(probs * torch.log_softmax(logits, -1)).sum(-1)
+        assert torch.allclose(entropy[i, :length].detach(), ent.detach(), atol=1e-5)
+        total = total + ref.sum() + ent.sum()
+    total.backward()
+    for got, want in zip(shared, (p.grad for p in model.parameters())):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
