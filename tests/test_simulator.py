@@ -128,9 +128,8 @@ def test_logged_theorem_terms_equal_the_dense_mass_balance_reference():
     correct = torch.stack([correct_mask(cfg, 0)] * 3)
     z = initial_logits(cfg, correct) + 0.3 * torch.randn(3, 500, generator=gen, dtype=torch.float64)
     draws = torch.multinomial(torch.softmax(z, -1), 40, replacement=True, generator=gen)  # repeats
-    rec = _Recorder(cfg, 3)  # one slot per token: counts all 1
-    p = torch.softmax(z, -1)
-    rec.theorem(p, draws, torch.ones_like(p), correct)
+    rec = _Recorder(torch.softmax(z, -1), correct, cfg)
+    rec.theorem(torch.softmax(z, -1), draws)
     dense = mass_balance(torch.softmax(z, -1), correct, draws, 1.0, -0.5, 0.01)
     for name in METRICS[3:]:
         assert torch.allclose(rec.rows[name][0], getattr(dense, name), rtol=1e-9, atol=1e-20), name
