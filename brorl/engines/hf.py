@@ -123,10 +123,7 @@ class HfEngine:
         out: _Outputs,
     ) -> None:
         """Decode rows `[C]` (global row ids) until each stops or reaches `max_response_tokens`."""
-        groups = rows // n
-        unique = sorted(set(groups.tolist()))
-        local = torch.tensor([unique.index(b) for b in groups.tolist()], device=groups.device)
-        cache, mask, positions, logits = rows_cache([prefixes[b] for b in unique], local)
+        cache, mask, positions, logits = rows_cache(prefixes, rows // n)
         logits = logits.float()
         active = rows
         for step in range(sampling.max_response_tokens):

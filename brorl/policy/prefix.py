@@ -14,7 +14,7 @@ Paper: BroRL §4.2.4 / spec §6 (one shared prefix per prompt, many concurrent r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,20 +42,22 @@ def prefill(model: torch.nn.Module, ids: Sequence[int], device: torch.device) ->
 
 
 def rows_cache(
-    prefixes: Sequence[Prefix], index: torch.Tensor
+    prefixes: Mapping[int, Prefix], groups: torch.Tensor
 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For rows continuing prompts `prefixes[index]` (`index [C]`): the cache `[C, H, P_max, D]`
+    """For rows continuing prompts `groups [C]` (keys of `prefixes`): the cache `[C, H, P_max, D]`
     per layer, its attention mask `[C, P_max]` (left padding masked), each row's prompt length
     `[C]` (its next position) and the logits of its first response token `[C, V]`."""
-    p_max = max(p.length for p in prefixes)
+    unique, index = torch.unique(groups, return_inverse=True)
+    chosen = [prefixes[int(b)] for b in unique.tolist()]
+    p_max = max(p.length for p in chosen)
     layers = []
-    for layer in range(len(prefixes[0].kv)):
-        keys, values = zip(*[_left_pad(p.kv[layer], p_max) for p in prefixes])
+    for layer in range(len(chosen[0].kv)):
+        keys, values = zip(*[_left_pad(p.kv[layer], p_max) for p in chosen])
         layers.append((torch.cat(keys)[index], torch.cat(values)[index]))
     device = index.device
-    lengths = torch.tensor([p.length for p in prefixes], device=device)[index]
+    lengths = torch.tensor([p.length for p in chosen], device=device)[index]
     mask = torch.arange(p_max, device=device)[None, :] >= (p_max - lengths)[:, None]
-    logits = torch.stack([p.logits for p in prefixes])[index]
+    logits = torch.stack([p.logits for p in chosen])[index]
     return DynamicCache(ddp_cache_data=layers), mask.long(), lengths, logits
 
 

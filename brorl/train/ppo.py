@@ -47,10 +47,9 @@ def response_logprobs(
     if t == 0:
         empty = torch.zeros(len(rows), 0, device=device)
         return empty, (empty if with_entropy else None)
-    groups = batch.prompt_index[rows]
-    unique, local = torch.unique(groups, return_inverse=True)
-    prefixes = [prefill(model, batch.prompt_ids[int(b)], device) for b in unique.tolist()]
-    cache, mask, lengths, first = rows_cache(prefixes, local.to(device))
+    groups = batch.prompt_index[rows].to(device)
+    prefixes = {b: prefill(model, batch.prompt_ids[b], device) for b in groups.unique().tolist()}
+    cache, mask, lengths, first = rows_cache(prefixes, groups)
     picked = first[:, None]
     if t > 1:  # response tokens 0..t-2 predict tokens 1..t-1
         ones = torch.ones(len(rows), t - 1, dtype=mask.dtype, device=device)
