@@ -168,6 +168,40 @@ def test_gradients_do_not_depend_on_the_micro_batch_split(policy, groups):
         _grads_after(model, groups, micro=3, count=2)
 
 
+def test_micro_batches_take_a_mini_batchs_rows_grouped_by_prompt(policy, groups, monkeypatch):
+    """Shuffled rows of 3 groups of 4, micro-batches of 4: each micro-batch prefills one prompt
+    (rows of a prompt go together), and every row is trained once."""
+    import brorl.train.ppo as ppo
+
+    model, _ = policy
+    batch = groups.batch
+    calls, real = [], ppo.prefill
+
+    def counting(model, prompts, device):
+        calls.append(len(prompts))
+        return real(model, prompts, device)
+
+    monkeypatch.setattr(ppo, "prefill", counting)
+    seen = []
+    monkeypatch.setattr(ppo, "policy_loss", lambda logp, *a, **k: (logp.sum() * 0, {"n": 1.0}))
+    real_logprobs = ppo.response_logprobs
+
+    def recording(model, batch, rows, *args, **kwargs):
+        seen.append(rows.tolist())
+        return real_logprobs(model, batch, rows, *args, **kwargs)
+
+    monkeypatch.setattr(ppo, "response_logprobs", recording)
+    rows = torch.randperm(12, generator=torch.Generator().manual_seed(3))
+    zeros = torch.zeros(batch.response_ids.shape)
+    metrics = accumulate_mini_batch(
+        model, lambda loss: None, batch, rows, advantages=zeros, old_logp=zeros,
+        engine_logp=None, ref_logp=None, temperature=1.0, micro_batch_rollouts=4,
+        normaliser=1.0, loss_options={})
+    assert calls == [1, 1, 1] and metrics == {"n": 3.0}
+    assert sorted(r for micro in seen for r in micro) == list(range(12))
+    assert all(len({int(batch.prompt_index[r]) for r in micro}) == 1 for micro in seen)
+
+
 def test_a_positive_advantage_raises_its_responses_log_probability(policy, groups):
     """One SGD step on the PPO loss moves log pi up where A > 0 and down where A < 0."""
     model, _ = policy
@@ -252,8 +286,9 @@ def test_rollouts_round_trip_through_parquet(groups, tmp_path):
 
 def test_shared_prompt_scoring_equals_one_forward_per_row_and_runs_each_prompt_once(
         policy, monkeypatch):
-    """Prompts of different lengths, rows of three groups in shuffled order: log-probs, entropy
-    and gradients equal a plain forward of each row's prompt + response alone."""
+    """Prompts of different lengths (prefilled together, left-padded), rows of three groups in
+    shuffled order: log-probs, entropy and gradients equal a plain forward of each row's
+    prompt + response alone."""
     import brorl.train.ppo as ppo
 
     model, tokenizer = policy
@@ -264,16 +299,17 @@ def test_shared_prompt_scoring_equals_one_forward_per_row_and_runs_each_prompt_o
     prefills = []
     real = ppo.prefill
 
-    def counting(*args, **kwargs):
-        prefills.append(tuple(args[1]))
-        return real(*args, **kwargs)
+    def counting(model, prompts, device):
+        prefills.append([tuple(ids) for ids in prompts])
+        return real(model, prompts, device)
 
     monkeypatch.setattr(ppo, "prefill", counting)
     model.zero_grad()
     logp, entropy = response_logprobs(model, batch, rows, 0.8, with_entropy=True)
     (logp.sum() + entropy.sum()).backward()
     shared = [p.grad.clone() for p in model.parameters()]
-    assert sorted(prefills) == sorted(set(prefills)) and len(prefills) == 3  # once per prompt
+    # one padded pass over the three distinct prompts, each once
+    assert len(prefills) == 1 and sorted(prefills[0]) == sorted(set(batch.prompt_ids))
 
     model.zero_grad()
     total = 0.0

@@ -95,10 +95,10 @@ class HfEngine:
         prefixes: dict[int, Prefix] = {}
         for start in range(0, rows, self.max_concurrent_rollouts):
             stop = min(start + self.max_concurrent_rollouts, rows)
-            for b in range(start // n, (stop - 1) // n + 1):
-                if b not in prefixes:
-                    prefixes[b] = prefill(self.model, prompt_ids[b], device)
-                    out.prefills.append(b)
+            new = [b for b in range(start // n, (stop - 1) // n + 1) if b not in prefixes]
+            if new:
+                prefixes.update(zip(new, prefill(self.model, [prompt_ids[b] for b in new], device)))
+                out.prefills.extend(new)
             self._decode_chunk(torch.arange(start, stop, device=device), n, prefixes, sampling, out)
             for b in [b for b in prefixes if (b + 1) * n <= stop]:
                 del prefixes[b]  # its last row is done: free its prompt cache

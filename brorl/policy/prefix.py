@@ -2,7 +2,7 @@
 
 A group's N rollouts share their prompt. Generation (`brorl.engines.hf`) and trainer-side scoring
 (`brorl.train.ppo.response_logprobs`) both run each distinct prompt through the model once
-(`prefill`) and then attend to its key/value cache from every row that continues it
+(`prefill`, all of a call's distinct prompts in one padded pass) and then attend to its key/value cache from every row that continues it
 (`rows_cache`): prompts of different lengths are left-padded and masked, positions continue from
 each prompt's own length. Per rollout this costs about P/N + T token passes instead of P + T.
 Outside `torch.no_grad()` gradients flow from every row back through the one shared prefill, so
@@ -32,13 +32,27 @@ class Prefix:
     length: int
 
 
-def prefill(model: torch.nn.Module, ids: Sequence[int], device: torch.device) -> Prefix:
-    """Run one prompt `[1, P]` through `model` once; keep its cache and the last position's
-    logits (the LM head is applied to that position only)."""
-    result = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True,
-                   logits_to_keep=1)
-    kv = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
-    return Prefix(kv=kv, logits=result.logits[0, -1], length=len(ids))
+def prefill(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], device: torch.device
+) -> list[Prefix]:
+    """Run prompts through `model` in one left-padded forward pass (masked, positions from each
+    prompt's first token); keep each prompt's own cache (its padding cut off) and the logits of
+    its last position (the LM head is applied to that position only). One batched call instead
+    of one per prompt: on a GPU a 1.5B model's single-prompt pass is bound by kernel launches."""
+    lengths = [len(ids) for ids in prompts]
+    p_max = max(lengths)
+    ids = torch.zeros(len(prompts), p_max, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, p_max - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
+    pads = torch.tensor([p_max - n for n in lengths])
+    mask = torch.arange(p_max)[None, :] >= pads[:, None]
+    positions = (torch.arange(p_max)[None, :] - pads[:, None]).clamp(min=0)
+    result = model(input_ids=ids.to(device), attention_mask=mask.long().to(device),
+                   position_ids=positions.to(device), use_cache=True, logits_to_keep=1)
+    layers = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
+    return [Prefix(kv=[(k[row:row + 1, :, pad:], v[row:row + 1, :, pad:]) for k, v in layers],
+                   logits=result.logits[row, -1], length=n)
+            for row, (pad, n) in enumerate(zip(pads.tolist(), lengths))]
 
 
 def rows_cache(

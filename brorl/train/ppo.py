@@ -48,7 +48,8 @@ def response_logprobs(
         empty = torch.zeros(len(rows), 0, device=device)
         return empty, (empty if with_entropy else None)
     groups = batch.prompt_index[rows].to(device)
-    prefixes = {b: prefill(model, batch.prompt_ids[b], device) for b in groups.unique().tolist()}
+    distinct = groups.unique().tolist()
+    prefixes = dict(zip(distinct, prefill(model, [batch.prompt_ids[b] for b in distinct], device)))
     cache, mask, lengths, first = rows_cache(prefixes, groups)
     picked = first[:, None]
     if t > 1:  # response tokens 0..t-2 predict tokens 1..t-1
@@ -131,6 +132,9 @@ def accumulate_mini_batch(
             f"got num_micro_batches={count}."
         )
     totals: dict[str, float] = {}
+    # Rows of one prompt in the same micro-batch share one prefill; how a mini-batch is split
+    # into micro-batches does not change its gradient (each loss is over the mini-batch's tokens).
+    rows = rows[torch.argsort(batch.prompt_index[rows], stable=True)]
     for index in torch.tensor_split(rows, max(count, 1)):
         if index.numel() == 0:
             backward(_zero_loss(model))
