@@ -214,9 +214,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.engines.split(","):  # hf first: vLLM's KV pool would inflate hf's RSS
             engine = make_engine(name, model, tokenizer, args, Path(tmp) / "policy")
-            # warm-up at full concurrency, so compilation and allocation stay out of the timings
+            # warm-up at full concurrency and full length, so compilation and allocation (the KV
+            # cache grows to its full length) stay out of the timings of the first cell
             warm = max(1, min(len(prompts), args.max_concurrent_rollouts // 16))
-            engine.generate(prompts[:warm], 16, SamplingConfig(max_response_tokens=8))
+            engine.generate(prompts[:warm], 16,
+                            SamplingConfig(max_response_tokens=args.max_response_tokens))
             for n in args.n_values:
                 batch_prompts = prompts[: args.total_rollouts // n]
                 rows.append(measure(engine, name, batch_prompts, n, args, device))

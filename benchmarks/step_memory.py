@@ -24,9 +24,18 @@ turns it on. `--subset M` trains M rollouts per group (`update.train_subset`, PO
 `--warm-steps K` runs K steps before the measured one, leaving out the first step's one-time
 allocations (which stay mapped) from the increment.
 
+On a CUDA machine the step runs there (the trainer picks the GPU) and `cuda_peak_mib` is
+`torch.cuda.max_memory_allocated` over the step (reset just before it). `--params FILE` takes the
+model's shape from that file's `model` section (e.g. `params/shape_qwen2.5-1.5b.yaml`, random
+weights, vocabulary from `--vocab-size`); `--total-rollouts R` gives every N the same B x N = R
+(B = R / N prompts, the paper's throughput comparison) instead of the same B.
+
 Usage: python benchmarks/step_memory.py
        python benchmarks/step_memory.py --n 512,4096 --prompts 1 --subset 64
-Deliberately ignored: GPU memory, the vllm engine, evaluation and checkpoints (not part of a step).
+       python benchmarks/step_memory.py --n 16,512 --total-rollouts 512 --dtype bfloat16 \
+           --params params/shape_qwen2.5-1.5b.yaml --vocab-size 151936 --max-response-tokens 128 \
+           --micro-batch-rollouts 16 --warm-steps 1                     (GPU, Qwen2.5-1.5B's shape)
+Deliberately ignored: the vllm engine, evaluation and checkpoints (not part of a step).
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,12 +71,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--filter", action="store_true", help="dynamic sampling on (default off)")
     ap.add_argument("--warm-steps", type=int, default=0,
                     help="steps run before the measured one (their one-time costs excluded)")
+    ap.add_argument("--total-rollouts", type=int, default=None,
+                    help="B = this / N prompts for each N (equal rollouts per step, not equal B)")
+    ap.add_argument("--params", type=Path, default=None,
+                    help="the model's shape from this params file's `model` section")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="vocabulary with --params (default: the character tokenizer's)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="train.dtype (bfloat16 on a GPU)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.n_values = [int(n) for n in args.n.split(",")]
+    bad = [n for n in args.n_values if args.total_rollouts and args.total_rollouts % n
+           and args.child is None]
+    if bad:
+        ap.error(f"--total-rollouts {args.total_rollouts} is not a multiple of N in {bad}")
     return args
+
+
+def prompts_for(args: argparse.Namespace, n: int) -> int:
+    """B for N = `n`: `--total-rollouts` / N if given, else `--prompts`."""
+    return args.total_rollouts // n if args.total_rollouts else args.prompts
 
 
 def overrides(args: argparse.Namespace, n: int, workdir: Path) -> list[str]:
@@ -73,21 +101,21 @@ def overrides(args: argparse.Namespace, n: int, workdir: Path) -> list[str]:
     out = [f"data.path={workdir / 'data'}", f"train.init_checkpoint={workdir / 'policy'}",
            f"train.run_dir={workdir / f'run_{n}'}",
            f"train.checkpoint_dir={workdir / f'run_{n}' / 'checkpoints'}",
-           f"update.prompts_per_step={args.prompts}", f"update.rollouts_per_prompt={n}",
+           f"update.prompts_per_step={prompts_for(args, n)}", f"update.rollouts_per_prompt={n}",
            f"generate.max_response_tokens={args.max_response_tokens}",
            f"generate.max_concurrent_rollouts={args.max_concurrent_rollouts}",
            f"train.micro_batch_rollouts={args.micro_batch_rollouts}",
            f"filter.enabled={str(args.filter).lower()}", "train.max_rollouts=null",
            "train.steps=1000", "train.eval_every=1000", "train.checkpoint_every=1000",
-           "train.save_rollouts=false"]
+           "train.save_rollouts=false", f"train.dtype={args.dtype}"]
     if args.subset is not None:
         out.append(f"update.train_subset={args.subset}")
     return out
 
 
-def prepare(workdir: Path) -> None:
-    """The CI data splits and a random-weight tiny policy, as the `data` stage and
-    `build_policy` make them, under `workdir`."""
+def prepare(workdir: Path, args: argparse.Namespace) -> None:
+    """The CI data splits and a random-weight policy (the CI tiny one, or `--params`' shape), as
+    the `data` stage and `build_policy` make them, under `workdir`."""
     import datasets
     import transformers
 
@@ -100,7 +128,8 @@ def prepare(workdir: Path) -> None:
     params = load_params(PARAMS)
     save_splits(make_splits(DataConfig.from_params(params.data)), workdir / "data")
     tokenizer = build_tokenizer()
-    model = build_policy(vocab_size=len(tokenizer), **params.model.model_dump())
+    shape = load_params(args.params).model if args.params else params.model
+    model = build_policy(vocab_size=args.vocab_size or len(tokenizer), **shape.model_dump())
     save_policy(model, tokenizer, workdir / "policy")
 
 
@@ -136,17 +165,24 @@ def child(args: argparse.Namespace) -> dict:
     setup_peak = status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     exact = reset_peak()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     before = status_kib("VmRSS") or 0
     started = time.perf_counter()
     metrics = run.step(Direct())
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
+    cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
     step_peak = status_kib("VmHWM") if exact else resource.getrusage(
         resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     rollouts = int(metrics["generate/rollouts"])
     mib = 1 / 1024
     return {
-        "n": n, "prompts": args.prompts, "rollouts": rollouts,
+        "n": n, "prompts": prompts_for(args, n), "rollouts": rollouts,
         "trained": int(metrics.get("update/trained_rollouts", 0)),  # 0: update skipped
         "seconds": round(seconds, 2), "rollouts_per_s": round(rollouts / seconds, 1),
         "process_peak_mib": round(max(setup_peak, step_peak) * mib, 1),
@@ -154,6 +190,7 @@ def child(args: argparse.Namespace) -> dict:
         "step_increment_mib": round((step_peak - before) * mib, 1),
         "children_peak_mib": round(children * mib, 1),
         "children_peak_in_step": children > children_before, "exact_peak": exact,
+        "cuda_peak_mib": None if cuda_peak is None else round(cuda_peak, 1),
         "stage_seconds": {k.removeprefix("time/"): round(v, 2) for k, v in metrics.items()
                           if k.startswith("time/")},
     }
@@ -167,6 +204,8 @@ def run_child(args: argparse.Namespace, n: int, workdir: Path) -> dict:
            "--micro-batch-rollouts", str(args.micro_batch_rollouts),
            "--warm-steps", str(args.warm_steps)]
     cmd += ["--subset", str(args.subset)] if args.subset is not None else []
+    cmd += ["--total-rollouts", str(args.total_rollouts)] if args.total_rollouts else []
+    cmd += ["--dtype", args.dtype]
     cmd += ["--filter"] if args.filter else []
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
@@ -183,7 +222,9 @@ def report(rows: list[dict]) -> None:
               f"{r['seconds']:6.1f} {r['rollouts_per_s']:10.1f} {r['process_peak_mib']:11.1f} "
               f"{r['rss_before_mib']:10.1f} {r['step_peak_mib']:9.1f} "
               f"{r['step_increment_mib']:9.1f} {r['children_peak_mib']:12.1f}"
-              f"{'' if r['children_peak_in_step'] else ' (setup)'}")
+              f"{'' if r['children_peak_in_step'] else ' (setup)'}"
+              + (f"  CUDA peak {r['cuda_peak_mib']:.0f} MiB" if r["cuda_peak_mib"] else ""))
+        print(f"      split (s): {r['stage_seconds']}")
     base = next((r for r in rows if r["n"] == 512), rows[0])
 
     def ratio(row: dict, key: str) -> str:
@@ -194,7 +235,8 @@ def report(rows: list[dict]) -> None:
             print(f"N={r['n']}/{base['n']}: process peak {ratio(r, 'process_peak_mib')}  "
                   f"step increment {ratio(r, 'step_increment_mib')}  "
                   f"children peak {ratio(r, 'children_peak_mib')}  "
-                  f"rollouts/s {ratio(r, 'rollouts_per_s')}")
+                  f"rollouts/s {ratio(r, 'rollouts_per_s')}"
+                  + (f"  CUDA peak {ratio(r, 'cuda_peak_mib')}" if base["cuda_peak_mib"] else ""))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -203,12 +245,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(json.dumps(child(args)), flush=True)
         return []
     print(f"cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
+          f"device={'cuda' if torch.cuda.is_available() else 'cpu'} dtype={args.dtype} "
+          f"shape={args.params or PARAMS} total={args.total_rollouts} "
           f"B={args.prompts} T={args.max_response_tokens} chunk={args.max_concurrent_rollouts} "
           f"micro={args.micro_batch_rollouts} subset={args.subset} filter={args.filter}")
     print("loadavg before:", Path("/proc/loadavg").read_text().strip())
     rows = []
     with tempfile.TemporaryDirectory(prefix="step_memory_") as tmp:
-        prepare(Path(tmp))
+        prepare(Path(tmp), args)
         for n in args.n_values:
             rows.append(run_child(args, n, Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
