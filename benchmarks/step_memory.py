@@ -113,9 +113,10 @@ def overrides(args: argparse.Namespace, n: int, workdir: Path) -> list[str]:
     return out
 
 
-def prepare(workdir: Path, args: argparse.Namespace) -> None:
-    """The CI data splits and a random-weight policy (the CI tiny one, or `--params`' shape), as
-    the `data` stage and `build_policy` make them, under `workdir`."""
+def prepare(workdir: Path, shape: Path | None = None, vocab_size: int | None = None) -> None:
+    """The CI data splits and a random-weight policy (the CI tiny one, or the `model` section of
+    params file `shape` with `vocab_size`), as the `data` stage and `build_policy` make them,
+    under `workdir`."""
     import datasets
     import transformers
 
@@ -128,8 +129,8 @@ def prepare(workdir: Path, args: argparse.Namespace) -> None:
     params = load_params(PARAMS)
     save_splits(make_splits(DataConfig.from_params(params.data)), workdir / "data")
     tokenizer = build_tokenizer()
-    shape = load_params(args.params).model if args.params else params.model
-    model = build_policy(vocab_size=args.vocab_size or len(tokenizer), **shape.model_dump())
+    model_params = load_params(shape).model if shape else params.model
+    model = build_policy(vocab_size=vocab_size or len(tokenizer), **model_params.model_dump())
     save_policy(model, tokenizer, workdir / "policy")
 
 
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("loadavg before:", Path("/proc/loadavg").read_text().strip())
     rows = []
     with tempfile.TemporaryDirectory(prefix="step_memory_") as tmp:
-        prepare(Path(tmp), args)
+        prepare(Path(tmp), args.params, args.vocab_size)
         for n in args.n_values:
             rows.append(run_child(args, n, Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
