@@ -27,8 +27,8 @@ from brorl.evals import eval_metrics
 from brorl.params import ExperimentParams
 from brorl.train import Run
 from brorl.train.report import dvc_files
-from brorl.train.run import Timed, progress_line
-from brorl.train.trainer import Collection
+from brorl.train.driver import Timed, progress_line
+from brorl.train.collection import Collection
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)

@@ -16,7 +16,7 @@ from brorl.data.math import generate_math
 from brorl.params import load_params
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
 from brorl.train.rollouts import ScoredGroups, merge_rounds, response_mask
-from brorl.train.trainer import Collection
+from brorl.train.collection import Collection
 from brorl.types import RolloutBatch
 from brorl.verifiers import Verdict
 

@@ -166,7 +166,7 @@ def test_the_decomposition_sums_to_the_first_order_change_and_predicts_a_small_s
 
 def test_collection_records_every_drawn_prompt_with_whether_it_was_solved(easy_base, tmp_path):
     from brorl.algorithm.filtering import InformativeCollector
-    from brorl.train.trainer import Collection
+    from brorl.train.collection import Collection
 
     model, tokenizer = load_policy(easy_base)
     problems = generate_math(3, seed=5, tasks=("compare",))

@@ -9,8 +9,10 @@ Python API:
 """
 
 from brorl.train.config import LossConfig, TrainerConfig
-from brorl.train.run import Direct, Driver, Run, RunConfig, RunState, Timed
-from brorl.train.trainer import Collected, Trainer, draw_seed, init_distributed, parameter_digest
+from brorl.train.driver import Direct, Driver, Timed
+from brorl.train.run import Run, RunConfig, RunState
+from brorl.train.collection import Collected
+from brorl.train.trainer import Trainer, draw_seed, init_distributed, parameter_digest
 
 __all__ = ["Collected", "Direct", "Driver", "LossConfig", "Run", "RunConfig", "RunState", "Timed",
            "Trainer", "TrainerConfig", "draw_seed", "init_distributed", "parameter_digest"]

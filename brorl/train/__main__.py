@@ -21,7 +21,8 @@ from pathlib import Path
 
 from brorl.params import ParamsError, load_params
 from brorl.preflight import InputError, check_inputs
-from brorl.train.run import Direct, Run
+from brorl.train.driver import Direct
+from brorl.train.run import Run
 from brorl.train.trainer import parameter_digest
 
 

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from brorl.base import sample_per_family
 from brorl.data import load_split
@@ -54,29 +54,16 @@ from brorl.train.diagnostics import (
 )
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
-from brorl.train.trainer import Collected, Collection, RewardFn, Trainer, parameter_digest
+from brorl.train.collection import Collected, Collection
+from brorl.train.driver import Direct, Driver, Timed, timed
+from brorl.train.trainer import RewardFn, Trainer, parameter_digest
 from brorl.types import Problem, RolloutBatch
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
 
-T = TypeVar("T")
 TRAIN_STAGES = ("sample_prompts", "generate_rollouts", "verify", "filter", "ppo_update")
 """The stages whose seconds are training time (`train/seconds`, the `max_seconds` budget)."""
-
-
-@dataclass(frozen=True)
-class Timed(Generic[T]):
-    """A stage's output and the seconds its brorl work took."""
-
-    value: T
-    seconds: float
-
-
-def timed(fn: Callable[..., T], *args: Any) -> Timed[T]:
-    started = time.perf_counter()
-    value = fn(*args)
-    return Timed(value, time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -144,33 +131,6 @@ class RunState:
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> RunState:
         return cls(**saved)
-
-
-class Driver(Protocol):
-    """How the loop's stages and steps are run (see the module docstring)."""
-
-    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]: ...
-
-    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]: ...
-
-    def on_step(self, run: Run, metrics: dict[str, float]) -> None: ...
-
-
-class Direct:
-    """Runs every stage and step in place; `progress` prints one line per step."""
-
-    def __init__(self, progress: Callable[[str], None] | None = None) -> None:
-        self.progress = progress
-
-    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]:
-        return getattr(run, name)(*args)
-
-    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
-        return body()
-
-    def on_step(self, run: Run, metrics: dict[str, float]) -> None:
-        if self.progress is not None and run.trainer.rank == 0:
-            self.progress(progress_line(run.config.name, run.step_count, metrics))
 
 
 class Run:
@@ -484,24 +444,3 @@ class Run:
             ckpt.atomic_write_text(self.run_dir / "summary.json",
                                    json.dumps(summary, indent=1) + "\n")
         return summary
-
-
-def progress_line(name: str, step: int, m: dict[str, float]) -> str:
-    """One human line per step: reward, pass rate, throughput, held-out scores when evaluated
-    (test per family, validation mean)."""
-    parts = [f"{name} step {step}"]
-    if "generate/rollouts" in m:
-        parts.append(f"{m['generate/rollouts_per_s']:.0f} rollouts/s "
-                     f"({int(m['generate/rollouts'])} rollouts, "
-                     f"{int(m['generate/rollouts_total'])} total)")
-        parts.append(f"reward {m['verify/reward_mean']:.3f}")
-        parts.append(f"pass rate {100 * m['filter/pass_rate']:.0f}%")
-    scores = [f"{k.removeprefix('eval/score_')} {v:.2f}" for k, v in sorted(m.items())
-              if k.startswith("eval/score_") and k != "eval/score_mean"]
-    if scores:
-        parts.append("test score " + " ".join(scores))
-    if SELECTION_METRIC in m:
-        parts.append(f"validation score {m[SELECTION_METRIC]:.3f}")
-    if "time/iteration" in m:
-        parts.append(f"{m['time/iteration']:.1f} s")
-    return " | ".join(parts)
