@@ -14,9 +14,9 @@ from brorl.algorithm.advantages import compute_advantages
 from brorl.algorithm.filtering import InformativeCollector, informative_groups, mixed_outcome_groups
 from brorl.data.math import generate_math
 from brorl.params import load_params
-from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
-from brorl.train.rollouts import ScoredGroups, merge_rounds, response_mask
+from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig
 from brorl.train.collection import Collection
+from brorl.train.rollouts import ScoredGroups, merge_rounds, response_mask
 from brorl.types import RolloutBatch
 from brorl.verifiers import Verdict
 
