@@ -95,6 +95,29 @@ def test_reasoning_keeps_the_scorers_continuous_partial_credit():
     assert verdict == Verdict(pytest.approx(expected), "partial")
 
 
+def test_reasoning_scorers_are_built_once_per_task(monkeypatch):
+    """Two verify calls over two tasks build each task's scorer once, with the same verdicts."""
+    import reasoning_gym
+
+    from brorl.verifiers import reasoning
+
+    built, real = [], reasoning_gym.get_score_answer_fn
+
+    def counting(name):
+        built.append(name)
+        return real(name)
+
+    monkeypatch.setattr(reasoning_gym, "get_score_answer_fn", counting)
+    getattr(reasoning._scorer, "cache_clear", lambda: None)()  # a fresh cache either side
+    problems = gym_problems("chain_sum", 2) + gym_problems("spell_backward", 2)
+    answers = [f"<answer>{p.answer}</answer>" for p in problems]
+    first = verify_batch(problems, answers, workers=1)
+    second = verify_batch(problems, answers, workers=1)
+    assert sorted(built) == ["chain_sum", "spell_backward"]
+    assert first == second and all(v.reward == 1.0 for v in first)
+    getattr(reasoning._scorer, "cache_clear", lambda: None)()  # a fresh cache either side
+
+
 def test_unknown_reasoning_task_gives_zero_with_an_error_reason():
     problem = Problem("x", "reasoning", "no_such_task", "?", answer="1")
     [verdict] = verify_batch([problem], ["<answer>1</answer>"], workers=1)

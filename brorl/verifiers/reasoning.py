@@ -109,8 +109,10 @@ def refusal(task: str) -> str | None:
             f"({where}), which a policy could exploit. Choose another reasoning-gym task.")
 
 
+@functools.cache
 def _scorer(name: str) -> Scorer | Exception:
-    """The dataset's `score_answer`, or the exception that building it raised."""
+    """The dataset's `score_answer`, or the exception that building it raised; built once per
+    task and process (building a dataset can cost 0.2 s: spell_backward reads a word list)."""
     import reasoning_gym
 
     if (why := refusal(name)) is not None:
