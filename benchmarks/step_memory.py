@@ -1,8 +1,9 @@
-"""Peak memory and rollouts/s of one whole BroRL step versus N, at the same prompts per step.
+"""Peak memory and rollouts/s of one whole BroRL step versus N (same prompts or rollouts per step).
 
 For each N in `--n` (default 512, 1024, 2048, 4096) a FRESH process runs one step of a tiny
-policy on CI-size data through the project's own loop (`Run.open` + `Run.step`): generation with
-the hf engine, verification with the real family verifiers, filtering, the PPO update. Each N has
+policy (or `--params`' shape) on CI-size data through the project's own loop (`Run.open` +
+`Run.step`): generation with the hf engine, verification with the real family verifiers,
+filtering, the PPO update. Each N has
 its own process so that the peaks do not mix (CPython and glibc keep freed memory mapped).
 The data (the `data` stage's `make_splits` of `params/brorl_ci.yaml`) and the random-weight
 policy (`build_policy` of its `model` section) are written once into a temporary folder.
