@@ -218,9 +218,12 @@ def _launch(args: list[str], report: Path, extra_env: dict | None = None) -> lis
 @pytest.mark.slow  # make test's 15-minute budget: run by make test-all
 def test_a_world_of_one_neither_reuses_nor_leaks_master_port():
     """A child process inherits its parent's environment: a MASTER_PORT there belongs to the
-    parent's own rendezvous store (CI once failed with EADDRINUSE this way)."""
-    code = ("import os; from brorl.train import init_distributed; "
-            "print(*init_distributed(), os.environ.get('MASTER_PORT', '-'))")
+    parent's own rendezvous store (CI once failed with EADDRINUSE this way). The process leaves
+    its group at the end (a gloo group alive at exit once aborted a rank of a two-process run)."""
+    code = ("import os; import torch.distributed as dist; "
+            "from brorl.train.trainer import init_distributed, shutdown_distributed; "
+            "print(*init_distributed(), os.environ.get('MASTER_PORT', '-')); "
+            "shutdown_distributed(); print(dist.is_initialized())")
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "WORLD_SIZE")}
     with socket.socket() as busy:  # a port in use, as the parent's store would be
         busy.bind(("127.0.0.1", 0))
@@ -231,7 +234,7 @@ def test_a_world_of_one_neither_reuses_nor_leaks_master_port():
                                   capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr[-3000:]
             # rank 0 of a world of one; the environment's MASTER_PORT untouched (or still unset)
-            assert done.stdout.split()[-3:] == ["0", "1", expect_port]
+            assert done.stdout.split()[-4:] == ["0", "1", expect_port, "False"]
 
 
 def test_two_process_zero2_keeps_ranks_identical_and_equals_one_process(

@@ -23,7 +23,7 @@ from brorl.params import ParamsError, load_params
 from brorl.preflight import InputError, check_inputs
 from brorl.train.driver import Direct
 from brorl.train.run import Run
-from brorl.train.trainer import parameter_digest
+from brorl.train.trainer import parameter_digest, shutdown_distributed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_dir is not None:
         args.report_dir.mkdir(parents=True, exist_ok=True)
         (args.report_dir / f"rank{run.trainer.rank}.json").write_text(line + "\n")
+    shutdown_distributed()
     return 0
 
 

@@ -95,6 +95,18 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def shutdown_distributed() -> None:
+    """Leave torch.distributed at the end of a process that `init_distributed` joined: the ranks
+    meet at a barrier, then each destroys its process group. A rank that exits with its group
+    alive can abort in the collective backend's teardown (SIGABRT, "terminate called without an
+    active exception"), which the launcher reports as a failed run."""
+    if not dist.is_initialized():
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def draw_seed(seed: int, step: int, draw: int) -> int:
     """The sampling seed of refill round `draw` of step `step` (distinct for every pair)."""
     return (seed * 1_000_003 + step * 1_009 + draw) % (2**31 - 1)
