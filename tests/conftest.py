@@ -3,6 +3,7 @@ an easy RL setup (a tiny policy that sometimes solves one generated task, and it
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -70,6 +71,21 @@ def ci_pipeline(tmp_path_factory, prefect_harness) -> Path:
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     return clone
+
+
+@pytest.fixture(scope="session")
+def ci_updated(ci_pipeline) -> dict[str, bool]:
+    """Arm -> whether any of the CI pipeline's steps of that arm updated its policy.
+
+    BroRL-CI spends its whole budget on one prompt: when none of its 256 rollouts earns a reward
+    (a code prompt the tiny policy almost never solves; which prompt comes up depends on the
+    warm-up's refill draws, so on the CPU's rounding) dynamic sampling keeps no group, the step
+    trains nothing, and the arm logs no `diag/*` (they measure an update)."""
+    def updated(arm: str) -> bool:
+        summary = json.loads((ci_pipeline / "outputs" / "ci" / arm / "summary.json").read_text())
+        return any(step.get("update/skipped") == 0.0 for step in summary["history"])
+
+    return {arm: updated(arm) for arm in ("prorl_warmup", "prorl", "brorl")}
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,12 @@ def test_chromium_is_installed() -> None:
 
 
 def test_server_lists_both_arms_and_renders_their_metric_charts(ci_pipeline: Path,
+                                                               ci_updated: dict[str, bool],
                                                                tmp_path: Path) -> None:
     """The CI pipeline's own runs (conftest `ci_pipeline`), served from its MLflow store."""
+    if not ci_updated["brorl"]:  # no diag/* charts for BroRL to draw (conftest `ci_updated`)
+        pytest.skip("brorl-ci's only step kept no informative group on this machine: it logged "
+                    "no diag/* metric, so there is no BroRL line to compare")
     mlflow_uri = f"sqlite:///{ci_pipeline / 'mlflow.db'}"
     experiment_id = MlflowClient(mlflow_uri).get_experiment_by_name("brorl").experiment_id
 
