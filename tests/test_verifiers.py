@@ -15,7 +15,7 @@ import reasoning_gym
 
 from brorl.types import Problem
 from brorl.verifiers import Verdict, verify_batch
-from brorl.verifiers.workers import map_with_deadline
+from brorl.verifiers.workers import judge_answers, map_with_deadline
 
 
 def math_problem(answer: str) -> Problem:
@@ -188,6 +188,32 @@ def test_deadline_workers_time_out_hung_items_and_survive_dead_workers():
     assert outcomes[3] == ("error", "worker process died")
     assert [outcomes[i] for i in (0, 2, 4, 5)] == [("ok", 0.0)] * 4
     assert elapsed < 5.0  # one 1 s time-out, not the 30 s sleep
+
+
+def _judge_in_worker(item: tuple[Problem, str]) -> Verdict:
+    problem, answer = item
+    return Verdict(float(answer == problem.answer), f"pid {os.getpid()}")
+
+
+def test_answers_are_judged_once_per_distinct_pair_and_none_without_a_worker(monkeypatch):
+    import brorl.verifiers.workers as workers
+
+    a, b = math_problem("1"), math_problem("2")
+    problems = [a, a, b, a, b, a]
+    answers = ["1", None, "1", "1", None, "3"]
+    sent = []
+    real = workers.map_with_deadline
+    monkeypatch.setattr(workers, "map_with_deadline",
+                        lambda check, items, **kw: sent.append(list(items)) or real(check, items, **kw))
+    verdicts = judge_answers(_judge_in_worker, problems, answers, workers=1, timeout_s=5.0)
+    assert sent == [[(a, "1"), (b, "1"), (a, "3")]]  # distinct (problem, answer) pairs, in order
+    assert [v.reward for v in verdicts] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert verdicts[1] == verdicts[4] == Verdict(0.0, "no_answer")
+    assert verdicts[0] == verdicts[3] and verdicts[0].reason != f"pid {os.getpid()}"  # forked
+    sent.clear()
+    assert judge_answers(_judge_in_worker, [a, b], [None, None], workers=1, timeout_s=5.0) == \
+        [Verdict(0.0, "no_answer")] * 2
+    assert sent == []  # nothing to judge: no worker forked
 
 
 def test_math_check_that_hangs_gives_timeout(monkeypatch):

@@ -6,7 +6,8 @@ wrapped in `\\boxed{}` like the reference answer, and both are parsed by math-ve
 extraction hands text to sympy's `parse_expr`, which runs `eval`, and a scorer never evaluates a
 policy's answer text. math-verify's own timeouts rely on SIGALRM and fail outside
 the main thread (spec platform.md), so they are switched off and each check instead runs in a
-forked worker with a wall-clock limit (`workers.map_with_deadline`).
+forked worker with a wall-clock limit (`workers.judge_answers`: the answer is extracted first, and
+only a response with one is sent to a worker, each distinct answer once).
 
 Deliberately ignored: the DeepScaleR grader that ProRL ORs with math-verify (spec paper.md §7.1
 data table); only math-verify decides here.
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
 from brorl.verifiers import Verdict
-from brorl.verifiers.workers import map_with_deadline, outcome_verdict
+from brorl.verifiers.workers import judge_answers
 
 
 class MathVerifier:
@@ -36,9 +37,9 @@ class MathVerifier:
         """One verdict per pair; `timeout_s` bounds each check's wall time."""
         import math_verify  # noqa: F401 - imported before forking so workers start warm
 
-        items = list(zip(problems, responses))
-        outcomes = map_with_deadline(_check, items, workers=self.workers, timeout_s=self.timeout_s)
-        return [outcome_verdict(outcome) for outcome in outcomes]
+        answers = [extract_answer(response, "math") for response in responses]
+        return judge_answers(_check, problems, answers, workers=self.workers,
+                             timeout_s=self.timeout_s)
 
 
 def math_equal(reference: str, answer: str) -> bool:
@@ -53,8 +54,5 @@ def math_equal(reference: str, answer: str) -> bool:
 
 
 def _check(item: tuple[Problem, str]) -> Verdict:
-    problem, response = item
-    answer = extract_answer(response, "math")
-    if answer is None:
-        return Verdict(0.0, "no_answer")
+    problem, answer = item
     return Verdict(1.0, "correct") if math_equal(problem.answer, answer) else Verdict(0.0, "wrong")

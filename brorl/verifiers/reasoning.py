@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
 from brorl.verifiers import Verdict, error_verdict, verdict_for_score
-from brorl.verifiers.workers import map_with_deadline, outcome_verdict
+from brorl.verifiers.workers import judge_answers
 
 Scorer = Callable[[str | None, dict], float]
 
@@ -48,9 +48,13 @@ class ReasoningVerifier:
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per pair; scorers are built here, before the workers fork."""
         scorers = {name: _scorer(name) for name in {task_name(p) for p in problems}}
-        items = [(scorers[task_name(p)], p, r) for p, r in zip(problems, responses)]
-        outcomes = map_with_deadline(_check, items, workers=self.workers, timeout_s=self.timeout_s)
-        return [outcome_verdict(outcome) for outcome in outcomes]
+        broken = {name: s for name, s in scorers.items() if isinstance(s, Exception)}
+        answers = [None if task_name(p) in broken else extract_answer(r, "reasoning")
+                   for p, r in zip(problems, responses)]
+        verdicts = judge_answers(functools.partial(_check, scorers), problems, answers,
+                                 workers=self.workers, timeout_s=self.timeout_s)
+        return [error_verdict(broken[task_name(p)]) if task_name(p) in broken else verdict
+                for p, verdict in zip(problems, verdicts)]
 
 
 def task_name(problem: Problem) -> str:
@@ -123,11 +127,6 @@ def _scorer(name: str) -> Scorer | Exception:
         return exc
 
 
-def _check(item: tuple[Scorer | Exception, Problem, str]) -> Verdict:
-    scorer, problem, response = item
-    if isinstance(scorer, Exception):
-        return error_verdict(scorer)
-    answer = extract_answer(response, "reasoning")
-    if answer is None:
-        return Verdict(0.0, "no_answer")
-    return verdict_for_score(scorer(answer, entry_of(problem)))
+def _check(scorers: dict[str, Scorer], item: tuple[Problem, str]) -> Verdict:
+    problem, answer = item
+    return verdict_for_score(scorers[task_name(problem)](answer, entry_of(problem)))

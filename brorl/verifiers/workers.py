@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from brorl.types import Problem
 from brorl.verifiers import Verdict, error_verdict
 
 Outcome = tuple[str, Any]
@@ -41,6 +42,35 @@ def outcome_verdict(outcome: Outcome) -> Verdict:
     if status == "timeout":
         return Verdict(0.0, "timeout")
     return error_verdict(RuntimeError(str(value)))
+
+
+def judge_answers(check: Callable[[tuple[Problem, str]], Verdict], problems: Sequence[Problem],
+                  answers: Sequence[str | None], *, workers: int | None,
+                  timeout_s: float) -> list[Verdict]:
+    """One verdict per (problem, extracted answer), in order: `no_answer` where the answer is
+    None, without a worker; otherwise `check((problem, answer))` once per distinct (problem id,
+    answer) pair, under `map_with_deadline`.
+
+    Extraction is a regex the parent runs itself; only a library's judgement of an answer can
+    hang and needs a forked worker with a deadline. Forking is what a small batch costs (about
+    20 ms a worker beside a loaded policy, most of an N=16 step's verification), and most of a
+    weak policy's responses hold no answer; many distinct responses also share one answer.
+    """
+    slots: dict[tuple[str, str], int] = {}
+    todo: list[tuple[Problem, str]] = []
+    where: list[int | None] = []
+    for problem, answer in zip(problems, answers, strict=True):
+        if answer is None:
+            where.append(None)
+            continue
+        key = (problem.id, answer)
+        if key not in slots:
+            slots[key] = len(todo)
+            todo.append((problem, answer))
+        where.append(slots[key])
+    verdicts = [outcome_verdict(o) for o in
+                map_with_deadline(check, todo, workers=workers, timeout_s=timeout_s)] if todo else []
+    return [Verdict(0.0, "no_answer") if i is None else verdicts[i] for i in where]
 
 
 def map_with_deadline(
