@@ -83,6 +83,26 @@ def test_trainer_logprobs_equal_the_engines_sampling_logprobs(policy, groups):
     assert torch.equal(partial[some], scored[some]) and partial[[0, 1, 3]].abs().sum() == 0
 
 
+def test_scoring_prefills_each_prompt_once_across_micro_batches(policy, groups, monkeypatch):
+    """3 prompts x 4 rows in micro-batches of 3: prompts 0 and 1 straddle two micro-batches
+    each, yet each prompt is prefilled once (one call per prompt as it first appears), and the
+    log-probs equal those of one micro-batch holding every row."""
+    import brorl.train.ppo as ppo
+
+    model, _ = policy
+    whole = score_batch(model, groups.batch, 1.0, 12)
+    calls, real = [], ppo.prefill
+
+    def counting(model, prompts, device):
+        calls.append(len(prompts))
+        return real(model, prompts, device)
+
+    monkeypatch.setattr(ppo, "prefill", counting)
+    split = score_batch(model, groups.batch, 1.0, 3)
+    assert calls == [1, 1, 1]  # micro-batches hold prompts {0}, {0, 1}, {1}, {2}
+    assert torch.allclose(split, whole, atol=1e-5)
+
+
 def _ids(problems) -> list[str]:
     return [p.id for p in problems]
 

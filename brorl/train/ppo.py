@@ -20,27 +20,28 @@ Paper: spec §4.2 (token-level PPO, clip-higher, TIS), §8 (fixed mini-batch cou
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from brorl.algorithm.losses import policy_loss, token_entropy
-from brorl.policy.prefix import prefill, rows_cache
+from brorl.policy.prefix import Prefix, prefill, rows_cache
 from brorl.types import RolloutBatch
 
 
 def response_logprobs(
     model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, temperature: float,
-    with_entropy: bool = False,
+    with_entropy: bool = False, prefixes: Mapping[int, Prefix] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs `[M, T]` of rows' response tokens (0 on padding), and their entropy if asked.
 
     T is the longest response among `rows` (callers slice their `[.., T_batch]` tensors to it).
     Gradients flow when called outside `torch.no_grad()`. Each distinct prompt among `rows` is
     run once (`brorl.policy.prefix`) and its cache shared by its rows, whose responses are run
-    on top of it; the LM head sees only positions that predict a response token.
+    on top of it; the LM head sees only positions that predict a response token. `prefixes`
+    (prompt index -> its prefill, covering every prompt of `rows`) reuses prefills made before.
     """
     t = int(batch.response_lengths[rows].max()) if rows.numel() else 0
     device = next(model.parameters()).device
@@ -48,8 +49,10 @@ def response_logprobs(
         empty = torch.zeros(len(rows), 0, device=device)
         return empty, (empty if with_entropy else None)
     groups = batch.prompt_index[rows].to(device)
-    distinct = groups.unique().tolist()
-    prefixes = dict(zip(distinct, prefill(model, [batch.prompt_ids[b] for b in distinct], device)))
+    if prefixes is None:
+        distinct = groups.unique().tolist()
+        prefixes = dict(zip(distinct, prefill(model, [batch.prompt_ids[b] for b in distinct],
+                                              device)))
     cache, mask, lengths, first = rows_cache(prefixes, groups)
     picked = first[:, None]
     if t > 1:  # response tokens 0..t-2 predict tokens 1..t-1
@@ -83,15 +86,29 @@ def score_batch(
 ) -> Tensor:
     """Log-probs `[B*N, T]` float32 under `model`, `micro_batch_rollouts` rows at a time.
 
-    Only `rows` (default: all) are scored; the other rows stay 0.
+    Only `rows` (default: all) are scored; the other rows stay 0. A prompt is prefilled once
+    for all its rows, whichever micro-batches they fall in (at N=512 with 64-row micro-batches
+    it was run 8 times), and its cache dropped after its last row: with rows grouped by prompt,
+    as a batch holds them, no more than a micro-batch's prompts are held at once.
     """
     total, t = batch.response_ids.shape
     rows = torch.arange(total) if rows is None else rows
     out = torch.zeros(total, t, dtype=torch.float32)
+    device = next(model.parameters()).device
+    groups = batch.prompt_index[rows].tolist()
+    last = {b: i for i, b in enumerate(groups)}  # each prompt's last position in `rows`
+    prefixes: dict[int, Prefix] = {}
     for start in range(0, len(rows), micro_batch_rollouts):
-        index = rows[start : start + micro_batch_rollouts]
-        logp, _ = response_logprobs(model, batch, index, temperature)
+        end = start + micro_batch_rollouts
+        index = rows[start:end]
+        missing = sorted(set(groups[start:end]) - prefixes.keys())
+        if missing:
+            prefixes.update(zip(missing, prefill(model, [batch.prompt_ids[b] for b in missing],
+                                                 device)))
+        logp, _ = response_logprobs(model, batch, index, temperature, prefixes=prefixes)
         out[index, : logp.shape[1]] = logp.float().cpu()
+        for done in [b for b in prefixes if last[b] < end]:
+            del prefixes[done]
     return out
 
 
