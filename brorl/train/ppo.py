@@ -31,6 +31,12 @@ from brorl.policy.prefix import Prefix, prefill, rows_cache
 from brorl.types import RolloutBatch
 
 
+def prefill_prompts(model: torch.nn.Module, batch: RolloutBatch, prompts: list[int],
+                    device: torch.device) -> dict[int, Prefix]:
+    """Prompt index -> its prefill, for `prompts` (indices into `batch.prompt_ids`), in one pass."""
+    return dict(zip(prompts, prefill(model, [batch.prompt_ids[b] for b in prompts], device)))
+
+
 def response_logprobs(
     model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, temperature: float,
     with_entropy: bool = False, prefixes: Mapping[int, Prefix] | None = None,
@@ -50,9 +56,7 @@ def response_logprobs(
         return empty, (empty if with_entropy else None)
     groups = batch.prompt_index[rows].to(device)
     if prefixes is None:
-        distinct = groups.unique().tolist()
-        prefixes = dict(zip(distinct, prefill(model, [batch.prompt_ids[b] for b in distinct],
-                                              device)))
+        prefixes = prefill_prompts(model, batch, groups.unique().tolist(), device)
     cache, mask, lengths, first = rows_cache(prefixes, groups)
     picked = first[:, None]
     if t > 1:  # response tokens 0..t-2 predict tokens 1..t-1
@@ -103,8 +107,7 @@ def score_batch(
         index = rows[start:end]
         missing = sorted(set(groups[start:end]) - prefixes.keys())
         if missing:
-            prefixes.update(zip(missing, prefill(model, [batch.prompt_ids[b] for b in missing],
-                                                 device)))
+            prefixes.update(prefill_prompts(model, batch, missing, device))
         logp, _ = response_logprobs(model, batch, index, temperature, prefixes=prefixes)
         out[index, : logp.shape[1]] = logp.float().cpu()
         for done in [b for b in prefixes if last[b] < end]:

@@ -47,14 +47,14 @@ class ReasoningVerifier:
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per pair; scorers are built here, before the workers fork."""
-        scorers = {name: _scorer(name) for name in {task_name(p) for p in problems}}
-        broken = {name: s for name, s in scorers.items() if isinstance(s, Exception)}
-        answers = [None if task_name(p) in broken else extract_answer(r, "reasoning")
-                   for p, r in zip(problems, responses)]
+        names = [task_name(p) for p in problems]
+        scorers = {name: _scorer(name) for name in set(names)}
+        answers = [None if isinstance(scorers[name], Exception) else extract_answer(r, "reasoning")
+                   for name, r in zip(names, responses)]  # a refused task's rows need no worker
         verdicts = judge_answers(functools.partial(_check, scorers), problems, answers,
                                  workers=self.workers, timeout_s=self.timeout_s)
-        return [error_verdict(broken[task_name(p)]) if task_name(p) in broken else verdict
-                for p, verdict in zip(problems, verdicts)]
+        return [error_verdict(scorer) if isinstance(scorer := scorers[name], Exception) else v
+                for name, v in zip(names, verdicts)]
 
 
 def task_name(problem: Problem) -> str:
