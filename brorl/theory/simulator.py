@@ -9,7 +9,9 @@ The gradient is written in closed form rather than through autograd: with s_i th
 rewards of the draws of token i,  dL/dz_i = -(p_i / (N tau)) (s_i - M),  M = sum_k s_k p_k:
 one dense term M p_i and a scatter over the N draws (no loop over draws, no dense counts).
 Seeds run as rows of one tensor; each row has its own generator, so a seed gives the same curve
-alone or in a batch. The optimizer is torch's AdamW applied to that gradient.
+alone or in a batch. The optimizer is torch's AdamW applied to that gradient. While steps x N is
+well below V, tokens never drawn share one bulk column per class (`_Columns`): they evolve
+identically, so the run is the dense one exactly, at a cost set by the tokens drawn so far.
 
 Metrics, recorded at step 0, every `log_every` steps and at the end (step t = after t updates):
 Q_pos, the percent of correct tokens whose probability rose since step 0, the worst change among
@@ -158,84 +160,253 @@ def draw_tokens(p: Tensor, rollouts: int, generators: Sequence[torch.Generator],
     own generator. `p` need not be normalised; `workspace` is passed on to `row_cumsum`.
     """
     rows, vocab = p.shape
+    if workspace is None:
+        workspace = torch.zeros(rows, -(-vocab // 256) * 256, dtype=torch.float64)
     cdf = row_cumsum(p, workspace=workspace)
     total = cdf[:, -1:].clone()
     if rollouts * 8 < vocab:  # few draws: a binary search each is cheaper than building the table
         u = torch.stack([torch.rand(rollouts, generator=g, dtype=torch.float64) for g in generators])
         u *= total  # uniforms on [0, total) instead of normalising the cdf
-        return torch.searchsorted(cdf, u, right=True).clamp_(max=vocab - 1)
+        # The workspace past V holds the total (zeros summed on), so its whole rows are sorted
+        # too, and contiguous: searchsorted would copy the cdf view.
+        return torch.searchsorted(workspace, u, right=True).clamp_(max=vocab - 1)
     # Many draws: the N uniforms come already sorted (order statistics from exponential spacings),
     # so every lookup below walks forward through memory. The draws are i.i.d., so only their
     # multiset matters; they are returned in ascending token order.
-    uniforms = torch.stack([torch.rand(rollouts + 1, generator=g, dtype=torch.float64)
-                            for g in generators])
+    uniforms = torch.empty(rows, rollouts + 1, dtype=torch.float64)
+    for row, gen in zip(uniforms, generators):
+        row.uniform_(generator=gen)
     spacings = uniforms.neg_().log1p_().neg_()  # Exp(1) = -log(1 - U), finite since U < 1
     arrivals = row_cumsum(spacings)
     u = arrivals[:, :-1] * (total / arrivals[:, -1:])
-    slices = vocab
-    # guide[b] = #tokens with cdf < b * total / slices: the first index whose cdf reaches slice b.
-    floor = (cdf * (slices / total)).long().clamp_(max=slices - 1)
-    hist = torch.zeros(rows, slices, dtype=torch.int32).scatter_add_(
-        1, floor, torch.ones(1, dtype=torch.int32).expand_as(floor))
+    # guide[b] = #tokens with cdf < b * total / V: the first index whose cdf reaches slice b
+    # (slice V collects the cdf's end, which no draw reaches).
+    scale = vocab / total
+    hist = torch.zeros(rows, vocab + 1, dtype=torch.int32)
+    hist.scatter_add_(1, (cdf * scale).long(), torch.ones(1, dtype=torch.int32).expand(rows, vocab))
     guide = hist.cumsum(-1, dtype=torch.int32).sub_(hist)  # exclusive prefix sum
-    idx = guide.gather(1, (u * (slices / total)).long().clamp_(max=slices - 1)).long()
-    idx.clamp_(max=vocab - 1)
-    # Walk forward to the first token with cdf > u, only for the draws still behind.
-    rows_left, cols_left = (cdf.gather(1, idx) <= u).nonzero(as_tuple=True)
+    # Walk forward to the first token with cdf > u, only for the draws still behind, on flat
+    # indices (row r's token i is r V + i).
+    offsets = torch.arange(0, rows * vocab, vocab)[:, None]
+    flat = guide.gather(1, (u * scale).long()).long().add_(offsets).view(-1)
+    cdf_flat, u_flat = cdf.contiguous().view(-1), u.view(-1)
+    left = (cdf_flat.take(flat) <= u_flat).nonzero().squeeze(1)
     for _ in range(64):
-        if rows_left.numel() == 0:
-            return idx
-        step = (idx[rows_left, cols_left] + 1).clamp_(max=vocab - 1)
-        idx[rows_left, cols_left] = step
-        behind = cdf[rows_left, step] <= u[rows_left, cols_left]
-        rows_left, cols_left = rows_left[behind], cols_left[behind]
-    for row in rows_left.unique().tolist():  # pathological slices: binary search the rest
-        cols = cols_left[rows_left == row]
-        idx[row, cols] = torch.searchsorted(cdf[row], u[row, cols], right=True).clamp_(max=vocab - 1)
-    return idx
+        if left.numel() == 0:
+            break
+        step = flat[left] + 1
+        flat[left] = step
+        left = left[cdf_flat.take(step) <= u_flat[left]]
+    idx = flat.view(rows, rollouts).sub_(offsets)
+    if left.numel():  # pathological slices: binary search the rest
+        r, c = left // rollouts, left % rollouts
+        for row in r.unique().tolist():
+            cols = c[r == row]
+            idx[row, cols] = torch.searchsorted(cdf[row], u[row, cols], right=True)
+    return idx.clamp_(max=vocab - 1)
+
+
+class _Columns:
+    """The policy of S runs as columns of one tensor `[S, C]`, each column one token or a bulk.
+
+    Tokens never drawn evolve identically within their class (same logit, same gradient
+    p_i M / (N tau), same AdamW state), so in *lumped* mode all of them stand in one bulk column
+    with a multiplicity w (wrong tokens, correct tokens); a drawn bulk token leaves it for a column
+    of its own (w = 1), starting from the bulk's logit and optimizer state. The dynamics are the
+    dense simulator's exactly; the work per step scales with the distinct tokens drawn so far,
+    not with V, which pays while steps x N is well below V. Otherwise every token has a column
+    from the start (*dense* mode). Which member of a bulk is drawn is a uniform choice; tokens are
+    never named, since every metric depends only on the multiset of (class, p).
+
+    Layout: column 0 is empty (gather padding), 1 and 2 the bulks (wrong, correct), 3 the anchor
+    if any, then one column per token (dense: correct ones, then wrong ones). Empty columns have
+    logit -inf and w = 0, so they are never drawn and never move.
+    """
+
+    EMPTY, BULK = 0, slice(1, 3)
+
+    def __init__(self, config: SimConfig, rows: int, dtype: torch.dtype, lumped: bool) -> None:
+        has_anchor = config.anchor_logit is not None
+        anchor_correct = has_anchor and config.anchor_is_correct
+        wrong = config.vocab_size - config.num_correct - int(has_anchor)
+        self.config = config
+        self.num_correct = config.num_correct + int(anchor_correct)
+        first = 3 + int(has_anchor)  # first token column
+        width = first if lumped else first + config.num_correct + wrong
+        width = -(-width // 256) * 256  # whole cumsum blocks: the cdf is the contiguous workspace
+        logits = torch.full((rows, width), -torch.inf, dtype=dtype)
+        self.weights = torch.zeros(rows, width, dtype=dtype)
+        self.correct = torch.zeros(rows, width, dtype=torch.bool)
+        if lumped:
+            self.weights[:, 1], self.weights[:, 2] = wrong, config.num_correct
+            logits[:, 1] = 0.0 if wrong else -torch.inf
+            logits[:, 2] = config.correct_logit if config.num_correct else -torch.inf
+            self.correct[:, 2] = True
+            self.used = torch.full((rows,), first, dtype=torch.int64)
+        else:
+            stop = first + config.num_correct
+            self.weights[:, first:stop + wrong] = 1.0
+            logits[:, first:stop], logits[:, stop:stop + wrong] = config.correct_logit, 0.0
+            self.correct[:, first:stop] = True
+            self.used = torch.full((rows,), stop + wrong, dtype=torch.int64)
+        if has_anchor:
+            self.weights[:, 3], logits[:, 3] = 1.0, config.anchor_logit
+            self.correct[:, 3] = anchor_correct
+        # Correct columns of each row (padded with the empty column), for the correct-token metrics.
+        self.pos_cols = torch.zeros(rows, self.num_correct + 1, dtype=torch.int64)
+        self.pos_used = torch.zeros(rows, dtype=torch.int64)
+        self._add_correct(*self.correct.nonzero(as_tuple=True))
+        self.param = torch.nn.Parameter(logits)
+        self.opt = self._adamw()
+        self.rewards = self._rewards()
+        self.p0 = self.policy()[0]  # p of each column at step 0 (a token keeps its own)
+        self.workspace = self._workspace()
+
+    @property
+    def width(self) -> int:
+        return self.param.shape[1]
+
+    def bulk_left(self) -> bool:
+        return bool((self.weights[:, self.BULK] > 0).any())
+
+    def policy(self) -> tuple[Tensor, Tensor]:
+        """`[S, C]` per-token probabilities p (a bulk column: one member's) and column masses
+        (w p: a bulk column's is its members' total); empty columns 0. Without bulk: one tensor.
+        """
+        tau = self.config.temperature
+        z = self.param if tau == 1.0 else self.param / tau
+        if not self.bulk_left():  # every column is one token (or empty at -inf)
+            p = torch.softmax(z, dim=-1)
+            return p, p
+        z = z.clone()
+        bulk = self.weights[:, self.BULK]
+        z[:, self.BULK] += bulk.log()
+        mass = torch.softmax(z, dim=-1)
+        p = mass.clone()
+        p[:, self.BULK] = torch.where(bulk > 0, mass[:, self.BULK] / bulk, 0.0)
+        return p, mass
+
+    def reserve(self, extra: int) -> None:
+        """Room for `extra` more token columns in every row (doubling, in whole 256-blocks)."""
+        need = int(self.used.max()) + extra
+        if need <= self.width:
+            return
+        width = -(-min(max(need, 2 * self.width), 4 + self.config.vocab_size) // 256) * 256
+        grow, rows = width - self.width, self.param.shape[0]
+        state = self.opt.state[self.param]
+        pad = lambda t, fill: torch.cat([t, t.new_full((rows, grow), fill)], dim=1)  # noqa: E731
+        self.param = torch.nn.Parameter(pad(self.param.detach(), -torch.inf))
+        self.weights, self.correct, self.p0 = (pad(self.weights, 0.0), pad(self.correct, False),
+                                               pad(self.p0, 0.0))
+        self.opt = self._adamw()
+        if state:
+            self.opt.state[self.param] = {"step": state["step"], "exp_avg": pad(state["exp_avg"], 0.0),
+                                          "exp_avg_sq": pad(state["exp_avg_sq"], 0.0)}
+        self.rewards = self._rewards()
+        self.workspace = self._workspace()
+
+    def split(self, draws: Tensor, p: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
+        """Give each distinct bulk token drawn a column of its own; returns the draws as columns.
+
+        A draw in bulk b is its member floor(u w_b) (u uniform from the row's generator, in draw
+        order); draws of the same (row, b, member) are one token. A new column takes the bulk's
+        logit, AdamW moments, step-0 probability and this step's `p` (written into `p`).
+        """
+        rows, cols = ((draws >= self.BULK.start) & (draws < self.BULK.stop)).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            return draws
+        bulk = draws[rows, cols]
+        per_row = torch.bincount(rows, minlength=len(generators)).tolist()
+        u = torch.cat([torch.rand(k, generator=g, dtype=torch.float64)
+                       for g, k in zip(generators, per_row) if k])
+        size = self.weights[rows, bulk].double()
+        member = (u * size).long().minimum(size.long() - 1)
+        span = self.config.vocab_size
+        keys, inverse = torch.unique((rows * 4 + bulk) * span + member, return_inverse=True)
+        new_rows, new_bulk = keys // (4 * span), (keys // span) % 4
+        added = torch.bincount(new_rows, minlength=len(generators))
+        new_cols = self.used[new_rows] + torch.arange(len(keys)) - (added.cumsum(0) - added)[new_rows]
+        state = self.opt.state[self.param]
+        for t in [self.param.data, self.correct, self.p0, p, self.rewards,
+                  *(state[k] for k in ("exp_avg", "exp_avg_sq") if k in state)]:
+            t[new_rows, new_cols] = t[new_rows, new_bulk]
+        self.weights[new_rows, new_cols] = 1.0
+        self.weights.index_put_((new_rows, new_bulk), torch.full_like(new_rows, -1, dtype=p.dtype),
+                                accumulate=True)
+        self.param.data[:, self.BULK].masked_fill_(self.weights[:, self.BULK] == 0, -torch.inf)
+        self.used += added
+        correct = self.correct[new_rows, new_cols]
+        self._add_correct(new_rows[correct], new_cols[correct])
+        draws = draws.clone()
+        draws[rows, cols] = new_cols[inverse]
+        return draws
+
+    def _add_correct(self, rows: Tensor, cols: Tensor) -> None:
+        """Append correct columns `cols` to their rows' `pos_cols` (rows ascending)."""
+        added = torch.bincount(rows, minlength=self.pos_cols.shape[0])
+        slot = self.pos_used[rows] + torch.arange(len(rows)) - (added.cumsum(0) - added)[rows]
+        self.pos_cols[rows, slot] = cols
+        self.pos_used += added
+
+    def _adamw(self) -> torch.optim.AdamW:
+        cfg = self.config
+        return torch.optim.AdamW([self.param], lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                 eps=cfg.adam_eps, weight_decay=cfg.weight_decay, fused=True)
+
+    def _rewards(self) -> Tensor:
+        cfg = self.config
+        return torch.where(self.correct, cfg.reward_correct, cfg.reward_wrong).to(self.param.dtype)
+
+    def _workspace(self) -> Tensor:
+        return torch.zeros(self.param.shape[0], self.width, dtype=torch.float64)
 
 
 class _Recorder:
-    """Accumulates the logged metrics of S runs from the policy each step computes anyway.
+    """Accumulates the logged metrics of S runs from the columns' policy.
 
-    Correct-token metrics gather the |P| correct probabilities; Theorem-1 moments gather the drawn
-    tokens (deduplicated: A and B are sets) and take class totals from |P| plus one sum of p^2.
+    Correct-token metrics gather the correct columns, each weighed by its multiplicity;
+    Theorem-1 moments gather the drawn columns (deduplicated: A and B are sets; a drawn column is
+    one token) and take class totals from the correct columns plus one sum of w p^2.
     Gathered values are summed in float64.
     """
 
-    def __init__(self, p0: Tensor, correct: Tensor, config: SimConfig) -> None:
-        self.config = config
-        self.correct = correct
-        self.pos_idx = torch.stack([row.nonzero().flatten() for row in correct])
-        self.p0 = p0.gather(1, self.pos_idx).double()
+    def __init__(self, runs: int, config: SimConfig) -> None:
+        self.config, self.runs = config, runs
         self.rows: dict[str, list[Tensor]] = {m: [] for m in METRICS}
         self.steps: list[int] = []
 
-    def policy(self, step: int, p: Tensor) -> None:
-        p_pos = p.gather(1, self.pos_idx).double()
+    def policy(self, step: int, p: Tensor, cols: _Columns) -> None:
+        idx = cols.pos_cols
+        p_pos, w_pos = p.gather(1, idx).double(), cols.weights.gather(1, idx).double()
+        p0 = cols.p0.gather(1, idx).double()
         self.steps.append(step)
-        self.rows["q_pos"].append(p_pos.sum(-1))
-        self.rows["pct_improved"].append(100.0 * (p_pos > self.p0).double().mean(-1))
-        self.rows["worst_drop"].append((p_pos - self.p0).min(-1).values)
+        self.rows["q_pos"].append((p_pos * w_pos).sum(-1))
+        self.rows["pct_improved"].append(100.0 * (w_pos * (p_pos > p0)).sum(-1) / cols.num_correct)
+        drop = torch.where(w_pos > 0, p_pos - p0, torch.inf)
+        self.rows["worst_drop"].append(drop.min(-1).values)
 
-    def theorem(self, p: Tensor | None, draws: Tensor | None) -> None:
-        if p is None or draws is None:
-            nan = torch.full((self.correct.shape[0],), torch.nan, dtype=torch.float64)
+    def theorem(self, p: Tensor | None, draws: Tensor | None, cols: _Columns | None = None) -> None:
+        """Theorem-1 terms of the update taking policy `p` with `draws` `[S, N]` (columns)."""
+        if p is None or draws is None or cols is None:
+            nan = torch.full((self.runs,), torch.nan, dtype=torch.float64)
             for name in METRICS[3:]:
                 self.rows[name].append(nan)
             return
-        p_pos_all = p.gather(1, self.pos_idx).double()
-        sq_all = (p * p).sum(-1, dtype=torch.float64)
-        ids, _ = draws.sort(-1)
-        first = torch.ones_like(ids, dtype=torch.bool)
-        first[:, 1:] = ids[:, 1:] != ids[:, :-1]
-        p_d = p.gather(1, ids).double() * first
-        pos_d = self.correct.gather(1, ids).double()
+        if not bool((draws[:, 1:] >= draws[:, :-1]).all()):
+            draws, _ = draws.sort(-1)
+        first = torch.ones_like(draws, dtype=torch.bool)
+        first[:, 1:] = draws[:, 1:] != draws[:, :-1]
+        p_d = p.gather(1, draws).double() * first
+        pos_d = cols.correct.gather(1, draws).double()
         p_pos, a2 = (p_d * pos_d).sum(-1), (p_d * p_d * pos_d).sum(-1)
         p_neg, b2 = p_d.sum(-1) - p_pos, (p_d * p_d).sum(-1) - a2
-        sq_pos = (p_pos_all * p_pos_all).sum(-1)
+        idx = cols.pos_cols
+        p_all, w_all = p.gather(1, idx).double(), cols.weights.gather(1, idx).double()
+        q_pos, sq_pos = (p_all * w_all).sum(-1), (p_all * p_all * w_all).sum(-1)
+        bulk_p, bulk_w = p[:, cols.BULK].double(), cols.weights[:, cols.BULK].double()
+        sq_all = (p * p).sum(-1, dtype=torch.float64) + (bulk_p * bulk_p * (bulk_w - 1)).sum(-1)
         cfg = self.config
-        mb = from_moments(p_pos_all.sum(-1), p_pos, p_neg, a2, b2, (sq_pos - a2).clamp_min(0.0),
+        mb = from_moments(q_pos, p_pos, p_neg, a2, b2, (sq_pos - a2).clamp_min(0.0),
                           (sq_all - sq_pos - b2).clamp_min(0.0), cfg.reward_correct,
                           cfg.reward_wrong, cfg.lr, draws.shape[-1])
         for name in METRICS[3:]:
@@ -251,39 +422,42 @@ def _is_logged(step: int, config: SimConfig) -> bool:
 
 
 def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
-             dtype: torch.dtype = torch.float32) -> SimulationResult:
+             dtype: torch.dtype = torch.float32, lumped: bool | None = None) -> SimulationResult:
     """Run the simulator for one N over several seeds at once (rows of one tensor).
 
-    `dtype` is the optimizer's working precision; metrics are always taken in float64.
+    `dtype` is the optimizer's working precision; metrics are always taken in float64. `lumped`
+    (default: when steps x N <= V / 2) keeps never-drawn tokens in bulk columns (`_Columns`).
     """
     seeds = list(seeds)
+    if lumped is None:
+        lumped = config.steps * rollouts <= config.vocab_size // 2
     gens = [torch.Generator().manual_seed(s) for s in seeds]
-    correct = torch.stack([correct_mask(config, s) for s in seeds])
-    rewards = torch.where(correct, config.reward_correct, config.reward_wrong).to(dtype)
-    param = torch.nn.Parameter(initial_logits(config, correct).to(dtype))
-    opt = torch.optim.AdamW([param], lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                            eps=config.adam_eps, weight_decay=config.weight_decay, fused=True)
+    cols = _Columns(config, len(seeds), dtype, lumped)
     tau = config.temperature
-    frozen = config.freeze_anchor and config.anchor_logit is not None
-    workspace = torch.zeros(len(seeds), -(-config.vocab_size // 256) * 256, dtype=torch.float64)
+    anchor = 3 if config.freeze_anchor and config.anchor_logit is not None else None
+    rec = _Recorder(len(seeds), config)
+    rec.theorem(None, None)
     with torch.no_grad():
-        rec = _Recorder(torch.softmax(param if tau == 1.0 else param / tau, dim=-1), correct, config)
-        rec.theorem(None, None)
         for step in range(config.steps + 1):
-            p = torch.softmax(param if tau == 1.0 else param / tau, dim=-1)
+            lumps = lumped and cols.bulk_left()
+            if lumps:
+                cols.reserve(min(rollouts, int(cols.weights[:, cols.BULK].sum(-1).max())))
+            p, mass = cols.policy()
             if _is_logged(step, config):
-                rec.policy(step, p)
+                rec.policy(step, p, cols)
             if step == config.steps:
                 break
-            draws = draw_tokens(p, rollouts, gens, workspace)
-            param.grad = surrogate_grad(p, draws, rewards, tau)
-            if frozen:
-                param.grad[:, 0] = 0.0
+            draws = draw_tokens(mass, rollouts, gens, cols.workspace)
+            if lumps:
+                draws = cols.split(draws, p, gens)
+            cols.param.grad = surrogate_grad(p, draws, cols.rewards, tau)
+            if anchor is not None:
+                cols.param.grad[:, anchor] = 0.0
             if _is_logged(step + 1, config):
-                rec.theorem(p, draws)  # the moments of the update about to happen
-            opt.step()
-            if frozen:
-                param[:, 0] = config.anchor_logit
+                rec.theorem(p, draws, cols)  # the moments of the update about to happen
+            cols.opt.step()
+            if anchor is not None:
+                cols.param[:, anchor] = config.anchor_logit
     return rec.result(rollouts, seeds)
 
 
