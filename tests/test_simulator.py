@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -59,7 +60,7 @@ def test_draw_tokens_follows_the_distribution_and_never_draws_zero_probability_t
     p = torch.zeros(2, vocab)
     p[0, :5] = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
     p[1, 4] = 1.0
-    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    gens = [np.random.default_rng(i) for i in range(2)]
     draws = draw_tokens(p, rollouts, gens)
     freq = torch.zeros(2, vocab).scatter_add_(1, draws, torch.ones(2, rollouts)) / rollouts
     # binomial std of a frequency at p=0.5 is 0.5/sqrt(draws); allow 4 std
@@ -71,7 +72,7 @@ def test_draw_tokens_handles_a_peaked_distribution_that_needs_the_search_fallbac
     # Many tiny tokens packed into one guide slice force walks longer than the 3 fast steps.
     p = torch.cat([torch.full((1, 999), 1e-6), torch.ones(1, 1)], -1)
     p = p / p.sum()
-    gen = torch.Generator().manual_seed(1)
+    gen = np.random.default_rng(1)
     draws = draw_tokens(p, 200_000, [gen])
     tiny_share = (draws < 999).double().mean().item()
     expected = (999e-6 / (1 + 999e-6))  # ~1e-3; std over 2e5 draws ~7e-5
@@ -143,20 +144,20 @@ def test_logged_metrics_equal_the_dense_mass_balance_reference(lumped):
     from brorl.theory.simulator import METRICS, _Columns, _Recorder
 
     cfg = _config(vocab_size=500, num_correct=60, reward_correct=1.0, reward_wrong=-0.5, lr=0.01)
-    gens = [torch.Generator().manual_seed(s) for s in range(3)]
+    gens = [np.random.default_rng(s) for s in range(3)]
     cols = _Columns(cfg, 3, torch.float64, lumped)
     for _ in range(3):  # a few updates, so columns differ from their bulk and from step 0
         if lumped:
             cols.reserve(40)
         p, mass = cols.policy()
-        draws = draw_tokens(mass, 40, gens, cols.workspace)  # 40 draws of 500: repeats
+        draws = draw_tokens(mass, 40, gens, cols.scratch)  # 40 draws of 500: repeats
         draws = cols.split(draws, p, gens) if lumped else draws
         cols.param.grad = surrogate_grad(p, draws, cols.rewards, 1.0)
         cols.opt.step()
     if lumped:
         cols.reserve(40)
     p, mass = cols.policy()
-    draws = draw_tokens(mass, 40, gens, cols.workspace)
+    draws = draw_tokens(mass, 40, gens, cols.scratch)
     draws = cols.split(draws, p, gens) if lumped else draws
     assert torch.equal(cols.weights.sum(-1), torch.full((3,), 500.0, dtype=torch.float64))
     assert bool((cols.weights[:, cols.BULK] > 1).all()) == lumped

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -108,26 +109,44 @@ def initial_logits(config: SimConfig, correct: Tensor) -> Tensor:
     return z
 
 
-def surrogate_grad(p: Tensor, draws: Tensor, rewards: Tensor, tau: float) -> Tensor:
+@torch.no_grad()
+def surrogate_grad(p: Tensor, draws: Tensor, rewards: Tensor, tau: float,
+                   out: Tensor | None = None) -> Tensor:
     """dL/dz `[S, V]` of L = -(1/N) sum_j (R_j - b) p_{y_j}, from the draws `[S, N]`.
 
     `rewards [S, V]` are R_i per token; b is the mean reward of the N draws. With s_i the summed
     centred reward of token i's draws and M = sum_k s_k p_k, dL/dz_i = -(p_i / (N tau))(s_i - M).
     Few draws (N < V/8): the dense part M p plus a scatter over the draws. Many draws: per-token
-    draw counts and dense arithmetic, which beats gathering per draw.
+    draw counts and dense arithmetic, which beats gathering per draw. Written into `out` if given.
     """
     rollouts, vocab = draws.shape[-1], p.shape[-1]
     scale = 1.0 / (rollouts * tau)
+    out = torch.empty_like(p) if out is None else out
+    r = rewards.gather(1, draws)
     if rollouts * 8 < vocab:
-        r = rewards.gather(1, draws)
         weighted = (r - r.mean(-1, keepdim=True)) * p.gather(1, draws)
-        grad = p * (weighted.sum(-1, keepdim=True) * scale)
-        return grad.scatter_add_(1, draws, weighted.mul_(-scale))
-    counts = torch.zeros_like(p).scatter_add_(1, draws, torch.ones_like(draws, dtype=p.dtype))
-    baseline = (counts * rewards).sum(-1, keepdim=True) / rollouts
-    s = counts.mul_(rewards - baseline)
+        torch.mul(p, weighted.sum(-1, keepdim=True) * scale, out=out)
+        return out.scatter_add_(1, draws, weighted.mul_(-scale))
+    counts = out.zero_().scatter_add_(1, draws, torch.ones(1, dtype=p.dtype).expand_as(draws))
+    s = counts.mul_(rewards.sub(r.mean(-1, keepdim=True)))  # s_i = c_i (R_i - b)
     m = (s * p).sum(-1, keepdim=True)
     return s.sub_(m).mul_(p).mul_(-scale)
+
+
+class Scratch:
+    """Reusable scratch tensors by name. A fresh multi-megabyte tensor every step costs more here
+    than the arithmetic on it (each one is new memory from the OS and page-faults in), so the
+    simulator's per-step temporaries at large V live here."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[str, Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """The tensor `name` of this shape and dtype (contents undefined), made on first use."""
+        t = self._tensors.get(name)
+        if t is None or t.shape != shape or t.dtype != dtype:
+            t = self._tensors[name] = torch.empty(shape, dtype=dtype)
+        return t
 
 
 def row_cumsum(x: Tensor, block: int = 256, workspace: Tensor | None = None) -> Tensor:
@@ -135,13 +154,15 @@ def row_cumsum(x: Tensor, block: int = 256, workspace: Tensor | None = None) -> 
 
     Same values as `x.double().cumsum(-1)`, about 13x faster here: torch's CPU cumsum over one long
     float64 row is slow, over many short rows fast. Sums within blocks, then block offsets.
-    `workspace` (float64 `[S, ceil(V / block) * block]`, zero past V) avoids a fresh allocation.
+    `workspace` (float64 `[S, ceil(V / block) * block]`) avoids a fresh allocation; on return its
+    positions past V hold the row's total, so its whole rows are sorted too.
     """
     rows, vocab = x.shape
     padded_len = -(-vocab // block) * block
     if workspace is None:
-        workspace = torch.zeros(rows, padded_len, dtype=torch.float64)
+        workspace = torch.empty(rows, padded_len, dtype=torch.float64)
     workspace[:, :vocab].copy_(x)
+    workspace[:, vocab:].zero_()
     sums = workspace.view(rows, -1, block)
     sums.cumsum_(-1)
     offsets = sums[:, :, -1].cumsum(-1)
@@ -149,48 +170,65 @@ def row_cumsum(x: Tensor, block: int = 256, workspace: Tensor | None = None) -> 
     return workspace[:, :vocab]
 
 
-def draw_tokens(p: Tensor, rollouts: int, generators: Sequence[torch.Generator],
-                workspace: Tensor | None = None) -> Tensor:
+@torch.no_grad()
+def draw_tokens(p: Tensor, rollouts: int, generators: Sequence[np.random.Generator],
+                scratch: Scratch | None = None) -> Tensor:
     """`[S, N]` int64 i.i.d. draws from each row of `p [S, V]`: exact inverse-CDF sampling.
 
     A guide table (Chen & Asau 1974) maps each of V equal slices of [0, 1) to the first token whose
     CDF reaches it, so a uniform u starts its search next to its answer: O(1) expected work per draw
     instead of a binary search per draw (7x faster at N = 51,200 here); below N = V/8 the table
     costs more than it saves and plain binary search is used. Each row draws its uniforms from its
-    own generator. `p` need not be normalised; `workspace` is passed on to `row_cumsum`.
+    own numpy generator (PCG64 fills float64 uniforms 2x faster than torch's CPU generator here).
+    `p` need not be normalised; `scratch` holds the temporaries between calls.
     """
     rows, vocab = p.shape
-    if workspace is None:
-        workspace = torch.zeros(rows, -(-vocab // 256) * 256, dtype=torch.float64)
-    cdf = row_cumsum(p, workspace=workspace)
+    s = scratch if scratch is not None else Scratch()
+    f64, i64, i32 = torch.float64, torch.int64, torch.int32
+    padded = s.get("cdf", (rows, -(-vocab // 256) * 256), f64)
+    cdf = row_cumsum(p, workspace=padded)
     total = cdf[:, -1:].clone()
     if rollouts * 8 < vocab:  # few draws: a binary search each is cheaper than building the table
-        u = torch.stack([torch.rand(rollouts, generator=g, dtype=torch.float64) for g in generators])
+        u = torch.from_numpy(np.stack([g.random(rollouts) for g in generators]))
         u *= total  # uniforms on [0, total) instead of normalising the cdf
-        # The workspace past V holds the total (zeros summed on), so its whole rows are sorted
-        # too, and contiguous: searchsorted would copy the cdf view.
-        return torch.searchsorted(workspace, u, right=True).clamp_(max=vocab - 1)
+        # The padded rows are sorted and contiguous: searchsorted would copy the cdf view.
+        return torch.searchsorted(padded, u, right=True).clamp_(max=vocab - 1)
     # Many draws: the N uniforms come already sorted (order statistics from exponential spacings),
     # so every lookup below walks forward through memory. The draws are i.i.d., so only their
     # multiset matters; they are returned in ascending token order.
-    uniforms = torch.empty(rows, rollouts + 1, dtype=torch.float64)
-    for row, gen in zip(uniforms, generators):
-        row.uniform_(generator=gen)
+    uniforms = s.get("uniforms", (rows, rollouts + 1), f64)
+    for row, gen in zip(uniforms.numpy(), generators):
+        gen.random(out=row)
     spacings = uniforms.neg_().log1p_().neg_()  # Exp(1) = -log(1 - U), finite since U < 1
-    arrivals = row_cumsum(spacings)
-    u = arrivals[:, :-1] * (total / arrivals[:, -1:])
+    padded_draws = (rows, -(-(rollouts + 1) // 256) * 256)
+    arrivals = row_cumsum(spacings, workspace=s.get("arrivals", padded_draws, f64))
+    u = torch.mul(arrivals[:, :-1], total / arrivals[:, -1:], out=s.get("u", (rows, rollouts), f64))
+    # u < total, so no draw walks past its row's last token (a last spacing below the float
+    # resolution of the arrivals would give u = total).
+    torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)), out=u)
     # guide[b] = #tokens with cdf < b * total / V: the first index whose cdf reaches slice b
     # (slice V collects the cdf's end, which no draw reaches).
     scale = vocab / total
-    hist = torch.zeros(rows, vocab + 1, dtype=torch.int32)
-    hist.scatter_add_(1, (cdf * scale).long(), torch.ones(1, dtype=torch.int32).expand(rows, vocab))
-    guide = hist.cumsum(-1, dtype=torch.int32).sub_(hist)  # exclusive prefix sum
+    slice_of = s.get("slice_of", (rows, vocab), i64)
+    slice_of.copy_(torch.mul(cdf, scale, out=s.get("scaled", (rows, vocab), f64)))
+    hist = s.get("hist", (rows, vocab + 1), i32).zero_()
+    hist.scatter_add_(1, slice_of, torch.ones(1, dtype=i32).expand(rows, vocab))
+    guide = torch.cumsum(hist, -1, out=s.get("guide", (rows, vocab + 1), i32)).sub_(hist)
     # Walk forward to the first token with cdf > u, only for the draws still behind, on flat
     # indices (row r's token i is r V + i).
+    draw_slice = s.get("draw_slice", (rows, rollouts), i64)
+    draw_slice.copy_(torch.mul(u, scale, out=s.get("draw_scaled", (rows, rollouts), f64)))
+    draw_slice.clamp_(max=vocab - 1)
     offsets = torch.arange(0, rows * vocab, vocab)[:, None]
-    flat = guide.gather(1, (u * scale).long()).long().add_(offsets).view(-1)
+    flat = torch.empty(rows, rollouts, dtype=i64)
+    flat.copy_(torch.gather(guide, 1, draw_slice, out=s.get("start", (rows, rollouts), i32)))
+    flat = flat.add_(offsets).view(-1)
     cdf_flat, u_flat = cdf.contiguous().view(-1), u.view(-1)
-    left = (cdf_flat.take(flat) <= u_flat).nonzero().squeeze(1)
+    at = s.get("at", (rows * rollouts,), f64)
+    behind = s.get("behind", (rows * rollouts,), torch.bool)
+    for _ in range(2):  # most draws are 0-2 tokens behind: step all of them, no index lists
+        flat += torch.le(torch.take(cdf_flat, flat, out=at), u_flat, out=behind)
+    left = torch.le(torch.take(cdf_flat, flat, out=at), u_flat, out=behind).nonzero().squeeze(1)
     for _ in range(64):
         if left.numel() == 0:
             break
@@ -260,7 +298,7 @@ class _Columns:
         self.opt = self._adamw()
         self.rewards = self._rewards()
         self.p0 = self.policy()[0]  # p of each column at step 0 (a token keeps its own)
-        self.workspace = self._workspace()
+        self.scratch = Scratch()
 
     @property
     def width(self) -> int:
@@ -300,12 +338,12 @@ class _Columns:
                                                pad(self.p0, 0.0))
         self.opt = self._adamw()
         if state:
-            self.opt.state[self.param] = {"step": state["step"], "exp_avg": pad(state["exp_avg"], 0.0),
+            self.opt.state[self.param] = {"step": state["step"],
+                                          "exp_avg": pad(state["exp_avg"], 0.0),
                                           "exp_avg_sq": pad(state["exp_avg_sq"], 0.0)}
         self.rewards = self._rewards()
-        self.workspace = self._workspace()
 
-    def split(self, draws: Tensor, p: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
+    def split(self, draws: Tensor, p: Tensor, generators: Sequence[np.random.Generator]) -> Tensor:
         """Give each distinct bulk token drawn a column of its own; returns the draws as columns.
 
         A draw in bulk b is its member floor(u w_b) (u uniform from the row's generator, in draw
@@ -317,15 +355,15 @@ class _Columns:
             return draws
         bulk = draws[rows, cols]
         per_row = torch.bincount(rows, minlength=len(generators)).tolist()
-        u = torch.cat([torch.rand(k, generator=g, dtype=torch.float64)
-                       for g, k in zip(generators, per_row) if k])
+        u = torch.from_numpy(np.concatenate([g.random(k) for g, k in zip(generators, per_row)]))
         size = self.weights[rows, bulk].double()
         member = (u * size).long().minimum(size.long() - 1)
         span = self.config.vocab_size
         keys, inverse = torch.unique((rows * 4 + bulk) * span + member, return_inverse=True)
         new_rows, new_bulk = keys // (4 * span), (keys // span) % 4
         added = torch.bincount(new_rows, minlength=len(generators))
-        new_cols = self.used[new_rows] + torch.arange(len(keys)) - (added.cumsum(0) - added)[new_rows]
+        first = (added.cumsum(0) - added)[new_rows]  # index of each row's first new token
+        new_cols = self.used[new_rows] + torch.arange(len(keys)) - first
         state = self.opt.state[self.param]
         for t in [self.param.data, self.correct, self.p0, p, self.rewards,
                   *(state[k] for k in ("exp_avg", "exp_avg_sq") if k in state)]:
@@ -356,9 +394,6 @@ class _Columns:
     def _rewards(self) -> Tensor:
         cfg = self.config
         return torch.where(self.correct, cfg.reward_correct, cfg.reward_wrong).to(self.param.dtype)
-
-    def _workspace(self) -> Tensor:
-        return torch.zeros(self.param.shape[0], self.width, dtype=torch.float64)
 
 
 class _Recorder:
@@ -431,7 +466,7 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
     seeds = list(seeds)
     if lumped is None:
         lumped = config.steps * rollouts <= config.vocab_size // 2
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    gens = [np.random.default_rng(s) for s in seeds]
     cols = _Columns(config, len(seeds), dtype, lumped)
     tau = config.temperature
     anchor = 3 if config.freeze_anchor and config.anchor_logit is not None else None
@@ -447,10 +482,10 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
                 rec.policy(step, p, cols)
             if step == config.steps:
                 break
-            draws = draw_tokens(mass, rollouts, gens, cols.workspace)
+            draws = draw_tokens(mass, rollouts, gens, cols.scratch)
             if lumps:
                 draws = cols.split(draws, p, gens)
-            cols.param.grad = surrogate_grad(p, draws, cols.rewards, tau)
+            cols.param.grad = surrogate_grad(p, draws, cols.rewards, tau, out=cols.param.grad)
             if anchor is not None:
                 cols.param.grad[:, anchor] = 0.0
             if _is_logged(step + 1, config):
