@@ -203,3 +203,68 @@ def test_build_engine_maps_the_choice_and_explains_bad_ones(policy):
         kind: Any = "sglang"
         build_engine(kind, model=model, tokenizer=tokenizer, model_path=None,
                      max_concurrent_rollouts=4, max_model_len=64)
+
+
+@pytest.mark.parametrize("length", [1, 3])  # one decode token; several new tokens (causal)
+def test_shared_prefix_attention_equals_sdpa_over_each_rows_full_cache(length):
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from brorl.policy.prefix import SharedPrefix, group_spans, shared_prefix_attention
+
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, seen = 4, 2, 8, 5
+    prompt_lengths = [7, 3, 5]  # left-padded to 7 in the shared cache
+    groups = torch.tensor([0, 0, 1, 2, 2, 2])  # rows of a group are contiguous
+    rows, p_max = len(groups), max(prompt_lengths)
+    prefix_k, prefix_v = (torch.randn(3, kv_heads, p_max, dim, generator=gen) for _ in range(2))
+    mask = torch.arange(p_max)[None, :] >= (p_max - torch.tensor(prompt_lengths))[:, None]
+    query = torch.randn(rows, heads, length, dim, generator=gen)
+    key, value = (torch.randn(rows, kv_heads, seen, dim, generator=gen) for _ in range(2))
+    shared = SharedPrefix(kv=[(prefix_k, prefix_v)], mask=mask, spans=group_spans(groups),
+                          padded=[n < p_max for n in prompt_lengths])
+    module = SimpleNamespace(layer_idx=0, num_key_value_groups=heads // kv_heads, training=False)
+    out, _ = shared_prefix_attention(module, query, key, value, None, scaling=dim ** -0.5,
+                                     shared_prefix=shared)
+    # Reference: each row's prompt cache copied in front of its own, padding masked, causal tail.
+    full_k = torch.cat([prefix_k[groups], key], dim=2)
+    full_v = torch.cat([prefix_v[groups], value], dim=2)
+    visible = torch.cat([mask[groups][:, None, :].expand(rows, length, p_max),
+                         torch.ones(length, seen, dtype=torch.bool).tril(seen - length)
+                         .expand(rows, length, seen)], dim=-1)
+    expected, _ = sdpa_attention_forward(module, query, full_k, full_v, visible[:, None],
+                                         scaling=dim ** -0.5)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_decoding_keeps_no_per_row_copy_of_the_prompt_and_restores_the_attention(policy):
+    model, tokenizer = policy
+    before = model.config._attn_implementation
+    seen = []
+    original = HfEngine._decode_chunk
+
+    def spy(self, rows, n, prefixes, sampling, out):
+        from transformers import DynamicCache
+
+        real = DynamicCache.update
+
+        def update(cache, keys, values, layer_idx, *args, **kwargs):
+            result = real(cache, keys, values, layer_idx, *args, **kwargs)
+            seen.append(result[0].shape[2])  # cached length per row: responses only
+            return result
+
+        DynamicCache.update = update
+        try:
+            return original(self, rows, n, prefixes, sampling, out)
+        finally:
+            DynamicCache.update = real
+
+    HfEngine._decode_chunk = spy
+    try:
+        batch = HfEngine(model, tokenizer, max_concurrent_rollouts=8).generate(PROMPTS, 4, SAMPLING)
+    finally:
+        HfEngine._decode_chunk = original
+    assert seen and max(seen) <= SAMPLING.max_response_tokens - 1  # never prompt + response
+    assert model.config._attn_implementation == before
+    assert int(batch.response_lengths.max()) > 1

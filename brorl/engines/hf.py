@@ -4,11 +4,11 @@ Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of
 `max_concurrent_rollouts` consecutive rows, so peak memory depends on that knob, not on N or B: a
 chunk may hold several small groups (N below the knob) or a slice of one large group (N above it).
 Each prompt is prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's
-scoring); its key/value cache `[1, H, P, D]` per layer is kept only
-while a chunk still needs it, and is copied along the batch into the chunk's cache (prompts of
-different lengths are left-padded and masked). Finished rows (EOS) are dropped from the running
-cache. Token choice is inverse-CDF sampling with one counter-based uniform per (seed, row, step),
-so every rollout is the same whether it is decoded alone, in a chunk, or with all others.
+scoring); its key/value cache `[1, H, P, D]` per layer is kept only while a chunk still needs it,
+once per chunk, and attended by all of the chunk's rows of that prompt (shared-prefix attention);
+the rows' own cache holds their responses only. Finished rows (EOS) are dropped from it. Token
+choice is inverse-CDF sampling with one counter-based uniform per (seed, row, step), so every
+rollout is the same whether it is decoded alone, in a chunk, or with all others.
 
 Deliberately ignored: continuous batching across chunks (a chunk runs until its rows finish),
 paged attention, speculative decoding; the vLLM engine covers the fast path.
@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from brorl.engines.base import SamplingConfig, counter_uniform, sample_tokens, sampling_logprobs
-from brorl.policy.prefix import Prefix, prefill, rows_cache
+from brorl.policy.prefix import (
+    SHARED_PREFIX, Prefix, attention, group_prefixes, group_spans, prefill,
+)
 from brorl.types import FinishReason, RolloutBatch
 
 @dataclass
@@ -122,8 +124,13 @@ class HfEngine:
         sampling: SamplingConfig,
         out: _Outputs,
     ) -> None:
-        """Decode rows `[C]` (global row ids) until each stops or reaches `max_response_tokens`."""
-        cache, mask, positions, logits = rows_cache(prefixes, rows // n)
+        """Decode rows `[C]` (global row ids) until each stops or reaches `max_response_tokens`.
+
+        The rows' cache holds their responses only; each prompt's cache is kept once and
+        attended by all of its rows (`shared_prefix_attention`)."""
+        shared, positions, logits = group_prefixes(prefixes, rows // n)
+        group = torch.unique(rows // n, return_inverse=True)[1]
+        cache = DynamicCache()
         logits = logits.float()
         active = rows
         for step in range(sampling.max_response_tokens):
@@ -144,15 +151,16 @@ class HfEngine:
             if keep.numel() < active.numel():
                 cache.batch_select_indices(keep)
                 active, tokens = active[keep], tokens[keep]
-                mask, positions = mask[keep], positions[keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            result = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=(positions + step)[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
+                positions, group = positions[keep], group[keep]
+                shared.spans = group_spans(group)
+            with attention(self.model, SHARED_PREFIX):
+                result = self.model(
+                    input_ids=tokens[:, None],
+                    position_ids=(positions + step)[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                    shared_prefix=shared,
+                )
             logits = result.logits[:, -1].float()
 
     def _batch(self, prompt_ids: list[tuple[int, ...]], n: int, out: _Outputs) -> RolloutBatch:
