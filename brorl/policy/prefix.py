@@ -67,18 +67,27 @@ def rows_cache(
     """For rows continuing prompts `groups [C]` (keys of `prefixes`): the cache `[C, H, P_max, D]`
     per layer, its attention mask `[C, P_max]` (left padding masked), each row's prompt length
     `[C]` (its next position) and the logits of its first response token `[C, V]`."""
+    index, kv, lengths, mask, logits = _stack(prefixes, groups)
+    layers = [(keys[index], values[index]) for keys, values in kv]
+    return DynamicCache(ddp_cache_data=layers), mask[index].long(), lengths[index], logits
+
+
+def _stack(prefixes: Mapping[int, Prefix], groups: torch.Tensor
+           ) -> tuple[torch.Tensor, KV, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct prompts of rows `groups [C]`: each row's index among them `[C]`, their caches
+    per layer left-padded to the longest `[G, H, P_max, D]`, lengths `[G]`, masks `[G, P_max]`,
+    and each row's first-token logits `[C, V]`."""
     unique, index = torch.unique(groups, return_inverse=True)
     chosen = [prefixes[int(b)] for b in unique.tolist()]
     p_max = max(p.length for p in chosen)
-    layers = []
+    kv = []
     for layer in range(len(chosen[0].kv)):
         keys, values = zip(*[_left_pad(p.kv[layer], p_max) for p in chosen])
-        layers.append((torch.cat(keys)[index], torch.cat(values)[index]))
-    device = index.device
-    lengths = torch.tensor([p.length for p in chosen], device=device)[index]
-    mask = torch.arange(p_max, device=device)[None, :] >= (p_max - lengths)[:, None]
+        kv.append((torch.cat(keys), torch.cat(values)))
+    lengths = torch.tensor([p.length for p in chosen], device=index.device)
+    mask = torch.arange(p_max, device=index.device)[None, :] >= (p_max - lengths)[:, None]
     logits = torch.stack([p.logits for p in chosen])[index]
-    return DynamicCache(ddp_cache_data=layers), mask.long(), lengths, logits
+    return index, kv, lengths, mask, logits
 
 
 def _left_pad(kv: tuple[torch.Tensor, torch.Tensor], p_max: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,18 +123,8 @@ def group_prefixes(prefixes: Mapping[int, Prefix], groups: torch.Tensor
     caches stacked once each (`SharedPrefix`), each row's prompt length `[C]` (its next position)
     and the logits of its first response token `[C, V]`. Unlike `rows_cache`, no row gets a copy
     of its prompt's cache: decode with `shared_prefix_attention` and a cache of responses only."""
-    unique, index = torch.unique(groups, return_inverse=True)
-    chosen = [prefixes[int(b)] for b in unique.tolist()]
-    p_max = max(p.length for p in chosen)
-    kv = []
-    for layer in range(len(chosen[0].kv)):
-        keys, values = zip(*[_left_pad(p.kv[layer], p_max) for p in chosen])
-        kv.append((torch.cat(keys), torch.cat(values)))
-    device = index.device
-    lengths = torch.tensor([p.length for p in chosen], device=device)
-    mask = torch.arange(p_max, device=device)[None, :] >= (p_max - lengths)[:, None]
-    logits = torch.stack([p.logits for p in chosen])[index]
-    padded = [p.length < p_max for p in chosen]
+    index, kv, lengths, mask, logits = _stack(prefixes, groups)
+    padded = (lengths < mask.shape[1]).tolist()
     shared = SharedPrefix(kv=kv, mask=mask, spans=group_spans(index), padded=padded)
     return shared, lengths[index], logits
 
