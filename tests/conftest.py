@@ -110,9 +110,10 @@ def easy_split() -> EasySplit:
 @pytest.fixture(scope="session")
 def easy_base(tmp_path_factory, easy_split) -> Path:
     """An HF folder: the tiny policy warmed up on `compare` until 8 held-out problems reach
-    greedy pass@1 0.25 (checked every 100 steps, at most 800; about 10-30 s): a policy that
+    greedy pass@1 0.25 (checked every 100 steps, at most 2000; about 10-30 s): a policy that
     solves some problems, so RL has rewards to work with. A fixed step count is fragile: the
-    step at which this skill appears moves by hundreds of steps with rounding-level changes."""
+    step at which this skill appears moves by hundreds of steps with rounding-level changes (on
+    one Intel Xeon it first reached 0.25 at step 900, past the former cap of 800)."""
     from brorl.base import warm_up
     from brorl.policy import build_policy, build_tokenizer, save_policy
 
@@ -120,7 +121,7 @@ def easy_base(tmp_path_factory, easy_split) -> Path:
     model = build_policy(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2,
                          num_kv_heads=1, intermediate_size=128, max_position_embeddings=256)
     history = warm_up(model, tokenizer, easy_split.warm_up, easy_split.held_out[:8],
-                      max_steps=800, eval_every=100, batch_size=16, lr=3e-3, seed=0,
+                      max_steps=2000, eval_every=100, batch_size=16, lr=3e-3, seed=0,
                       target_pass_low=0.25, max_new_tokens=24)
     assert max(h["pass_at_1"]["math"] for h in history) >= 0.25, history
     path = tmp_path_factory.mktemp("easy") / "base"
