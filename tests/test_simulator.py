@@ -38,7 +38,7 @@ def test_initial_q_pos_matches_the_seeded_closed_form():
     assert expected == pytest.approx(0.6296, abs=5e-5)
 
 
-@pytest.mark.parametrize("rollouts", [7, 400])  # scatter path (N < V/8) and dense-count path
+@pytest.mark.parametrize("rollouts", [7, 400])  # few draws, and more draws than tokens
 def test_surrogate_grad_equals_autograd_of_the_linear_surrogate(rollouts):
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(3, 500, generator=gen, dtype=torch.float64)

@@ -115,22 +115,16 @@ def surrogate_grad(p: Tensor, draws: Tensor, rewards: Tensor, tau: float,
     """dL/dz `[S, V]` of L = -(1/N) sum_j (R_j - b) p_{y_j}, from the draws `[S, N]`.
 
     `rewards [S, V]` are R_i per token; b is the mean reward of the N draws. With s_i the summed
-    centred reward of token i's draws and M = sum_k s_k p_k, dL/dz_i = -(p_i / (N tau))(s_i - M).
-    Few draws (N < V/8): the dense part M p plus a scatter over the draws. Many draws: per-token
-    draw counts and dense arithmetic, which beats gathering per draw. Written into `out` if given.
+    centred reward of token i's draws and M = sum_k s_k p_k, dL/dz_i = -(p_i / (N tau))(s_i - M):
+    the dense part M p plus a scatter over the draws (also at N = 51,200: 1.1 ms against 1.7 ms
+    for per-token counts and dense arithmetic, 8 x 128,000 here). Written into `out` if given.
     """
-    rollouts, vocab = draws.shape[-1], p.shape[-1]
-    scale = 1.0 / (rollouts * tau)
+    scale = 1.0 / (draws.shape[-1] * tau)
     out = torch.empty_like(p) if out is None else out
     r = rewards.gather(1, draws)
-    if rollouts * 8 < vocab:
-        weighted = (r - r.mean(-1, keepdim=True)) * p.gather(1, draws)
-        torch.mul(p, weighted.sum(-1, keepdim=True) * scale, out=out)
-        return out.scatter_add_(1, draws, weighted.mul_(-scale))
-    counts = out.zero_().scatter_add_(1, draws, torch.ones(1, dtype=p.dtype).expand_as(draws))
-    s = counts.mul_(rewards.sub(r.mean(-1, keepdim=True)))  # s_i = c_i (R_i - b)
-    m = (s * p).sum(-1, keepdim=True)
-    return s.sub_(m).mul_(p).mul_(-scale)
+    weighted = (r - r.mean(-1, keepdim=True)) * p.gather(1, draws)
+    torch.mul(p, weighted.sum(-1, keepdim=True) * scale, out=out)
+    return out.scatter_add_(1, draws, weighted.mul_(-scale))
 
 
 class Scratch:
