@@ -285,7 +285,7 @@ class _Columns:
             self.weights[:, 3], logits[:, 3] = 1.0, config.anchor_logit
             self.correct[:, 3] = anchor_correct
         # Correct columns of each row (padded with the empty column), for the correct-token metrics.
-        self.pos_cols = torch.zeros(rows, self.num_correct + 1, dtype=torch.int64)
+        self.pos_cols = torch.full((rows, self.num_correct + 1), self.EMPTY, dtype=torch.int64)
         self.pos_used = torch.zeros(rows, dtype=torch.int64)
         self._add_correct(*self.correct.nonzero(as_tuple=True))
         self.param = torch.nn.Parameter(logits)
