@@ -211,7 +211,7 @@ def test_shared_prefix_attention_equals_sdpa_over_each_rows_full_cache(length):
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from brorl.policy.prefix import SharedPrefix, group_spans, shared_prefix_attention
+    from brorl.policy.prefix import SharedPrefix, shared_prefix_attention
 
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, seen = 4, 2, 8, 5
@@ -222,8 +222,7 @@ def test_shared_prefix_attention_equals_sdpa_over_each_rows_full_cache(length):
     mask = torch.arange(p_max)[None, :] >= (p_max - torch.tensor(prompt_lengths))[:, None]
     query = torch.randn(rows, heads, length, dim, generator=gen)
     key, value = (torch.randn(rows, kv_heads, seen, dim, generator=gen) for _ in range(2))
-    shared = SharedPrefix(kv=[(prefix_k, prefix_v)], mask=mask, spans=group_spans(groups),
-                          padded=[n < p_max for n in prompt_lengths])
+    shared = SharedPrefix(kv=[(prefix_k, prefix_v)], mask=mask, group=groups)
     module = SimpleNamespace(layer_idx=0, num_key_value_groups=heads // kv_heads, training=False)
     out, _ = shared_prefix_attention(module, query, key, value, None, scaling=dim ** -0.5,
                                      shared_prefix=shared)
@@ -238,33 +237,29 @@ def test_shared_prefix_attention_equals_sdpa_over_each_rows_full_cache(length):
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
 
 
-def test_decoding_keeps_no_per_row_copy_of_the_prompt_and_restores_the_attention(policy):
+def test_decoding_keeps_no_per_row_copy_of_the_prompt_and_restores_the_attention(
+        policy, monkeypatch):
+    from transformers import DynamicCache
+
     model, tokenizer = policy
     before = model.config._attn_implementation
     seen = []
-    original = HfEngine._decode_chunk
+    real = DynamicCache.update
 
-    def spy(self, rows, n, prefixes, sampling, out):
-        from transformers import DynamicCache
+    def update(cache, keys, values, layer_idx, *args, **kwargs):
+        result = real(cache, keys, values, layer_idx, *args, **kwargs)
+        seen.append(result[0].shape[2])  # cached length per row: responses only
+        return result
 
-        real = DynamicCache.update
+    decode = HfEngine._decode_chunk
 
-        def update(cache, keys, values, layer_idx, *args, **kwargs):
-            result = real(cache, keys, values, layer_idx, *args, **kwargs)
-            seen.append(result[0].shape[2])  # cached length per row: responses only
-            return result
+    def spied_decode(*args, **kwargs):  # only the decode loop's cache, not the prefill's
+        with monkeypatch.context() as m:
+            m.setattr(DynamicCache, "update", update)
+            return decode(*args, **kwargs)
 
-        DynamicCache.update = update
-        try:
-            return original(self, rows, n, prefixes, sampling, out)
-        finally:
-            DynamicCache.update = real
-
-    HfEngine._decode_chunk = spy
-    try:
-        batch = HfEngine(model, tokenizer, max_concurrent_rollouts=8).generate(PROMPTS, 4, SAMPLING)
-    finally:
-        HfEngine._decode_chunk = original
+    monkeypatch.setattr(HfEngine, "_decode_chunk", spied_decode)
+    batch = HfEngine(model, tokenizer, max_concurrent_rollouts=8).generate(PROMPTS, 4, SAMPLING)
     assert seen and max(seen) <= SAMPLING.max_response_tokens - 1  # never prompt + response
     assert model.config._attn_implementation == before
     assert int(batch.response_lengths.max()) > 1

@@ -25,7 +25,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from brorl.engines.base import SamplingConfig, counter_uniform, sample_tokens, sampling_logprobs
 from brorl.policy.prefix import (
-    SHARED_PREFIX, Prefix, attention, group_prefixes, group_spans, prefill,
+    SHARED_PREFIX, Prefix, attention, group_prefixes, prefill,
 )
 from brorl.types import FinishReason, RolloutBatch
 
@@ -129,31 +129,29 @@ class HfEngine:
         The rows' cache holds their responses only; each prompt's cache is kept once and
         attended by all of its rows (`shared_prefix_attention`)."""
         shared, positions, logits = group_prefixes(prefixes, rows // n)
-        group = torch.unique(rows // n, return_inverse=True)[1]
         cache = DynamicCache()
         logits = logits.float()
         active = rows
-        for step in range(sampling.max_response_tokens):
-            out.peak_rows = max(out.peak_rows, int(active.numel()))
-            logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
-            if sampling.temperature == 0:
-                tokens = logp.argmax(dim=-1)
-            else:
-                tokens = sample_tokens(logp, counter_uniform(sampling.seed, active, step))
-            out.tokens[active, step] = tokens
-            out.logprobs[active, step] = logp.gather(-1, tokens[:, None]).squeeze(-1)
-            out.lengths[active] = step + 1
-            done = tokens == self.eos_id
-            out.stopped[active[done]] = True
-            keep = (~done).nonzero().squeeze(-1)
-            if keep.numel() == 0 or step + 1 == sampling.max_response_tokens:
-                return
-            if keep.numel() < active.numel():
-                cache.batch_select_indices(keep)
-                active, tokens = active[keep], tokens[keep]
-                positions, group = positions[keep], group[keep]
-                shared.spans = group_spans(group)
-            with attention(self.model, SHARED_PREFIX):
+        with attention(self.model, SHARED_PREFIX):
+            for step in range(sampling.max_response_tokens):
+                out.peak_rows = max(out.peak_rows, int(active.numel()))
+                logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
+                if sampling.temperature == 0:
+                    tokens = logp.argmax(dim=-1)
+                else:
+                    tokens = sample_tokens(logp, counter_uniform(sampling.seed, active, step))
+                out.tokens[active, step] = tokens
+                out.logprobs[active, step] = logp.gather(-1, tokens[:, None]).squeeze(-1)
+                out.lengths[active] = step + 1
+                done = tokens == self.eos_id
+                out.stopped[active[done]] = True
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0 or step + 1 == sampling.max_response_tokens:
+                    return
+                if keep.numel() < active.numel():
+                    cache.batch_select_indices(keep)
+                    active, tokens, positions = active[keep], tokens[keep], positions[keep]
+                    shared.keep(keep)
                 result = self.model(
                     input_ids=tokens[:, None],
                     position_ids=(positions + step)[:, None],
@@ -161,7 +159,7 @@ class HfEngine:
                     use_cache=True,
                     shared_prefix=shared,
                 )
-            logits = result.logits[:, -1].float()
+                logits = result.logits[:, -1].float()
 
     def _batch(self, prompt_ids: list[tuple[int, ...]], n: int, out: _Outputs) -> RolloutBatch:
         t = max(int(out.lengths.max()), 1)

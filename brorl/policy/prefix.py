@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -107,14 +108,25 @@ class SharedPrefix:
     """The prompt caches of a decode chunk, one per group, attended by every row of the group.
 
     `kv` per layer `[G, H_kv, P_max, D]` (left-padded), `mask [G, P_max]` (False on padding),
-    `spans`: (group, first row, end row) over the rows now decoding, rows of a group contiguous.
+    `group [C]`: each decoding row's group, ascending (a group's rows are contiguous).
     """
 
     kv: KV
     mask: torch.Tensor
-    spans: list[tuple[int, int, int]]
-    padded: list[bool]
+    group: torch.Tensor
+    spans: list[tuple[int, int, int]] = field(init=False)
+    """(group, first row, end row) of each group's rows, from `group`."""
+    padded: list[bool] = field(init=False)
     """Per group: whether its prompt is shorter than `P_max` (only then is `mask` applied)."""
+
+    def __post_init__(self) -> None:
+        self.spans = group_spans(self.group)
+        self.padded = (~self.mask[:, 0]).tolist()
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Go on with rows `rows` only (indices into the current rows, ascending)."""
+        self.group = self.group[rows]
+        self.spans = group_spans(self.group)
 
 
 def group_prefixes(prefixes: Mapping[int, Prefix], groups: torch.Tensor
@@ -124,9 +136,7 @@ def group_prefixes(prefixes: Mapping[int, Prefix], groups: torch.Tensor
     and the logits of its first response token `[C, V]`. Unlike `rows_cache`, no row gets a copy
     of its prompt's cache: decode with `shared_prefix_attention` and a cache of responses only."""
     index, kv, lengths, mask, logits = _stack(prefixes, groups)
-    padded = (lengths < mask.shape[1]).tolist()
-    shared = SharedPrefix(kv=kv, mask=mask, spans=group_spans(index), padded=padded)
-    return shared, lengths[index], logits
+    return SharedPrefix(kv=kv, mask=mask, group=index), lengths[index], logits
 
 
 def group_spans(index: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -156,8 +166,6 @@ def shared_prefix_attention(
     plain SDPA, so the model's other calls are unaffected.
     """
     if shared_prefix is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     rows, heads, length, dim = query.shape
