@@ -13,9 +13,7 @@ from brorl.params import SimulateParams
 from brorl.theory.report import merge_seeds
 from brorl.theory.simulator import (
     SimConfig,
-    correct_mask,
     draw_tokens,
-    initial_logits,
     simulate,
     surrogate_grad,
 )
@@ -29,12 +27,17 @@ def _config(**changes) -> SimConfig:
 SMALL = _config(vocab_size=8000, num_correct=600, steps=300, log_every=50)
 
 
-def test_initial_q_pos_matches_the_seeded_closed_form():
+@pytest.mark.parametrize("lumped", [False, True])
+def test_initial_q_pos_matches_the_seeded_closed_form(lumped):
     # Spec §3.2: Q_pos(0) = 10000 e^3 / (10000 e^3 + 117999 + e^5) = 0.6296 at the paper's size.
+    from brorl.theory.simulator import _Columns, _Recorder
+
     cfg = _config()
-    p = torch.softmax(initial_logits(cfg, correct_mask(cfg, 0)), -1)
+    cols = _Columns(cfg, 1, torch.float64, lumped)
+    rec = _Recorder(1, cfg)
+    rec.policy(0, cols.policy()[0], cols)
     expected = 10000 * math.exp(3) / (10000 * math.exp(3) + 117_999 + math.exp(5))
-    assert (p * correct_mask(cfg, 0)).sum().item() == pytest.approx(expected, rel=1e-12)
+    assert rec.rows["q_pos"][0].item() == pytest.approx(expected, rel=1e-12)
     assert expected == pytest.approx(0.6296, abs=5e-5)
 
 

@@ -22,7 +22,9 @@ class SimulateParams(Section):
     """|P|, tokens with reward R_c. Spec §3.1: 10,000."""
     correct_tokens: Literal["first", "random"] = "first"
     """Which tokens form P (spec §3.2, unstated in the paper): `first` = ids 1..|P| right after the
-    anchor (the spec's re-run), `random` = a random subset per seed (the anchor excluded)."""
+    anchor (the spec's re-run), `random` = a random subset per seed (the anchor excluded). Both
+    give the same simulation: tokens of a class are exchangeable and the simulator never names
+    them (`brorl.theory.simulator._Columns`), so the choice is recorded, not used."""
     correct_logit: float = 3.0
     """Initial logit of correct tokens ("seeding"; 0 turns seeding off). Spec §3.1: 3."""
     anchor_logit: float | None = 5.0

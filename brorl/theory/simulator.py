@@ -85,30 +85,6 @@ class SimulationResult:
         return self.curves[metric][:, -1]
 
 
-def correct_mask(config: SimConfig, seed: int) -> Tensor:
-    """Bool `[V]`: the correct set P for a seed (anchor is token 0)."""
-    has_anchor = config.anchor_logit is not None
-    mask = torch.zeros(config.vocab_size, dtype=torch.bool)
-    if config.correct_tokens == "first":
-        start = 1 if has_anchor else 0
-        mask[start:start + config.num_correct] = True
-    else:
-        gen = torch.Generator().manual_seed(10_000_019 * (seed + 1))
-        pool = torch.arange(1 if has_anchor else 0, config.vocab_size)
-        mask[pool[torch.randperm(len(pool), generator=gen)[: config.num_correct]]] = True
-    if has_anchor and config.anchor_is_correct:
-        mask[0] = True
-    return mask
-
-
-def initial_logits(config: SimConfig, correct: Tensor) -> Tensor:
-    """`[..., V]` float64 logits: 0, `correct_logit` on P (seeding), `anchor_logit` on token 0."""
-    z = torch.where(correct, config.correct_logit, 0.0).to(torch.float64)
-    if config.anchor_logit is not None:
-        z[..., 0] = config.anchor_logit
-    return z
-
-
 @torch.no_grad()
 def surrogate_grad(p: Tensor, draws: Tensor, rewards: Tensor, tau: float,
                    out: Tensor | None = None) -> Tensor:
@@ -255,7 +231,7 @@ class _Columns:
     logit -inf and w = 0, so they are never drawn and never move.
     """
 
-    EMPTY, BULK = 0, slice(1, 3)
+    EMPTY, BULK, ANCHOR = 0, slice(1, 3), 3
 
     def __init__(self, config: SimConfig, rows: int, dtype: torch.dtype, lumped: bool) -> None:
         has_anchor = config.anchor_logit is not None
@@ -263,7 +239,7 @@ class _Columns:
         wrong = config.vocab_size - config.num_correct - int(has_anchor)
         self.config = config
         self.num_correct = config.num_correct + int(anchor_correct)
-        first = 3 + int(has_anchor)  # first token column
+        first = self.ANCHOR + int(has_anchor)  # first token column
         width = first if lumped else first + config.num_correct + wrong
         width = -(-width // 256) * 256  # whole cumsum blocks: the cdf is the contiguous workspace
         logits = torch.full((rows, width), -torch.inf, dtype=dtype)
@@ -282,8 +258,8 @@ class _Columns:
             self.correct[:, first:stop] = True
             self.used = torch.full((rows,), stop + wrong, dtype=torch.int64)
         if has_anchor:
-            self.weights[:, 3], logits[:, 3] = 1.0, config.anchor_logit
-            self.correct[:, 3] = anchor_correct
+            self.weights[:, self.ANCHOR], logits[:, self.ANCHOR] = 1.0, config.anchor_logit
+            self.correct[:, self.ANCHOR] = anchor_correct
         # Correct columns of each row (padded with the empty column), for the correct-token metrics.
         self.pos_cols = torch.full((rows, self.num_correct + 1), self.EMPTY, dtype=torch.int64)
         self.pos_used = torch.zeros(rows, dtype=torch.int64)
@@ -463,7 +439,8 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
     gens = [np.random.default_rng(s) for s in seeds]
     cols = _Columns(config, len(seeds), dtype, lumped)
     tau = config.temperature
-    anchor = 3 if config.freeze_anchor and config.anchor_logit is not None else None
+    frozen = config.freeze_anchor and config.anchor_logit is not None
+    anchor = _Columns.ANCHOR if frozen else None
     rec = _Recorder(len(seeds), config)
     rec.theorem(None, None)
     with torch.no_grad():
