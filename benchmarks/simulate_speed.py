@@ -74,9 +74,12 @@ def main() -> None:
     print(f"V={cfg.vocab_size} |P|={cfg.num_correct} steps={cfg.steps} N={sim.rollouts_per_prompt} "
           f"seeds={len(seeds)}")
 
-    start = time.perf_counter()
-    ours = {n: simulate(cfg, n, seeds) for n in sim.rollouts_per_prompt}
-    sweep_s = time.perf_counter() - start
+    ours, ours_s = {}, {}
+    for n in sim.rollouts_per_prompt:
+        start = time.perf_counter()
+        ours[n] = simulate(cfg, n, seeds)
+        ours_s[n] = time.perf_counter() - start
+    sweep_s = sum(ours_s.values())
 
     rows, numpy_total, agree = [], 0.0, True
     for n, result in ours.items():
@@ -88,14 +91,15 @@ def main() -> None:
         ok_q = _within(q_np, q)
         ok_i = _within(imp_np, imp)
         agree &= ok_q and ok_i
-        rows.append(f"| {n} | {q.mean():.4f} ± {q.std():.4f} | {q_np:.4f} {'ok' if ok_q else 'OUT'} | "
+        rows.append(f"| {n} | {q.mean():.6f} ± {q.std():.6f} | {q_np:.6f} {'ok' if ok_q else 'OUT'} | "
                     f"{imp.mean():.1f} ± {imp.std():.1f} | {imp_np:.1f} {'ok' if ok_i else 'OUT'} | "
-                    f"{numpy_s:.1f} |")
+                    f"{ours_s[n]:.1f} | {numpy_s:.1f} |")
     runs = len(seeds) * len(ours)
     per_run_ours = sweep_s / runs
     per_run_numpy = numpy_total / len(ours)
-    print("\n| N | brorl Q_pos | numpy Q_pos | brorl % improved | numpy % improved | numpy s/run |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| N | brorl Q_pos | numpy Q_pos | brorl % improved | numpy % improved | "
+          f"brorl s ({len(seeds)} seeds) | numpy s/run |")
+    print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print(f"\nbrorl sweep: {runs} runs ({len(ours)} N x {len(seeds)} seeds) in {sweep_s:.1f} s "
           f"= {per_run_ours:.2f} s/run")

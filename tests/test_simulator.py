@@ -33,7 +33,7 @@ def test_initial_q_pos_matches_the_seeded_closed_form(lumped):
     from brorl.theory.simulator import _Columns, _Recorder
 
     cfg = _config()
-    cols = _Columns(cfg, 1, torch.float64, lumped)
+    cols = _Columns(cfg, 1, lumped, torch.float64)
     rec = _Recorder(1, cfg)
     rec.policy(0, cols.policy()[0], cols)
     expected = 10000 * math.exp(3) / (10000 * math.exp(3) + 117_999 + math.exp(5))
@@ -148,18 +148,18 @@ def test_logged_metrics_equal_the_dense_mass_balance_reference(lumped):
 
     cfg = _config(vocab_size=500, num_correct=60, reward_correct=1.0, reward_wrong=-0.5, lr=0.01)
     gens = [np.random.default_rng(s) for s in range(3)]
-    cols = _Columns(cfg, 3, torch.float64, lumped)
+    cols = _Columns(cfg, 3, lumped, torch.float64)
     for _ in range(3):  # a few updates, so columns differ from their bulk and from step 0
         if lumped:
             cols.reserve(40)
-        p, mass = cols.policy()
+        p, mass, _ = cols.policy()
         draws = draw_tokens(mass, 40, gens, cols.scratch)  # 40 draws of 500: repeats
         draws = cols.split(draws, p, gens) if lumped else draws
-        cols.param.grad = surrogate_grad(p, draws, cols.rewards, 1.0)
-        cols.opt.step()
+        surrogate_grad(p, draws, cols.rewards, 1.0, out=cols.grad)
+        cols.update()
     if lumped:
         cols.reserve(40)
-    p, mass = cols.policy()
+    p, mass, _ = cols.policy()
     draws = draw_tokens(mass, 40, gens, cols.scratch)
     draws = cols.split(draws, p, gens) if lumped else draws
     assert torch.equal(cols.weights.sum(-1), torch.full((3,), 500.0, dtype=torch.float64))
@@ -194,3 +194,51 @@ def test_blocked_row_cumsum_equals_plain_cumsum(vocab):
 
     x = torch.rand(3, vocab, generator=torch.Generator().manual_seed(vocab))
     assert torch.allclose(row_cumsum(x), x.double().cumsum(-1), rtol=1e-13, atol=0)
+
+
+def test_the_dense_run_is_the_formulas_as_written_in_float64_draw_for_draw():
+    # The speed benchmark's plain numpy reference (Generator.choice, the gradient and AdamW as the
+    # formulas read) consumes the same uniforms as the simulator's binary-search draws (N < V/8),
+    # so with float64 probabilities the two runs agree to rounding, not just in distribution.
+    from benchmarks.simulate_speed import numpy_simulate
+
+    cfg = _config(vocab_size=3000, num_correct=200, steps=60, log_every=30)
+    for seed in (0, 1):
+        q_ref, improved_ref = numpy_simulate(cfg, 32, seed)
+        run = simulate(cfg, 32, [seed], policy_dtype=torch.float64, lumped=False)
+        assert run.final("q_pos").item() == pytest.approx(q_ref, rel=1e-10)
+        assert run.final("pct_improved").item() == pytest.approx(improved_ref, abs=1e-9)
+
+
+def test_float32_policy_sums_to_one_at_the_papers_vocabulary():
+    # torch.softmax in float32 sums 128,000 terms in float32: its p totals 1 - 2.7e-5 here, a
+    # shift every correct token shares. The simulator divides by a float64 total instead.
+    from brorl.theory.simulator import _Columns
+
+    cols = _Columns(_config(), 2, lumped=False)
+    cols.logits[:, 4:] += torch.randn(2, cols.width - 4, generator=torch.Generator().manual_seed(0),
+                                      dtype=torch.float64) * 1e-3  # distinct logits, as after a step
+    p, mass, _ = cols.policy()
+    assert p.dtype == torch.float32 and mass is p
+    assert torch.allclose(p.double().sum(-1), torch.ones(2, dtype=torch.float64), rtol=0, atol=1e-6)
+    reference = torch.softmax(cols.logits, -1)
+    assert torch.allclose(p.double(), reference, rtol=1e-6, atol=0)
+
+
+def test_update_is_torchs_fused_adamw_step():
+    from brorl.theory.simulator import _Columns
+
+    cfg = _config(vocab_size=600, num_correct=50, lr=0.01)
+    cols = _Columns(cfg, 2, lumped=False)
+    param = torch.nn.Parameter(cols.logits.clone())
+    opt = torch.optim.AdamW([param], lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay, fused=True)
+    gens = [np.random.default_rng(s) for s in range(2)]
+    for _ in range(3):
+        p, _, _ = cols.policy()
+        draws = draw_tokens(p, 40, gens)
+        surrogate_grad(p, draws, cols.rewards, 1.0, out=cols.grad)
+        param.grad = cols.grad.clone()
+        cols.update()
+        opt.step()
+        assert torch.equal(cols.logits, param.detach())
