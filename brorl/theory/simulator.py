@@ -277,7 +277,7 @@ class _Columns:
         has_anchor = config.anchor_logit is not None
         anchor_correct = has_anchor and config.anchor_is_correct
         wrong = config.vocab_size - config.num_correct - int(has_anchor)
-        self.config, self.policy_dtype, self.lumped = config, policy_dtype, lumped
+        self.config, self.policy_dtype = config, policy_dtype
         self.num_correct = config.num_correct + int(anchor_correct)
         first = self.ANCHOR + int(has_anchor)  # first token column
         self.max_width = _blocks(first + config.num_correct + wrong)
