@@ -11,12 +11,8 @@ import torch
 
 from brorl.params import SimulateParams
 from brorl.theory.report import merge_seeds
-from brorl.theory.simulator import (
-    SimConfig,
-    draw_tokens,
-    simulate,
-    surrogate_grad,
-)
+from brorl.theory.sampling import draw_from_cdf, draw_tokens
+from brorl.theory.simulator import SimConfig, simulate, surrogate_grad
 
 
 def _config(**changes) -> SimConfig:
@@ -152,15 +148,15 @@ def test_logged_metrics_equal_the_dense_mass_balance_reference(lumped):
     for _ in range(3):  # a few updates, so columns differ from their bulk and from step 0
         if lumped:
             cols.reserve(40)
-        p, mass, _ = cols.policy()
-        draws = draw_tokens(mass, 40, gens, cols.scratch)  # 40 draws of 500: repeats
+        p, cdf = cols.policy()
+        draws = draw_from_cdf(cdf, cols.width, 40, gens, cols.scratch)  # 40 draws of 500: repeats
         draws = cols.split(draws, p, gens) if lumped else draws
         surrogate_grad(p, draws, cols.rewards, 1.0, out=cols.grad)
         cols.update()
     if lumped:
         cols.reserve(40)
-    p, mass, _ = cols.policy()
-    draws = draw_tokens(mass, 40, gens, cols.scratch)
+    p, cdf = cols.policy()
+    draws = draw_from_cdf(cdf, cols.width, 40, gens, cols.scratch)
     draws = cols.split(draws, p, gens) if lumped else draws
     assert torch.equal(cols.weights.sum(-1), torch.full((3,), 500.0, dtype=torch.float64))
     assert bool((cols.weights[:, cols.BULK] > 1).all()) == lumped
@@ -190,7 +186,7 @@ def test_lumped_and_dense_runs_agree_within_their_seed_spread():
 
 @pytest.mark.parametrize("vocab", [1, 255, 256, 1000, 4097])
 def test_blocked_row_cumsum_equals_plain_cumsum(vocab):
-    from brorl.theory.simulator import row_cumsum
+    from brorl.theory.sampling import row_cumsum
 
     x = torch.rand(3, vocab, generator=torch.Generator().manual_seed(vocab))
     assert torch.allclose(row_cumsum(x), x.double().cumsum(-1), rtol=1e-13, atol=0)
@@ -218,8 +214,8 @@ def test_float32_policy_sums_to_one_at_the_papers_vocabulary():
     cols = _Columns(_config(), 2, lumped=False)
     cols.logits[:, 4:] += torch.randn(2, cols.width - 4, generator=torch.Generator().manual_seed(0),
                                       dtype=torch.float64) * 1e-3  # distinct logits, as after a step
-    p, mass, _ = cols.policy()
-    assert p.dtype == torch.float32 and mass is p
+    p, _ = cols.policy()
+    assert p.dtype == torch.float32
     assert torch.allclose(p.double().sum(-1), torch.ones(2, dtype=torch.float64), rtol=0, atol=1e-6)
     reference = torch.softmax(cols.logits, -1)
     assert torch.allclose(p.double(), reference, rtol=1e-6, atol=0)
@@ -235,7 +231,7 @@ def test_update_is_torchs_fused_adamw_step():
                             eps=cfg.adam_eps, weight_decay=cfg.weight_decay, fused=True)
     gens = [np.random.default_rng(s) for s in range(2)]
     for _ in range(3):
-        p, _, _ = cols.policy()
+        p, _ = cols.policy()
         draws = draw_tokens(p, 40, gens)
         surrogate_grad(p, draws, cols.rewards, 1.0, out=cols.grad)
         param.grad = cols.grad.clone()
