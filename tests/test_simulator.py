@@ -11,7 +11,8 @@ import torch
 
 from brorl.params import SimulateParams
 from brorl.theory.report import merge_seeds
-from brorl.theory.sampling import draw_from_cdf, draw_tokens
+from brorl.theory.sampling import (Scratch, draw_by_rejection, draw_from_cdf, draw_tokens,
+                                   segment_sums)
 from brorl.theory.simulator import SimConfig, simulate, surrogate_grad
 
 
@@ -195,13 +196,15 @@ def test_blocked_row_cumsum_equals_plain_cumsum(vocab):
 def test_the_dense_run_is_the_formulas_as_written_in_float64_draw_for_draw():
     # The speed benchmark's plain numpy reference (Generator.choice, the gradient and AdamW as the
     # formulas read) consumes the same uniforms as the simulator's binary-search draws (N < V/8),
-    # so with float64 probabilities the two runs agree to rounding, not just in distribution.
+    # so with float64 probabilities the two runs agree to rounding, not just in distribution
+    # (a dense run draws by rejection unless told otherwise: inverse CDF here).
     from benchmarks.simulate_speed import numpy_simulate
 
     cfg = _config(vocab_size=3000, num_correct=200, steps=60, log_every=30)
     for seed in (0, 1):
         q_ref, improved_ref = numpy_simulate(cfg, 32, seed)
-        run = simulate(cfg, 32, [seed], policy_dtype=torch.float64, lumped=False)
+        run = simulate(cfg, 32, [seed], policy_dtype=torch.float64, lumped=False,
+                       rejection=False)
         assert run.final("q_pos").item() == pytest.approx(q_ref, rel=1e-10)
         assert run.final("pct_improved").item() == pytest.approx(improved_ref, abs=1e-9)
 
@@ -238,3 +241,80 @@ def test_update_is_torchs_fused_adamw_step():
         cols.update()
         opt.step()
         assert torch.equal(cols.logits, param.detach())
+
+
+def _uneven_rows() -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Two rows of 4096 columns: an anchor column, two ranges of uneven p, an empty tail; row 1's
+    second range has a few tall columns (acceptance below `MIN_ACCEPTANCE`: inverse CDF)."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.zeros(2, 4096)
+    p[:, 3] = 0.02
+    p[:, 4:1004] = torch.rand(2, 1000, generator=gen) * 0.6 + 0.4
+    p[:, 1004:4000] = torch.rand(2, 2996, generator=gen) * 0.3 + 0.7
+    p[1, 1004:1020] = 2000.0
+    return p / p.sum(-1, keepdim=True), [(4, 1004), (1004, 4000), (3, 4)]
+
+
+def _assert_follows(draws: torch.Tensor, p: torch.Tensor, block: int = 64) -> None:
+    """Draw counts per block of columns within 4.5 binomial standard deviations of N p, and the
+    sum of squared z-scores within 5 standard deviations of its expectation (blocks with mass)."""
+    n = draws.shape[1]
+    counts = torch.zeros_like(p, dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones(draws.shape, dtype=torch.float64))
+    c = counts.view(p.shape[0], -1, block).sum(-1)
+    q = p.double().view(p.shape[0], -1, block).sum(-1)
+    has = q > 0
+    z = (c - n * q)[has] / (n * q * (1 - q))[has].sqrt()
+    assert (c[~has] == 0).all()
+    assert z.abs().max() < 4.5
+    k = int(has.sum())
+    assert abs(float((z ** 2).sum()) - k) < 5 * (2 * k) ** 0.5
+
+
+def test_draw_by_rejection_follows_the_distribution_and_returns_p_at_each_draw():
+    p, segments = _uneven_rows()
+    gens = [np.random.default_rng(i) for i in range(2)]
+    draws, drawn_p = draw_by_rejection(p, segments, 200_000, gens, Scratch())
+    assert torch.equal(drawn_p, p.gather(1, draws))
+    _assert_follows(draws, p)
+
+
+def test_draw_by_rejection_is_exact_when_rounds_fall_short(monkeypatch):
+    # With too few proposals every round falls short and later rounds fill the rest.
+    import brorl.theory.sampling as sampling
+
+    monkeypatch.setattr(sampling, "MARGIN_SD", -6.0)
+    p, segments = _uneven_rows()
+    calls = []
+    round_ = sampling._rejection_round
+    monkeypatch.setattr(sampling, "_rejection_round", lambda *a: calls.append(1) or round_(*a))
+    draws, _ = draw_by_rejection(p[:1], segments, 100_000, [np.random.default_rng(5)], Scratch())
+    assert len(calls) > len(segments)  # some range took more than one round
+    _assert_follows(draws, p[:1])
+
+
+def test_draw_by_rejection_gives_a_row_the_same_draws_alone_or_in_a_batch():
+    p, segments = _uneven_rows()
+    batch, _ = draw_by_rejection(p, segments, 5000, [np.random.default_rng(s) for s in (7, 8)],
+                                 Scratch())
+    for row, seed in enumerate((7, 8)):
+        alone, _ = draw_by_rejection(p[row:row + 1], segments, 5000, [np.random.default_rng(seed)],
+                                     Scratch())
+        assert torch.equal(alone[0], batch[row])
+
+
+def test_segment_sums_equal_float64_sums():
+    x = torch.rand(3, 2048, generator=torch.Generator().manual_seed(1))
+    segments = [(0, 1), (3, 300), (300, 2047), (256, 512), (1000, 1001)]
+    expected = torch.stack([x[:, a:b].double().sum(-1) for a, b in segments], 1)
+    assert torch.allclose(segment_sums(x, segments), expected, rtol=1e-6, atol=0)
+
+
+def test_dense_runs_by_rejection_and_by_inverse_cdf_agree_within_their_seed_spread():
+    cfg = _config(vocab_size=3000, num_correct=200, steps=60, log_every=30)
+    seeds = list(range(8))
+    rejection, inverse = (simulate(cfg, 256, seeds, lumped=False, rejection=r) for r in (True, False))
+    for metric in ("q_pos", "pct_improved"):
+        a, b = rejection.final(metric), inverse.final(metric)
+        spread = 4 * float(torch.cat([a, b]).std()) / len(seeds) ** 0.5 + 1e-9
+        assert abs(float(a.mean() - b.mean())) < spread, metric
