@@ -274,9 +274,15 @@ def _assert_follows(draws: torch.Tensor, p: torch.Tensor, block: int = 64) -> No
 def test_draw_by_rejection_follows_the_distribution_and_returns_p_at_each_draw():
     p, segments = _uneven_rows()
     gens = [np.random.default_rng(i) for i in range(2)]
-    draws, drawn_p = draw_by_rejection(p, segments, 200_000, gens, Scratch())
-    assert torch.equal(drawn_p, p.gather(1, draws))
-    _assert_follows(draws, p)
+    draws = draw_by_rejection(p, segments, 200_000, gens, Scratch())
+    assert torch.equal(draws.p, p.gather(1, draws.cols).double())
+    _assert_follows(draws.cols, p)
+    for row, counts in enumerate(draws.counts):  # grouped by range, also the inverse-CDF row
+        assert counts.sum() == 200_000
+        bounds = np.cumsum(np.concatenate([[0], counts]))
+        for (start, stop), a, b in zip(segments, bounds[:-1], bounds[1:]):
+            cols = draws.cols[row, a:b]
+            assert bool(((cols >= start) & (cols < stop)).all())
 
 
 def test_draw_by_rejection_is_exact_when_rounds_fall_short(monkeypatch):
@@ -288,19 +294,19 @@ def test_draw_by_rejection_is_exact_when_rounds_fall_short(monkeypatch):
     calls = []
     round_ = sampling._rejection_round
     monkeypatch.setattr(sampling, "_rejection_round", lambda *a: calls.append(1) or round_(*a))
-    draws, _ = draw_by_rejection(p[:1], segments, 100_000, [np.random.default_rng(5)], Scratch())
+    draws = draw_by_rejection(p[:1], segments, 100_000, [np.random.default_rng(5)], Scratch())
     assert len(calls) > len(segments)  # some range took more than one round
-    _assert_follows(draws, p[:1])
+    _assert_follows(draws.cols, p[:1])
 
 
 def test_draw_by_rejection_gives_a_row_the_same_draws_alone_or_in_a_batch():
     p, segments = _uneven_rows()
-    batch, _ = draw_by_rejection(p, segments, 5000, [np.random.default_rng(s) for s in (7, 8)],
-                                 Scratch())
+    batch = draw_by_rejection(p, segments, 5000, [np.random.default_rng(s) for s in (7, 8)],
+                              Scratch())
     for row, seed in enumerate((7, 8)):
-        alone, _ = draw_by_rejection(p[row:row + 1], segments, 5000, [np.random.default_rng(seed)],
-                                     Scratch())
-        assert torch.equal(alone[0], batch[row])
+        alone = draw_by_rejection(p[row:row + 1], segments, 5000, [np.random.default_rng(seed)],
+                                  Scratch())
+        assert torch.equal(alone.cols[0], batch.cols[row])
 
 
 def test_segment_sums_equal_float64_sums():

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -193,13 +194,23 @@ MIN_ACCEPTANCE = 0.25
 CDF instead: rejection would cost more than 4 proposals a draw."""
 
 
+class Draws(NamedTuple):
+    """Draws of `draw_by_rejection`, each row grouped by range in the ranges' order."""
+
+    cols: Tensor
+    """`[S, N]` int64 columns drawn."""
+    p: Tensor
+    """`[S, N]` float64 p at each draw."""
+    counts: np.ndarray
+    """`[S, K]` int64: row r's first counts[r, 0] draws are in range 0, the next in range 1..."""
+
+
 @torch.no_grad()
 def draw_by_rejection(p: Tensor, segments: Sequence[tuple[int, int]], rollouts: int,
                       generators: Sequence[np.random.Generator], scratch: Scratch,
-                      masses: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """`[S, N]` int64 i.i.d. draws from each row of `p [S, W]` (float, W a multiple of 256),
-    whose mass lies in the column ranges `segments` (start, stop), and `[S, N]` p at each draw
-    (p's dtype; they come with the draws): exact rejection sampling.
+                      masses: Tensor | None = None) -> Draws:
+    """N i.i.d. draws from each row of `p [S, W]` (float, W a multiple of 256), whose mass lies
+    in the column ranges `segments` (start, stop), with p at each draw: exact rejection sampling.
 
     Each row first splits its N draws over the ranges, multinomially by their masses (`masses`
     `[S, K]` float64, `segment_sums(p, segments)` if not given; need not sum to 1); a range of
@@ -211,27 +222,31 @@ def draw_by_rejection(p: Tensor, segments: Sequence[tuple[int, int]], rollouts: 
     order is random); the draws come grouped by range, in random order within one.
 
     A row in which a range's acceptance (its mean p over its largest) is below `MIN_ACCEPTANCE`
-    draws by inverse CDF (`draw_tokens`) instead. The number of variates a row takes depends only
-    on that row, so a row's draws do not depend on the others in the batch.
+    draws by inverse CDF (`draw_tokens`) instead, its draws then grouped by range too. The
+    number of variates a row takes depends only on that row, so a row's draws do not depend on
+    the others in the batch.
     """
     rows = p.shape[0]
     if masses is None:
         masses = segment_sums(p, segments)
     spans = [(start, stop - start) for start, stop in segments]
-    maxes = torch.stack([p[:, a:a + n].amax(-1) for a, n in spans], 1)
-    lengths = torch.tensor([n for _, n in spans], dtype=torch.float64)
-    acceptance = (masses / (lengths * maxes)).numpy()
-    masses_np, maxes_np = masses.numpy(), maxes.double().numpy()
-    draws = torch.empty(rows, rollouts, dtype=torch.int64)
-    drawn_p = torch.empty(rows, rollouts, dtype=p.dtype)
-    draws_np, drawn_p_np = draws.numpy(), drawn_p.numpy()
-    ok = [bool((acceptance[r][masses_np[r] > 0] >= MIN_ACCEPTANCE).all()) for r in range(rows)]
-    if not all(ok):  # rows whose ranges are too uneven: inverse CDF for those
-        bad = [r for r in range(rows) if not ok[r]]
-        draws[bad] = draw_tokens(p[bad], rollouts, [generators[r] for r in bad])
-        drawn_p[bad] = p[bad].gather(1, draws[bad])
-    good = [r for r in range(rows) if ok[r]]
-    counts = np.zeros((rows, len(spans)), dtype=np.int64)
+    maxes = torch.stack([p[:, a:a + n].amax(-1) for a, n in spans], 1).double()
+    masses_np, maxes_np = masses.numpy(), maxes.numpy()
+    acceptance = masses_np / (np.array([n for _, n in spans]) * maxes_np)
+    ok = ((acceptance >= MIN_ACCEPTANCE) | (masses_np <= 0)).all(1)
+    draws = Draws(torch.empty(rows, rollouts, dtype=torch.int64),
+                  torch.empty(rows, rollouts, dtype=torch.float64),
+                  np.zeros((rows, len(spans)), dtype=np.int64))
+    cols_np, p_np, counts = draws.cols.numpy(), draws.p.numpy(), draws.counts
+    if not ok.all():  # rows whose ranges are too uneven: inverse CDF, then grouped by range
+        bad = np.flatnonzero(~ok).tolist()
+        found = draw_tokens(p[bad], rollouts, [generators[r] for r in bad]).numpy()
+        which = np.select([(found >= a) & (found < a + n) for a, n in spans], list(range(len(spans))))
+        order = np.argsort(which, axis=1, kind="stable")
+        cols_np[bad] = np.take_along_axis(found, order, 1)
+        p_np[bad] = p[bad].gather(1, draws.cols[bad]).numpy()
+        counts[bad] = [np.bincount(w, minlength=len(spans)) for w in which]
+    good = np.flatnonzero(ok).tolist()
     for r in good:
         counts[r] = generators[r].multinomial(rollouts, masses_np[r] / masses_np[r].sum())
     filled = np.zeros(rows, dtype=np.int64)  # each row's draws so far
@@ -239,20 +254,20 @@ def draw_by_rejection(p: Tensor, segments: Sequence[tuple[int, int]], rollouts: 
         if length == 1:
             value = p[:, start].numpy()
             for r in good:
-                draws_np[r, filled[r]:filled[r] + counts[r, k]] = start
-                drawn_p_np[r, filled[r]:filled[r] + counts[r, k]] = value[r]
-            filled += counts[:, k]
+                cols_np[r, filled[r]:filled[r] + counts[r, k]] = start
+                p_np[r, filled[r]:filled[r] + counts[r, k]] = value[r]
+            filled[good] += counts[good, k]
             continue
-        need = counts[:, k].copy()
+        need = np.where(ok, counts[:, k], 0)
         while (pending := np.flatnonzero(need)).size:
             taken = _rejection_round(p, start, length, pending, need[pending], acceptance[pending, k],
                                      maxes_np[pending, k], generators, scratch)
-            for r, (cols, values) in zip(pending.tolist(), taken):
-                draws_np[r, filled[r]:filled[r] + len(cols)] = cols
-                drawn_p_np[r, filled[r]:filled[r] + len(cols)] = values
-                filled[r] += len(cols)
-                need[r] -= len(cols)
-    return draws, drawn_p
+            for r, (c, v) in zip(pending.tolist(), taken):
+                cols_np[r, filled[r]:filled[r] + len(c)] = c
+                p_np[r, filled[r]:filled[r] + len(c)] = v
+                filled[r] += len(c)
+                need[r] -= len(c)
+    return draws
 
 
 def _rejection_round(p: Tensor, start: int, length: int, rows: np.ndarray, need: np.ndarray,
@@ -279,6 +294,7 @@ def _rejection_round(p: Tensor, start: int, length: int, rows: np.ndarray, need:
     cols = x.to(torch.int64).add_(start)
     frac = x.frac_().mul_(torch.from_numpy(maxes)[:, None])
     values = (p if len(rows) == p.shape[0] else p[torch.from_numpy(rows)]).gather(1, cols)
+    values = values.double()  # then one dtype: a float64-to-float32 comparison is 1.6x slower
     accept = torch.lt(frac, values).numpy()
     for i, k in enumerate(proposals.tolist()):
         accept[i, k:] = False
