@@ -230,7 +230,8 @@ def draw_by_rejection(p: Tensor, segments: Sequence[tuple[int, int]], rollouts: 
     if masses is None:
         masses = segment_sums(p, segments)
     spans = [(start, stop - start) for start, stop in segments]
-    maxes = torch.stack([p[:, a:a + n].amax(-1) for a, n in spans], 1).double()
+    maxes = torch.stack([p[:, a:a + n].amax(-1) if n > 1 else p[:, a] for a, n in spans], 1)
+    maxes = maxes.double()
     masses_np, maxes_np = masses.numpy(), maxes.numpy()
     acceptance = masses_np / (np.array([n for _, n in spans]) * maxes_np)
     ok = ((acceptance >= MIN_ACCEPTANCE) | (masses_np <= 0)).all(1)
@@ -260,22 +261,24 @@ def draw_by_rejection(p: Tensor, segments: Sequence[tuple[int, int]], rollouts: 
             continue
         need = np.where(ok, counts[:, k], 0)
         while (pending := np.flatnonzero(need)).size:
-            taken = _rejection_round(p, start, length, pending, need[pending], acceptance[pending, k],
-                                     maxes_np[pending, k], generators, scratch)
-            for r, (c, v) in zip(pending.tolist(), taken):
-                cols_np[r, filled[r]:filled[r] + len(c)] = c
-                p_np[r, filled[r]:filled[r] + len(c)] = v
-                filled[r] += len(c)
-                need[r] -= len(c)
+            c, v, at, got = _rejection_round(p, start, length, pending, need[pending],
+                                             acceptance[pending, k], maxes_np[pending, k],
+                                             generators, scratch)
+            for r, a, n in zip(pending.tolist(), at.tolist(), got.tolist()):
+                cols_np[r, filled[r]:filled[r] + n] = c[a:a + n]
+                p_np[r, filled[r]:filled[r] + n] = v[a:a + n]
+            filled[pending] += got
+            need[pending] -= got
     return draws
 
 
 def _rejection_round(p: Tensor, start: int, length: int, rows: np.ndarray, need: np.ndarray,
                      acceptance: np.ndarray, maxes: np.ndarray,
                      generators: Sequence[np.random.Generator],
-                     scratch: Scratch) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One round of proposals in columns [start, start + length) for `rows`: for each, the first
-    `need` accepted columns (fewer if fewer were accepted) and their p, as numpy arrays.
+                     scratch: Scratch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One round of proposals in columns [start, start + length) for `rows`: the accepted columns
+    and their p (numpy, row after row), where each row's start there, and how many of them it
+    takes: the first `need` (fewer if fewer were accepted).
 
     One thread: the per-row calls are small, and handing them to a second one cost more here.
     Grouping the proposals by slices of the range (multinomial counts per slice, so that the
@@ -298,9 +301,10 @@ def _rejection_round(p: Tensor, start: int, length: int, rows: np.ndarray, need:
     accept = torch.lt(frac, values).numpy()
     for i, k in enumerate(proposals.tolist()):
         accept[i, k:] = False
-    cut = np.cumsum(accept.sum(-1))[:-1]  # numpy's boolean masks: 6x torch's here
-    taken = zip(np.split(cols.numpy()[accept], cut), np.split(values.numpy()[accept], cut))
-    return [(c[:n], v[:n]) for (c, v), n in zip(taken, need.tolist())]
+    accepted = accept.sum(-1)
+    at = np.cumsum(accepted) - accepted
+    # numpy's boolean masks: 6x torch's here
+    return cols.numpy()[accept], values.numpy()[accept], at, np.minimum(accepted, need)
 
 
 @cache
