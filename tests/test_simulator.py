@@ -324,3 +324,18 @@ def test_dense_runs_by_rejection_and_by_inverse_cdf_agree_within_their_seed_spre
         a, b = rejection.final(metric), inverse.final(metric)
         spread = 4 * float(torch.cat([a, b]).std()) / len(seeds) ** 0.5 + 1e-9
         assert abs(float(a.mean() - b.mean())) < spread, metric
+
+
+@pytest.mark.parametrize("rejection", [True, False])
+def test_the_draws_weights_give_the_surrogates_gradient(rejection):
+    from brorl.theory.simulator import _Columns, grad_from_weights
+
+    cfg = _config(vocab_size=5000, num_correct=400)
+    cols = _Columns(cfg, 3, lumped=False, rejection=rejection)
+    cols.logits[:, 4:] += torch.randn(3, cols.width - 4, generator=torch.Generator().manual_seed(2),
+                                      dtype=torch.float64) * 0.3
+    p, cdf = cols.policy()
+    draws, drawn_p, weighted = cols.draw(p, cdf, 3000, [np.random.default_rng(s) for s in range(3)])
+    assert torch.equal(drawn_p, p.gather(1, draws).double())
+    expected = surrogate_grad(p, draws, cols.rewards, 0.7)
+    assert torch.allclose(grad_from_weights(p, draws, weighted, 0.7), expected, rtol=1e-12, atol=0)
