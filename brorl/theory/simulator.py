@@ -372,8 +372,8 @@ class _Recorder:
         drawn_p = p.gather(1, draws) if drawn_p is None else drawn_p
         p_d = torch.where(first, drawn_p, 0.0).double()
         pos_d = torch.where(cols.correct.gather(1, draws), p_d, 0.0)
-        p_pos, a2 = pos_d.sum(-1), torch.einsum("sn,sn->s", pos_d, p_d)
-        p_neg, b2 = p_d.sum(-1) - p_pos, torch.einsum("sn,sn->s", p_d, p_d) - a2
+        p_pos, a2 = pos_d.sum(-1), torch.linalg.vecdot(pos_d, p_d)
+        p_neg, b2 = p_d.sum(-1) - p_pos, torch.linalg.vecdot(p_d, p_d) - a2
         idx = cols.pos_cols
         p_all, w_all = p.gather(1, idx).double(), cols.weights.gather(1, idx).double()
         q_pos, sq_pos = (p_all * w_all).sum(-1), (p_all * p_all * w_all).sum(-1)
