@@ -187,7 +187,7 @@ def segment_sums(x: Tensor, segments: Sequence[tuple[int, int]], block: int = 25
 MARGIN_SD = 4.0
 """A rejection round proposes enough for the draws still needed plus this many standard
 deviations of the accepted count (and 8): a row falls short, and takes a second round for what
-it still needs, about once in 30,000 rounds."""
+it still needs, at most about once in 30,000 rounds."""
 
 MIN_ACCEPTANCE = 0.25
 """A row in which some range accepts less often than this (mean p over max p) draws by inverse
@@ -233,7 +233,8 @@ def draw_by_rejection(p: Tensor, segments: Sequence[tuple[int, int]], rollouts: 
     maxes = torch.stack([p[:, a:a + n].amax(-1) if n > 1 else p[:, a] for a, n in spans], 1)
     maxes = maxes.double()
     masses_np, maxes_np = masses.numpy(), maxes.numpy()
-    acceptance = masses_np / (np.array([n for _, n in spans]) * maxes_np)
+    with np.errstate(invalid="ignore"):  # a range without mass: 0 / 0, and no draws there
+        acceptance = masses_np / (np.array([n for _, n in spans]) * maxes_np)
     ok = ((acceptance >= MIN_ACCEPTANCE) | (masses_np <= 0)).all(1)
     draws = Draws(torch.empty(rows, rollouts, dtype=torch.int64),
                   torch.empty(rows, rollouts, dtype=torch.float64),

@@ -8,7 +8,9 @@ explains why it must be linear in p, not log p).
 The gradient is written in closed form rather than through autograd: with s_i the sum of centred
 rewards of the draws of token i,  dL/dz_i = -(p_i / (N tau)) (s_i - M),  M = sum_k s_k p_k:
 one dense term M p_i and a scatter over the N draws (no loop over draws, no dense counts).
-The draws are exact inverse-CDF samples (`brorl.theory.sampling`).
+The draws are exact (`brorl.theory.sampling`): a dense run draws by rejection within each class
+of tokens (the correct ones, the wrong ones, the anchor; within a class the probabilities stay
+close), a lumped one by inverse CDF.
 Seeds run as rows of one tensor; each row has its own generator, so a seed gives the same curve
 alone or in a batch. The optimizer is torch's AdamW applied to that gradient, on float64 logits;
 the policy's exponentials are float32 over a float64 total (`simulate`). While steps x N is
