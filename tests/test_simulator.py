@@ -209,12 +209,13 @@ def test_the_dense_run_is_the_formulas_as_written_in_float64_draw_for_draw():
         assert run.final("pct_improved").item() == pytest.approx(improved_ref, abs=1e-9)
 
 
-def test_float32_policy_sums_to_one_at_the_papers_vocabulary():
+@pytest.mark.parametrize("rejection", [False, True])  # total from running sums, or segment sums
+def test_float32_policy_sums_to_one_at_the_papers_vocabulary(rejection):
     # torch.softmax in float32 sums 128,000 terms in float32: its p totals 1 - 2.7e-5 here, a
     # shift every correct token shares. The simulator divides by a float64 total instead.
     from brorl.theory.simulator import _Columns
 
-    cols = _Columns(_config(), 2, lumped=False)
+    cols = _Columns(_config(), 2, lumped=False, rejection=rejection)
     cols.logits[:, 4:] += torch.randn(2, cols.width - 4, generator=torch.Generator().manual_seed(0),
                                       dtype=torch.float64) * 1e-3  # distinct logits, as after a step
     p, _ = cols.policy()

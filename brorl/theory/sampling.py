@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import NamedTuple
@@ -314,14 +314,9 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _exponentials(out: np.ndarray, generators: Sequence[np.random.Generator]) -> None:
-    """Fill row r of `out` with Exp(1) variates from generator r."""
-    _in_threads(lambda r: generators[r].standard_exponential(out=out[r]), len(out))
-
-
-def _in_threads(fill: Callable[[int], None], rows: int) -> None:
-    """`fill(r)` for every row, the rows split over two threads (numpy releases the GIL while it
-    fills an array, so the two halves run at once)."""
-    def run(part: range) -> None:
-        for r in part:
-            fill(r)
-    list(_pool().map(run, (range(0, rows, 2), range(1, rows, 2))))
+    """Fill row r of `out` with Exp(1) variates from generator r, rows split over two threads
+    (numpy releases the GIL while it fills, so the two halves run at once)."""
+    def fill(rows: range) -> None:
+        for r in rows:
+            generators[r].standard_exponential(out=out[r])
+    list(_pool().map(fill, (range(0, len(generators), 2), range(1, len(generators), 2))))

@@ -99,7 +99,7 @@ def surrogate_grad(p: Tensor, draws: Tensor, rewards: Tensor, tau: float,
 
     `rewards [S, V]` are R_i per token; b is the mean reward of the N draws. Gathers each draw's
     weight (R_j - b) p_{y_j}, then `grad_from_weights`. Written into `out` if given (it has the
-    rewards' dtype).
+    rewards' dtype; a new tensor of that dtype otherwise).
     """
     r = rewards.gather(1, draws)
     weighted = (r - r.mean(-1, keepdim=True)).mul_(p.gather(1, draws).to(r.dtype))
@@ -110,16 +110,17 @@ def surrogate_grad(p: Tensor, draws: Tensor, rewards: Tensor, tau: float,
 def grad_from_weights(p: Tensor, draws: Tensor, weighted: Tensor, tau: float,
                       out: Tensor | None = None) -> Tensor:
     """dL/dz `[S, V]` from the draws `[S, N]` and their weights (R_j - b) p_{y_j} (`weighted`,
-    float64, overwritten).
+    overwritten).
 
     With s_i the summed centred reward of token i's draws and M = sum_k s_k p_k,
     dL/dz_i = -(p_i / (N tau))(s_i - M): the dense part M p plus a scatter over the draws (also at
     N = 51,200: on the Intel Xeon of 2026-11-25, 1.1 ms against 1.7 ms for per-token counts and
-    dense arithmetic, 8 x 128,000). Written into `out` if given (float64).
+    dense arithmetic, 8 x 128,000). Written into `out` if given (the weights' dtype; a new tensor
+    otherwise).
     """
     scale = 1.0 / (draws.shape[-1] * tau)
     if out is None:
-        out = torch.empty_like(p, dtype=torch.float64)
+        out = torch.empty_like(p, dtype=weighted.dtype)
     dense = weighted.sum(-1, keepdim=True) * scale
     if p.dtype == out.dtype:
         torch.mul(p, dense, out=out)
@@ -158,7 +159,6 @@ class _Columns:
         wrong = config.vocab_size - config.num_correct - int(has_anchor)
         self.config, self.policy_dtype = config, policy_dtype
         self.segments: list[tuple[int, int]] | None = None  # set: dense, drawn by rejection
-        self.masses = torch.empty(0)  # the segments' shares of p (set by `policy`)
         self.num_correct = config.num_correct + int(anchor_correct)
         first = self.ANCHOR + int(has_anchor)  # first token column
         self.max_width = _blocks(first + config.num_correct + wrong)
@@ -205,12 +205,11 @@ class _Columns:
     def width(self) -> int:
         return self.table.shape[2]
 
-    def policy(self) -> tuple[Tensor, Tensor | None]:
-        """`[S, C]` per-token probabilities p (a bulk column: one member's) and the float64 running
-        sums of the unnormalised column masses (w p: a bulk column's is its members' total), which
-        is what `draw_from_cdf` draws from; with `segments`, no running sums (None) but the
-        segments' shares of p in `masses`, which is what `draw_by_rejection` needs. Empty columns
-        are 0.
+    def policy(self) -> tuple[Tensor, Tensor]:
+        """`[S, C]` per-token probabilities p (a bulk column: one member's) and what `draw` draws
+        from: the float64 running sums of the unnormalised column masses (w p: a bulk column's is
+        its members' total), for `draw_from_cdf`; or, with `segments`, the segments' float64
+        shares of p `[S, K]`, for `draw_by_rejection`. Empty columns are 0.
 
         The exponentials are taken in `policy_dtype` and divided by their float64 total:
         torch.softmax in float32 sums its 128,000 terms in float32, and its probabilities total
@@ -229,24 +228,22 @@ class _Columns:
         if self.segments is not None:
             masses = segment_sums(p, self.segments)
             total = masses.sum(-1, keepdim=True)
-            self.masses = masses.div_(total)
-            return p.mul_(total.reciprocal().to(dtype)), None
+            return p.mul_(total.reciprocal().to(dtype)), masses.div_(total)
         mass = p
         if self.bulk_left:  # a bulk's exponential is one member's: its mass is w times that
             mass = torch.mul(p, self.weights, out=self.scratch.get("mass", shape, dtype))
         cdf = row_cumsum(mass, workspace=self.scratch.get("cdf", shape, torch.float64))
         return p.mul_(cdf[:, -1:].reciprocal().to(dtype)), cdf
 
-    def draw(self, p: Tensor, cdf: Tensor | None, rollouts: int,
+    def draw(self, p: Tensor, source: Tensor, rollouts: int,
              generators: Sequence[np.random.Generator]) -> tuple[Tensor, Tensor, Tensor]:
         """`[S, N]` draws as columns, float64 p at each, and each one's weight (R_j - b) p_j for
-        `grad_from_weights`, from what `policy` returned: by rejection within the segments (the
-        classes: a draw's reward is its segment's), or from the running sums (a drawn bulk token
-        then gets its column: `split`)."""
-        if cdf is None:
-            assert self.segments is not None
+        `grad_from_weights`, from what `policy` returned (`source`): by rejection within the
+        segments (the classes: a draw's reward is its segment's), or from the running sums (a
+        drawn bulk token then gets its column: `split`)."""
+        if self.segments is not None:
             draws = draw_by_rejection(p, self.segments, rollouts, generators, self.scratch,
-                                      self.masses)
+                                      source)
             rewards = self.rewards[:, [a for a, _ in self.segments]].numpy()  # [S, K]
             centred = rewards - (draws.counts * rewards).sum(-1, keepdims=True) / rollouts
             weighted = self.scratch.get("weighted", tuple(draws.cols.shape), torch.float64)
@@ -254,7 +251,7 @@ class _Columns:
                 for a, b, factor in zip(np.cumsum(n) - n, np.cumsum(n), c):
                     np.multiply(drawn_p[a:b], factor, out=w[a:b])
             return draws.cols, draws.p, weighted
-        draws = draw_from_cdf(cdf, self.width, rollouts, generators, self.scratch)
+        draws = draw_from_cdf(source, self.width, rollouts, generators, self.scratch)
         draws = self.split(draws, p, generators) if self.bulk_left else draws
         r, drawn_p = self.rewards.gather(1, draws), p.gather(1, draws).double()
         return draws, drawn_p, (r - r.mean(-1, keepdim=True)).mul_(drawn_p)
@@ -380,8 +377,8 @@ class _Recorder:
         p_all, w_all = p.gather(1, idx).double(), cols.weights.gather(1, idx).double()
         q_pos, sq_pos = (p_all * w_all).sum(-1), (p_all * p_all * w_all).sum(-1)
         bulk_p, bulk_w = p[:, cols.BULK].double(), cols.weights[:, cols.BULK].double()
-        squares = torch.square(p).view(p.shape[0], -1, 256).sum(-1).sum(-1, dtype=torch.float64)
-        sq_all = squares + (bulk_p * bulk_p * (bulk_w - 1)).sum(-1)  # p^2 summed as segment_sums
+        squares = segment_sums(torch.square(p), [(0, p.shape[1])])[:, 0]
+        sq_all = squares + (bulk_p * bulk_p * (bulk_w - 1)).sum(-1)
         cfg = self.config
         mb = from_moments(q_pos, p_pos, p_neg, a2, b2, (sq_pos - a2).clamp_min(0.0),
                           (sq_all - sq_pos - b2).clamp_min(0.0), cfg.reward_correct,
@@ -427,12 +424,12 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
         for step in range(config.steps + 1):
             if cols.bulk_left:
                 cols.reserve(rollouts)
-            p, cdf = cols.policy()
+            p, source = cols.policy()
             if _is_logged(step, config):
                 rec.policy(step, p, cols)
             if step == config.steps:
                 break
-            draws, drawn_p, weighted = cols.draw(p, cdf, rollouts, gens)
+            draws, drawn_p, weighted = cols.draw(p, source, rollouts, gens)
             grad_from_weights(p, draws, weighted, tau, out=cols.grad)
             if anchor is not None:
                 cols.grad[:, anchor] = 0.0
