@@ -15,7 +15,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 
 from brorl.theory.simulator import METRICS, SimulationResult, summarize
 
@@ -26,13 +25,7 @@ PANELS_KEYS = tuple(key for key, _ in PANELS)
 
 def merge_seeds(results: Sequence[SimulationResult]) -> SimulationResult:
     """One result per N from single-seed (or few-seed) results of the same N, seeds in order."""
-    rollouts = {r.rollouts for r in results}
-    if len(rollouts) != 1:
-        raise ValueError(f"merge_seeds needs results of one N, got N in {sorted(rollouts)}")
-    ordered = sorted(results, key=lambda r: r.seeds)
-    curves = {m: torch.cat([r.curves[m] for r in ordered]) for m in METRICS}
-    seeds = tuple(s for r in ordered for s in r.seeds)
-    return SimulationResult(rollouts.pop(), seeds, ordered[0].steps, curves)
+    return SimulationResult.concat(sorted(results, key=lambda r: r.seeds))
 
 
 def merge_by_rollouts(results: Sequence[SimulationResult]) -> list[SimulationResult]:

@@ -165,24 +165,25 @@ def segment_sums(x: Tensor, segments: Sequence[tuple[int, int]], block: int = 25
     """`[S, K]` float64 sums of `x [S, W]` (float32 or float64, W a multiple of `block`) over the
     column ranges `segments` (start, stop).
 
-    Sums `x`'s own dtype within blocks of `block` columns, then block totals in float64 (as
-    `row_cumsum` does): one pass over `x`, and a float32 row of 128,000 sums to about 3e-9
-    relative, where one float32 sum is off by 1e-7 and a float64 sum of float32 costs 13x more.
+    Sums `x`'s own dtype within blocks of `block` columns (torch, on its threads), then block
+    totals in float64 (as `row_cumsum` does): one pass over `x`, and a float32 row of 128,000
+    sums to about 3e-9 relative, where one float32 sum is off by 1e-7 and a float64 sum of float32
+    costs 13x more. The few hundred block totals and the partial blocks at a range's ends are
+    summed in numpy (a small numpy call costs a fraction of a torch op's dispatch).
     """
     rows, width = x.shape
-    totals = x.view(rows, width // block, block).sum(-1).double()
-    prefix = torch.zeros(rows, width // block + 1, dtype=torch.float64)
-    torch.cumsum(totals, -1, out=prefix[:, 1:])
-    out = torch.empty(rows, len(segments), dtype=torch.float64)
-    for k, (start, stop) in enumerate(segments):  # head, whole blocks, tail: no cancellation
+    totals = x.view(rows, width // block, block).sum(-1).numpy().astype(np.float64)
+    xs = x.numpy()
+    out = np.empty((rows, len(segments)))
+    for k, (start, stop) in enumerate(segments):  # head, whole blocks, tail
         a, b = -(-start // block), stop // block
         if a >= b:  # within one block
-            out[:, k] = x[:, start:stop].sum(-1).double()
+            out[:, k] = xs[:, start:stop].sum(-1, dtype=np.float64)
             continue
-        out[:, k] = prefix[:, b] - prefix[:, a]
-        out[:, k] += x[:, start:a * block].sum(-1).double()
-        out[:, k] += x[:, b * block:stop].sum(-1).double()
-    return out
+        out[:, k] = totals[:, a:b].sum(-1)
+        out[:, k] += xs[:, start:a * block].sum(-1, dtype=np.float64)
+        out[:, k] += xs[:, b * block:stop].sum(-1, dtype=np.float64)
+    return torch.from_numpy(out)
 
 
 MARGIN_SD = 4.0
@@ -231,9 +232,9 @@ def draw_by_rejection(p: Tensor, segments: Sequence[tuple[int, int]], rollouts: 
     if masses is None:
         masses = segment_sums(p, segments)
     spans = [(start, stop - start) for start, stop in segments]
-    maxes = torch.stack([p[:, a:a + n].amax(-1) if n > 1 else p[:, a] for a, n in spans], 1)
-    maxes = maxes.double()
-    masses_np, maxes_np = masses.numpy(), maxes.numpy()
+    values = p.numpy()  # numpy's max: 1.6x torch's amax on two threads here
+    maxes_np = np.stack([values[:, a:a + n].max(-1) for a, n in spans], 1).astype(np.float64)
+    masses_np = masses.numpy()
     with np.errstate(invalid="ignore"):  # a range without mass: 0 / 0, and no draws there
         acceptance = masses_np / (np.array([n for _, n in spans]) * maxes_np)
     ok = ((acceptance >= MIN_ACCEPTANCE) | (masses_np <= 0)).all(1)
@@ -249,21 +250,20 @@ def draw_by_rejection(p: Tensor, segments: Sequence[tuple[int, int]], rollouts: 
         cols_np[bad] = np.take_along_axis(found, order, 1)
         p_np[bad] = p[bad].gather(1, draws.cols[bad]).numpy()
         counts[bad] = [np.bincount(w, minlength=len(spans)) for w in which]
-    values = p.numpy()
-    for r in np.flatnonzero(ok).tolist():
-        generator, filled = generators[r], 0
-        counts[r] = generator.multinomial(rollouts, masses_np[r] / masses_np[r].sum())
-        for k, (start, length) in enumerate(spans):
-            n = int(counts[r, k])
+    shares = masses_np / masses_np.sum(-1, keepdims=True)
+    for r in np.flatnonzero(ok).tolist():  # Python numbers in the loops: numpy scalars are slow
+        generator, row, filled = generators[r], values[r], 0
+        counts[r] = generator.multinomial(rollouts, shares[r])
+        for (start, length), n, rate, top in zip(spans, counts[r].tolist(), acceptance[r].tolist(),
+                                                  maxes_np[r].tolist()):
             cols, drawn_p = cols_np[r, filled:filled + n], p_np[r, filled:filled + n]
             filled += n
             if length == 1:
-                cols[:], drawn_p[:] = start, values[r, start]
+                cols[:], drawn_p[:] = start, row[start]
                 continue
-            got = 0
+            block, got = row[start:start + length], 0
             while got < n:
-                got += _rejection_round(values[r, start:start + length], start, cols[got:],
-                                        drawn_p[got:], acceptance[r, k], maxes_np[r, k],
+                got += _rejection_round(block, start, cols[got:], drawn_p[got:], rate, top,
                                         generator, scratch)
     return draws
 
@@ -291,7 +291,7 @@ def _rejection_round(block: np.ndarray, start: int, cols: np.ndarray, drawn_p: n
     proposed = scratch.array("reject_cols", k, np.int64)
     np.copyto(proposed, whole, casting="unsafe")
     # in range: "wrap" only skips the bounds checks (and is faster than "clip" here)
-    values = np.take(block, proposed, mode="wrap", out=scratch.array("reject_p", k, block.dtype))
+    values = block.take(proposed, mode="wrap", out=scratch.array("reject_p", k, block.dtype))
     accept = np.less(x, values, out=scratch.array("reject_ok", k, np.bool_))
     kept = proposed[accept][:need]  # a boolean mask: 4x faster here than its indices and take
     np.add(kept, start, out=cols[:kept.size])

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from torch import Tensor
-from torch.optim.adamw import adamw
 
 from brorl.theory.mass_balance import from_moments
 from brorl.theory.sampling import (Scratch, draw_by_rejection, draw_from_cdf, row_cumsum,
@@ -90,6 +89,16 @@ class SimulationResult:
     def final(self, metric: str) -> Tensor:
         """`[S]` values of `metric` at the last logged step."""
         return self.curves[metric][:, -1]
+
+    @classmethod
+    def concat(cls, parts: Sequence[SimulationResult]) -> SimulationResult:
+        """One result with the seeds of `parts` (runs of one N), in the order given."""
+        rollouts = {r.rollouts for r in parts}
+        if len(rollouts) != 1:
+            raise ValueError(f"results of one N can be joined, got N in {sorted(rollouts)}")
+        curves = {m: torch.cat([r.curves[m] for r in parts]) for m in METRICS}
+        seeds = tuple(s for r in parts for s in r.seeds)
+        return cls(rollouts.pop(), seeds, parts[0].steps, curves)
 
 
 @torch.no_grad()
@@ -183,6 +192,8 @@ class _Columns:
             weights[:, self.ANCHOR], logits[:, self.ANCHOR] = 1.0, config.anchor_logit
             correct[:, self.ANCHOR] = anchor_correct
         self.rewards.copy_(torch.where(correct, config.reward_correct, config.reward_wrong))
+        if self.segments is not None:  # each class's reward `[S, K]` (numpy)
+            self.segment_rewards = self.rewards[:, [a for a, _ in self.segments]].numpy().copy()
         # Correct columns of each row (padded with the empty column), for the correct-token metrics.
         self.pos_cols = torch.full((rows, self.num_correct + 1), self.EMPTY, dtype=torch.int64)
         self.pos_used = torch.zeros(rows, dtype=torch.int64)
@@ -225,10 +236,11 @@ class _Columns:
         # relative error near 3e-7 per probability, the size of the float32 exponentials' own.
         p.copy_(z).mul_(_LOG2E)
         p.sub_(p.amax(-1, keepdim=True)).exp2_()
-        if self.segments is not None:
-            masses = segment_sums(p, self.segments)
-            total = masses.sum(-1, keepdim=True)
-            return p.mul_(total.reciprocal().to(dtype)), masses.div_(total)
+        if self.segments is not None:  # the [S, K] arithmetic in numpy (cheaper calls)
+            masses = segment_sums(p, self.segments).numpy()
+            total = masses.sum(-1, keepdims=True)
+            p.mul_(torch.from_numpy(np.reciprocal(total)).to(dtype))
+            return p, torch.from_numpy(np.divide(masses, total, out=masses))
         mass = p
         if self.bulk_left:  # a bulk's exponential is one member's: its mass is w times that
             mass = torch.mul(p, self.weights, out=self.scratch.get("mass", shape, dtype))
@@ -244,11 +256,13 @@ class _Columns:
         if self.segments is not None:
             draws = draw_by_rejection(p, self.segments, rollouts, generators, self.scratch,
                                       source)
-            rewards = self.rewards[:, [a for a, _ in self.segments]].numpy()  # [S, K]
+            rewards = self.segment_rewards
             centred = rewards - (draws.counts * rewards).sum(-1, keepdims=True) / rollouts
+            ends = draws.counts.cumsum(-1)
             weighted = self.scratch.get("weighted", tuple(draws.cols.shape), torch.float64)
-            for w, drawn_p, c, n in zip(weighted.numpy(), draws.p.numpy(), centred, draws.counts):
-                for a, b, factor in zip(np.cumsum(n) - n, np.cumsum(n), c):
+            for w, drawn_p, factors, stops in zip(weighted.numpy(), draws.p.numpy(),
+                                                  centred.tolist(), ends.tolist()):
+                for a, b, factor in zip([0, *stops], stops, factors):
                     np.multiply(drawn_p[a:b], factor, out=w[a:b])
             return draws.cols, draws.p, weighted
         draws = draw_from_cdf(source, self.width, rollouts, generators, self.scratch)
@@ -314,13 +328,17 @@ class _Columns:
         pos_used += added
 
     def update(self) -> None:
-        """One step of torch's fused AdamW on the logits from `grad` (the optimizer's functional
-        form: the same kernel as `torch.optim.AdamW(fused=True).step()`, without its per-call
-        bookkeeping, and with state that `reserve` and `split` can copy and grow)."""
+        """One step of torch's fused AdamW on the logits from `grad`: the kernel that
+        `torch.optim.AdamW(fused=True).step()` runs, called as torch's functional form calls it
+        (the step count first, then the kernel), without the functional form's grouping of the
+        tensors by device and dtype (about 20 us a call here, for one float64 tensor of each);
+        with state that `reserve` and `split` can copy and grow."""
         cfg = self.config
-        adamw([self.logits], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self.updates],
-              fused=True, amsgrad=False, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, lr=cfg.lr,
-              weight_decay=cfg.weight_decay, eps=cfg.adam_eps, maximize=False)
+        self.updates.add_(1)
+        torch._fused_adamw_([self.logits], [self.grad], [self.exp_avg], [self.exp_avg_sq], [],
+                            [self.updates], amsgrad=False, lr=cfg.lr, beta1=cfg.adam_beta1,
+                            beta2=cfg.adam_beta2, weight_decay=cfg.weight_decay, eps=cfg.adam_eps,
+                            maximize=False, grad_scale=None, found_inf=None)
 
 
 _LOG2E = 1.4426950408889634
@@ -395,10 +413,22 @@ def _is_logged(step: int, config: SimConfig) -> bool:
     return step % config.log_every == 0 or step == config.steps
 
 
+STATE_BUDGET = 24 * 2**20
+"""Bytes of per-step state one batch of seeds may hold: three quarters of the 32 MiB L3 cache
+of the machines measured. The dense runs' state at the paper's V (logits, AdamW's moments and
+the gradient in float64, p, the draws) is about 4.6 MB a seed at N = 512 and 5.9 MB at
+N = 51,200; all 8 seeds in one batch spill out of the cache, and each step then streams its
+state from memory (about 28 GB/s here, against about 100 GB/s from the L3). In a slow spell of
+the AMD EPYC of 2026-11-25 (fifth session), 1000 steps at N = 512 took 2.5 s in two batches of
+4 seeds against 3.0 s in one batch of 8; in a fast spell the two were equal. More batches cost
+more calls per step (about 0.2 ms a step per batch here)."""
+
+
 def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
              policy_dtype: torch.dtype = torch.float32, lumped: bool | None = None,
-             rejection: bool = True) -> SimulationResult:
-    """Run the simulator for one N over several seeds at once (rows of one tensor).
+             rejection: bool = True, budget: int = STATE_BUDGET) -> SimulationResult:
+    """Run the simulator for one N over several seeds, in batches of seeds (`seed_batches`), each
+    batch's seeds at once as rows of one tensor.
 
     The logits and AdamW's state are float64: in float32 the update's rounding at logits near 3 is
     the same for every correct token, and at the paper's settings with N = 512 it moved the final
@@ -408,11 +438,43 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
     one shared by a class. CDFs and metrics are always float64. `lumped` (default: when
     steps x N <= V / 2) keeps never-drawn tokens in bulk columns (`_Columns`). A dense run
     draws by rejection within each class of tokens (`draw_by_rejection`: no running sums over
-    V), unless `rejection` is False; a lumped run by inverse CDF.
+    V), unless `rejection` is False; a lumped run by inverse CDF. Each seed has its own
+    generator, so its curves do not depend on the batches.
     """
-    seeds = list(seeds)
     if lumped is None:
         lumped = config.steps * rollouts <= config.vocab_size // 2
+    batches = seed_batches(config, rollouts, seeds, lumped, policy_dtype, budget)
+    return SimulationResult.concat([_simulate_batch(config, rollouts, batch, policy_dtype, lumped,
+                                                    rejection) for batch in batches])
+
+
+def seed_batches(config: SimConfig, rollouts: int, seeds: Sequence[int], lumped: bool,
+                 policy_dtype: torch.dtype = torch.float32,
+                 budget: int = STATE_BUDGET) -> list[list[int]]:
+    """`seeds` in the fewest consecutive batches, as even as possible, whose per-step state
+    (`_row_bytes` a seed) fits in `budget` bytes each (one seed a batch at the least)."""
+    seeds = list(seeds)
+    per_seed = _row_bytes(config, rollouts, lumped, policy_dtype)
+    count = min(len(seeds), max(1, -(-len(seeds) * per_seed // budget)))
+    size, extra = divmod(len(seeds), count)
+    bounds = np.cumsum([0] + [size + (k < extra) for k in range(count)]).tolist()
+    return [seeds[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _row_bytes(config: SimConfig, rollouts: int, lumped: bool, policy_dtype: torch.dtype) -> int:
+    """Bytes of one seed's per-step state: per column the float64 logits, AdamW moments and
+    gradient and p in `policy_dtype`; per draw its column, p and weight (8 bytes each). A lumped
+    run's columns are at most the tokens it can draw, plus the special columns."""
+    columns = config.vocab_size + _Columns.ANCHOR + 1
+    if lumped:
+        columns = min(columns, _Columns.ANCHOR + 1 + config.steps * rollouts)
+    itemsize = torch.empty((), dtype=policy_dtype).element_size()
+    return _blocks(columns) * (4 * 8 + itemsize) + rollouts * 3 * 8
+
+
+def _simulate_batch(config: SimConfig, rollouts: int, seeds: Sequence[int],
+                    policy_dtype: torch.dtype, lumped: bool, rejection: bool) -> SimulationResult:
+    """`simulate` for one batch of seeds, all at once."""
     gens = [np.random.default_rng(s) for s in seeds]
     cols = _Columns(config, len(seeds), lumped, policy_dtype, rejection and not lumped)
     tau = config.temperature
@@ -431,13 +493,13 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
                 break
             draws, drawn_p, weighted = cols.draw(p, source, rollouts, gens)
             grad_from_weights(p, draws, weighted, tau, out=cols.grad)
-            if anchor is not None:
-                cols.grad[:, anchor] = 0.0
+            if anchor is not None:  # through numpy: a torch setitem costs several times more
+                cols.grad.numpy()[:, anchor] = 0.0
             if _is_logged(step + 1, config):
                 rec.theorem(p, draws, cols, drawn_p)  # the moments of the update about to happen
             cols.update()
             if anchor is not None:
-                cols.logits[:, anchor] = config.anchor_logit
+                cols.logits.numpy()[:, anchor] = config.anchor_logit
     return rec.result(rollouts, seeds)
 
 
