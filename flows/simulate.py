@@ -1,7 +1,9 @@
 """The `simulate` flow: the paper's token-level simulator sweep (BroRL §4.1, Fig. 3).
 
-One task run per (N, seed), run concurrently, then the merge and report tasks, then MLflow: a
-parent run with the resolved params and artifacts, a child run per N with per-step metrics.
+One task run per N with every seed, one after another (each uses both cores: the seeds run as
+rows of one tensor, in cache-sized batches, on torch's threads), then the report task, then
+MLflow: a parent run with the resolved params and artifacts, a child run per N with per-step
+metrics.
 Run: `python -m flows.simulate --params params/simulate.yaml [-S simulate.steps=200]`.
 """
 
@@ -10,22 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from brorl.params import load_params
 from flows.entry import run_flow_cli
 from tasks import tracking
-from tasks.simulate import log_to_mlflow, merge_results, simulate_run, write_report
+from tasks.simulate import log_to_mlflow, simulate_run, write_report
 
 
-@flow(name="simulate", task_runner=ThreadPoolTaskRunner(max_workers=2))
+@flow(name="simulate")
 def simulate(params_path: str, overrides: list[str] | None = None) -> dict:
     """Run the sweep; returns the output paths and the MLflow parent run id."""
     params = load_params(params_path, overrides or [])
     sim = params.simulate
     seeds = [sim.seed + k for k in range(sim.num_seeds)]
-    futures = [simulate_run.submit(sim, n, s) for n in sim.rollouts_per_prompt for s in seeds]
-    merged = merge_results([f.result() for f in futures])
+    merged = [simulate_run(sim, n, seeds) for n in sorted(set(sim.rollouts_per_prompt))]
     where = params.tracking
     out_dir = tracking.ROOT / where.output_dir / "simulate"
     paths = write_report(merged, out_dir, tracking.ROOT / where.plots_dir / "simulate",

@@ -10,7 +10,6 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -21,17 +20,9 @@ from tasks import tracking
 
 
 @task(name="simulate_run", cache_policy=NO_CACHE, persist_result=False)
-def simulate_run(params: SimulateParams, rollouts: int, seed: int) -> SimulationResult:
-    """One (N, seed) simulator run, on one thread: the flow runs one run per core at a time, and
-    intra-op threads on top of that oversubscribe the cores (10x slower measured here)."""
-    torch.set_num_threads(1)
-    return simulate(SimConfig.from_params(params), rollouts, [seed])
-
-
-@task(name="simulate_merge", cache_policy=NO_CACHE, persist_result=False)
-def merge_results(results: list[SimulationResult]) -> list[SimulationResult]:
-    """One multi-seed result per N."""
-    return report.merge_by_rollouts(results)
+def simulate_run(params: SimulateParams, rollouts: int, seeds: list[int]) -> SimulationResult:
+    """One N's simulator runs, every seed (brorl batches the seeds and uses torch's threads)."""
+    return simulate(SimConfig.from_params(params), rollouts, seeds)
 
 
 @task(name="simulate_report", cache_policy=NO_CACHE, persist_result=False)

@@ -239,7 +239,7 @@ def test_loss_config_takes_every_field_from_the_update_section():
 def test_sim_config_takes_every_field_from_the_simulate_section():
     changed, unused = _changed_by(lambda p: SimConfig.from_params(p.simulate), ("simulate",))
     assert changed == {key: {f"simulate.{key}"} for key in changed}
-    # the sweep's keys: the flow runs one SimConfig per (N, seed) and reports at report_steps
+    # the sweep's keys: the flow runs one SimConfig per N over the seeds and reports at report_steps
     assert unused == {"simulate.rollouts_per_prompt", "simulate.num_seeds", "simulate.seed",
                       "simulate.report_steps"}
 

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from brorl.params import SimulateParams
-from brorl.theory.report import merge_seeds
 from brorl.theory.sampling import (Scratch, draw_by_rejection, draw_from_cdf, draw_tokens,
                                    segment_sums)
-from brorl.theory.simulator import SimConfig, simulate, surrogate_grad
+from brorl.theory.simulator import SimConfig, SimulationResult, simulate, surrogate_grad
 
 
 def _config(**changes) -> SimConfig:
@@ -82,7 +81,7 @@ def test_draw_tokens_handles_a_peaked_distribution_that_needs_the_search_fallbac
 def test_a_seed_gives_the_same_curves_alone_or_in_a_batch():
     cfg = _config(vocab_size=2000, num_correct=150, steps=40, log_every=10)
     batch = simulate(cfg, 64, [0, 1, 2])
-    alone = merge_seeds([simulate(cfg, 64, [s]) for s in (2, 0, 1)])
+    alone = SimulationResult.concat([simulate(cfg, 64, [s]) for s in (0, 1, 2)])
     for name, curve in batch.curves.items():
         assert torch.allclose(curve, alone.curves[name], equal_nan=True), name
 

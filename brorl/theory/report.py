@@ -23,19 +23,6 @@ PANELS = (("q_pos", "Correct prob. mass Q_pos"), ("pct_improved", "% correct tok
 PANELS_KEYS = tuple(key for key, _ in PANELS)
 
 
-def merge_seeds(results: Sequence[SimulationResult]) -> SimulationResult:
-    """One result per N from single-seed (or few-seed) results of the same N, seeds in order."""
-    return SimulationResult.concat(sorted(results, key=lambda r: r.seeds))
-
-
-def merge_by_rollouts(results: Sequence[SimulationResult]) -> list[SimulationResult]:
-    """Group results by N and merge each group's seeds; ordered by N."""
-    by_n: dict[int, list[SimulationResult]] = {}
-    for r in results:
-        by_n.setdefault(r.rollouts, []).append(r)
-    return [merge_seeds(group) for _, group in sorted(by_n.items())]
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file and a rename (no half-written files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
