@@ -12,7 +12,8 @@ import torch
 from brorl.params import SimulateParams
 from brorl.theory.sampling import (Scratch, draw_by_rejection, draw_from_cdf, draw_tokens,
                                    segment_sums)
-from brorl.theory.simulator import SimConfig, SimulationResult, simulate, surrogate_grad
+from brorl.theory.simulator import (SimConfig, SimulationResult, _row_bytes, seed_batches,
+                                    simulate, surrogate_grad)
 
 
 def _config(**changes) -> SimConfig:
@@ -84,6 +85,31 @@ def test_a_seed_gives_the_same_curves_alone_or_in_a_batch():
     alone = SimulationResult.concat([simulate(cfg, 64, [s]) for s in (0, 1, 2)])
     for name, curve in batch.curves.items():
         assert torch.allclose(curve, alone.curves[name], equal_nan=True), name
+
+
+@pytest.mark.parametrize("lumped", [False, True])
+def test_seeds_in_cache_sized_batches_give_the_curves_of_one_batch(lumped):
+    cfg = _config(vocab_size=2000, num_correct=150, steps=30, log_every=10)
+    seeds = [4, 0, 3, 1, 2]
+    per_seed = _row_bytes(cfg, 64, lumped, torch.float32)
+    assert seed_batches(cfg, 64, seeds, lumped, budget=3 * per_seed) == [[4, 0, 3], [1, 2]]
+    one = simulate(cfg, 64, seeds, lumped=lumped, budget=10 * per_seed)
+    split = simulate(cfg, 64, seeds, lumped=lumped, budget=2 * per_seed)  # [4, 0] [3, 1] [2]
+    assert split.seeds == one.seeds == tuple(seeds)
+    for name, curve in one.curves.items():
+        assert torch.equal(curve.nan_to_num(), split.curves[name].nan_to_num()), name
+
+
+def test_seed_batches_are_the_fewest_that_fit_and_as_even_as_possible():
+    cfg = _config()
+    per_seed = _row_bytes(cfg, 512, False, torch.float32)
+    assert per_seed > 4_000_000  # the paper's V: about 4.6 MB a seed at N = 512
+    seeds = list(range(8))
+    assert seed_batches(cfg, 512, seeds, False) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # 24 MiB
+    assert seed_batches(cfg, 512, seeds, False, budget=8 * per_seed) == [seeds]
+    assert [len(b) for b in seed_batches(cfg, 512, seeds, False, budget=3 * per_seed)] == [3, 3, 2]
+    assert seed_batches(cfg, 512, seeds, False, budget=1) == [[s] for s in seeds]
+    assert seed_batches(cfg, 16, seeds, True) == [seeds]  # lumped: few columns
 
 
 def test_logged_steps_and_step_zero_shows_no_change_and_no_theorem_terms():
