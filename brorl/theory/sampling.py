@@ -276,10 +276,11 @@ def _rejection_round(block: np.ndarray, start: int, cols: np.ndarray, drawn_p: n
     and `drawn_p`, as many as they hold or fewer if fewer were accepted; returns how many.
 
     Row by row in numpy, on scratch buffers: a row's proposals (at most about 60,000 here) and
-    its range of p stay in the core's cache. Batching the rows in torch ops took 13.3 against
-    11.8 ms for 8 x 51,200 draws (AMD EPYC, same draws). Grouping a row's proposals by slices of
-    the range, so that the lookups stay within a few KB, cost more than it saved (15.4 against
-    13.6 ms a step at N = 51,200), and needs a random subset of the accepted ones, not the first.
+    its range of p stay in the core's cache. With the rows batched in torch ops the benchmark's
+    N = 51,200 took 7.0-7.6 s against 6.0 s (AMD EPYC, same draws). Grouping a row's proposals by
+    slices of the range, so that the lookups stay within a few KB, cost more than it saved (15.4
+    against 13.6 ms a step at N = 51,200), and needs a random subset of the accepted ones, not
+    the first.
     """
     need, length = cols.size, block.size
     k = math.ceil(max(need + MARGIN_SD * math.sqrt(need) + 8, 8) / acceptance)
@@ -293,7 +294,7 @@ def _rejection_round(block: np.ndarray, start: int, cols: np.ndarray, drawn_p: n
     # in range: "wrap" only skips the bounds checks (and is faster than "clip" here)
     values = block.take(proposed, mode="wrap", out=scratch.array("reject_p", k, block.dtype))
     accept = np.less(x, values, out=scratch.array("reject_ok", k, np.bool_))
-    kept = proposed[accept][:need]  # a boolean mask: 4x faster here than its indices and take
+    kept = proposed[accept][:need]  # a boolean mask: 3.7x faster here than its indices and take
     np.add(kept, start, out=cols[:kept.size])
     drawn_p[:kept.size] = values[accept][:need]
     return kept.size
