@@ -15,7 +15,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-
 from brorl.theory.simulator import METRICS, SimulationResult, summarize
 
 PANELS = (("q_pos", "Correct prob. mass Q_pos"), ("pct_improved", "% correct tokens improved"),

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from torch import Tensor
+from torch.optim.adamw import adamw
 
 from brorl.theory.mass_balance import from_moments
 from brorl.theory.sampling import (Scratch, draw_by_rejection, draw_from_cdf, row_cumsum,
@@ -328,17 +329,13 @@ class _Columns:
         pos_used += added
 
     def update(self) -> None:
-        """One step of torch's fused AdamW on the logits from `grad`: the kernel that
-        `torch.optim.AdamW(fused=True).step()` runs, called as torch's functional form calls it
-        (the step count first, then the kernel), without the functional form's grouping of the
-        tensors by device and dtype (about 20 us a call here, for one float64 tensor of each);
-        with state that `reserve` and `split` can copy and grow."""
+        """One step of torch's fused AdamW on the logits from `grad` (the optimizer's functional
+        form: the same kernel as `torch.optim.AdamW(fused=True).step()`, without its per-call
+        bookkeeping, and with state that `reserve` and `split` can copy and grow)."""
         cfg = self.config
-        self.updates.add_(1)
-        torch._fused_adamw_([self.logits], [self.grad], [self.exp_avg], [self.exp_avg_sq], [],
-                            [self.updates], amsgrad=False, lr=cfg.lr, beta1=cfg.adam_beta1,
-                            beta2=cfg.adam_beta2, weight_decay=cfg.weight_decay, eps=cfg.adam_eps,
-                            maximize=False, grad_scale=None, found_inf=None)
+        adamw([self.logits], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self.updates],
+              fused=True, amsgrad=False, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, lr=cfg.lr,
+              weight_decay=cfg.weight_decay, eps=cfg.adam_eps, maximize=False)
 
 
 _LOG2E = 1.4426950408889634
@@ -455,7 +452,7 @@ def seed_batches(config: SimConfig, rollouts: int, seeds: Sequence[int], lumped:
     (`_row_bytes` a seed) fits in `budget` bytes each (one seed a batch at the least)."""
     seeds = list(seeds)
     per_seed = _row_bytes(config, rollouts, lumped, policy_dtype)
-    count = min(len(seeds), max(1, -(-len(seeds) * per_seed // budget)))
+    count = max(1, min(len(seeds), -(-len(seeds) * per_seed // budget)))
     size, extra = divmod(len(seeds), count)
     bounds = np.cumsum([0] + [size + (k < extra) for k in range(count)]).tolist()
     return [seeds[a:b] for a, b in zip(bounds, bounds[1:])]
@@ -493,13 +490,13 @@ def _simulate_batch(config: SimConfig, rollouts: int, seeds: Sequence[int],
                 break
             draws, drawn_p, weighted = cols.draw(p, source, rollouts, gens)
             grad_from_weights(p, draws, weighted, tau, out=cols.grad)
-            if anchor is not None:  # through numpy: a torch setitem costs several times more
-                cols.grad.numpy()[:, anchor] = 0.0
+            if anchor is not None:
+                cols.grad[:, anchor] = 0.0
             if _is_logged(step + 1, config):
                 rec.theorem(p, draws, cols, drawn_p)  # the moments of the update about to happen
             cols.update()
             if anchor is not None:
-                cols.logits.numpy()[:, anchor] = config.anchor_logit
+                cols.logits[:, anchor] = config.anchor_logit
     return rec.result(rollouts, seeds)
 
 
