@@ -412,13 +412,9 @@ def _is_logged(step: int, config: SimConfig) -> bool:
 
 STATE_BUDGET = 24 * 2**20
 """Bytes of per-step state one batch of seeds may hold: three quarters of the 32 MiB L3 cache
-of the machines measured. The dense runs' state at the paper's V (logits, AdamW's moments and
-the gradient in float64, p, the draws) is about 4.6 MB a seed at N = 512 and 5.9 MB at
-N = 51,200; all 8 seeds in one batch spill out of the cache, and each step then streams its
-state from memory (about 28 GB/s here, against about 100 GB/s from the L3). In a slow spell of
-the AMD EPYC of 2026-11-25 (fifth session), 1000 steps at N = 512 took 2.5 s in two batches of
-4 seeds against 3.0 s in one batch of 8; in a fast spell the two were equal. More batches cost
-more calls per step (about 0.2 ms a step per batch here)."""
+of the machines measured. At the paper's V a dense run's state is about 4.6 MB a seed at N = 512,
+so 8 seeds in one batch stream it from memory every step (about 28 GB/s here, against about
+100 GB/s from the L3); a batch costs about 0.2 ms a step in calls. Measured: docs/theory.md §6."""
 
 
 def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
@@ -453,15 +449,12 @@ def seed_batches(config: SimConfig, rollouts: int, seeds: Sequence[int], lumped:
     seeds = list(seeds)
     per_seed = _row_bytes(config, rollouts, lumped, policy_dtype)
     count = max(1, min(len(seeds), -(-len(seeds) * per_seed // budget)))
-    size, extra = divmod(len(seeds), count)
-    bounds = np.cumsum([0] + [size + (k < extra) for k in range(count)]).tolist()
-    return [seeds[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [part.tolist() for part in np.array_split(np.array(seeds, dtype=np.int64), count)]
 
 
 def _row_bytes(config: SimConfig, rollouts: int, lumped: bool, policy_dtype: torch.dtype) -> int:
-    """Bytes of one seed's per-step state: per column the float64 logits, AdamW moments and
-    gradient and p in `policy_dtype`; per draw its column, p and weight (8 bytes each). A lumped
-    run's columns are at most the tokens it can draw, plus the special columns."""
+    """Bytes of one seed's per-step state: per column float64 logits, AdamW moments and gradient
+    and p; per draw its column, p and weight. A lumped run has at most a column per draw."""
     columns = config.vocab_size + _Columns.ANCHOR + 1
     if lumped:
         columns = min(columns, _Columns.ANCHOR + 1 + config.steps * rollouts)
