@@ -9,7 +9,7 @@ brorl's seeds then numpy's one seed; the script prints the sweep's wall time (br
 summed over N), the speed-up per run, and checks that numpy's final Q_pos and % improved lie
 within brorl's seed spread for every N.
 
-Run: `python benchmarks/simulate_speed.py` (the full paper sweep, 8 seeds; about a minute) or with
+Run: `python benchmarks/simulate_speed.py` (the full paper sweep, 8 seeds; about half a minute) or with
 `--steps 200 --seeds 4` for a quick look.
 """
 
