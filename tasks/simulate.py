@@ -1,4 +1,4 @@
-"""Prefect tasks of the `simulate` stage: one simulator run, the report, the MLflow records.
+"""Prefect tasks of the `simulate` stage: one N's simulator runs, the report, the MLflow records.
 
 Each task wraps one brorl call. Results are small (a few hundred logged points per run) and are
 passed in memory, never persisted by Prefect.
