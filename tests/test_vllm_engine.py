@@ -63,7 +63,7 @@ def test_vllm_rollouts_are_prompt_major_with_sampling_logprobs(setup):
     assert batch.prompt_index.tolist() == [b for b in range(4) for _ in range(8)]
     assert set(batch.finish_reasons) <= {"stop", "length"}
     for row, k, reason in zip(batch.response_ids, batch.response_lengths, batch.finish_reasons):
-        assert (reason == "stop") == (int(row[k - 1]) == engine.eos_id)
+        assert (reason == "stop") == (int(row[k - 1]) in engine.stop_ids)
         assert reason == "stop" or k == SAMPLING.max_response_tokens
     assert len({tuple(r.tolist()) for r in batch.response_ids[:8]}) > 1  # distinct rollouts
     with torch.no_grad():

@@ -27,6 +27,7 @@ from brorl.engines.base import SamplingConfig, counter_uniform, sample_tokens, s
 from brorl.policy.prefix import (
     SHARED_PREFIX, Prefix, attention, group_prefixes, prefill,
 )
+from brorl.policy.tokens import decode_responses, encode_prompts, model_stop_ids, pad_id
 from brorl.types import FinishReason, RolloutBatch
 
 @dataclass
@@ -56,13 +57,12 @@ class HfEngine:
                 f"max_concurrent_rollouts {max_concurrent_rollouts} must be >= 1; it bounds how "
                 "many rollouts decode at once (and so the KV-cache memory)."
             )
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no eos_token_id; rollouts could never stop.")
         self.model = model
         self.tokenizer = tokenizer
         self.max_concurrent_rollouts = max_concurrent_rollouts
-        self.eos_id = int(tokenizer.eos_token_id)
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.stop_ids = torch.tensor(model_stop_ids(model, tokenizer))
+        """Token ids that end a rollout (`brorl.policy.tokens.stop_ids`)."""
+        self.pad_id = pad_id(tokenizer)
         self.last_peak_rows = 0
         """Most rows decoded at once in the last `generate` call (for the memory-bound test)."""
         self.last_prefills: list[int] = []
@@ -79,12 +79,7 @@ class HfEngine:
             raise ValueError(
                 f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}."
             )
-        prompt_ids = [tuple(self.tokenizer(p)["input_ids"]) for p in prompts]
-        empty = [b for b, ids in enumerate(prompt_ids) if not ids]
-        if empty:
-            raise ValueError(
-                f"prompts {empty} tokenize to no tokens; every prompt needs at least one."
-            )
+        prompt_ids = encode_prompts(self.tokenizer, prompts)
         device = next(self.model.parameters()).device
         rows = len(prompts) * n
         t_max = sampling.max_response_tokens
@@ -129,6 +124,7 @@ class HfEngine:
         The rows' cache holds their responses only; each prompt's cache is kept once and
         attended by all of its rows (`shared_prefix_attention`)."""
         shared, positions, logits = group_prefixes(prefixes, rows // n)
+        stop_ids = self.stop_ids.to(rows.device)
         cache = DynamicCache()
         logits = logits.float()
         active = rows
@@ -143,7 +139,7 @@ class HfEngine:
                 out.tokens[active, step] = tokens
                 out.logprobs[active, step] = logp.gather(-1, tokens[:, None]).squeeze(-1)
                 out.lengths[active] = step + 1
-                done = tokens == self.eos_id
+                done = torch.isin(tokens, stop_ids)
                 out.stopped[active[done]] = True
                 keep = (~done).nonzero().squeeze(-1)
                 if keep.numel() == 0 or step + 1 == sampling.max_response_tokens:
@@ -164,9 +160,8 @@ class HfEngine:
     def _batch(self, prompt_ids: list[tuple[int, ...]], n: int, out: _Outputs) -> RolloutBatch:
         t = max(int(out.lengths.max()), 1)
         tokens, lengths = out.tokens[:, :t].cpu(), out.lengths.cpu()
-        texts = self.tokenizer.batch_decode(
-            [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())], skip_special_tokens=True
-        )
+        texts = decode_responses(
+            self.tokenizer, [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())])
         reasons: tuple[FinishReason, ...] = tuple(
             "stop" if s else "length" for s in out.stopped.tolist()
         )

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from transformers import PreTrainedTokenizerFast
-
 from brorl.engines.base import SamplingConfig
+from brorl.policy.model import load_tokenizer
+from brorl.policy.tokens import decode_responses, encode_prompts, pad_id, stop_ids
 from brorl.types import FinishReason, RolloutBatch
 
 _CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -92,14 +92,14 @@ class VllmEngine:
         _configure_environment(cpu_kv_cache_gib, cpu_threads)
         from vllm import LLM
 
-        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-        if self.tokenizer.eos_token_id is None:
-            raise ValueError(
-                f"the tokenizer in {path} has no eos_token_id; rollouts could never stop."
-            )
-        self.eos_id = int(self.tokenizer.eos_token_id)
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else self.eos_id)
+        from transformers import GenerationConfig
+
+        self.tokenizer = load_tokenizer(path)
+        generation = GenerationConfig.from_pretrained(path, local_files_only=True) \
+            if (path / "generation_config.json").is_file() else None
+        self.stop_ids = stop_ids(self.tokenizer, getattr(generation, "eos_token_id", None))
+        """Token ids that end a rollout, as the hf engine's (`brorl.policy.tokens`)."""
+        self.pad_id = pad_id(self.tokenizer)
         self.llm = LLM(
             model=str(path),
             dtype=dtype,
@@ -141,7 +141,7 @@ class VllmEngine:
             max_tokens=sampling.max_response_tokens,
             logprobs=0,
             seed=seed,
-            stop_token_ids=[self.eos_id],
+            stop_token_ids=list(self.stop_ids),
             detokenize=False,
         )
 
@@ -153,7 +153,7 @@ class VllmEngine:
             )
         if n > _SEED_STRIDE:
             raise ValueError(f"n={n} exceeds {_SEED_STRIDE} rollouts per prompt (seed spacing).")
-        prompt_ids = [tuple(self.tokenizer(p)["input_ids"]) for p in prompts]
+        prompt_ids = encode_prompts(self.tokenizer, prompts)
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         params = [self._params(sampling, n, b) for b in range(len(prompts))]
         results = self.llm.generate(requests, params, use_tqdm=False)
@@ -177,9 +177,8 @@ class VllmEngine:
                 [step[tok].logprob for step, tok in zip(c.logprobs, ids)], dtype=torch.float32
             )
             reasons.append("length" if c.finish_reason == "length" else "stop")
-        texts = self.tokenizer.batch_decode(
-            [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())], skip_special_tokens=True
-        )
+        texts = decode_responses(
+            self.tokenizer, [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())])
         return RolloutBatch(
             prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
             prompt_ids=tuple(prompt_ids),

@@ -109,7 +109,18 @@ def load_policy(
             "pass a folder written by save_policy or save_pretrained."
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    return model.to(device).eval(), load_tokenizer(path)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """The tokenizer of a local HF folder, exactly as its `tokenizer.json` defines it (with its
+    chat template), padding with EOS when it has no pad token (batched generation needs one)."""
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(
+            f"{path} has no tokenizer.json: brorl reads the fast tokenizer a checkpoint ships; "
+            "save one beside the weights (tokenizer.save_pretrained(folder)).")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token  # batched generation needs a pad id
-    return model.to(device).eval(), tokenizer
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -72,10 +72,11 @@ def has_reference(problem: Problem) -> bool:
 def build_probes(problems: Sequence[Problem], tokenizer) -> Probes:
     """The probes of `problems` that have a reference response (the others are skipped)."""
     from brorl.base.supervised import encode_pairs
+    from brorl.policy.tokens import pad_id
 
     kept = tuple(p for p in problems if has_reference(p))
     pairs = encode_pairs(kept, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_id(tokenizer)
     width = max((len(t) for _, t in pairs), default=0)
     ids = torch.full((len(pairs), width), pad, dtype=torch.long)
     for row, (_, target) in enumerate(pairs):
