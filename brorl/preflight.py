@@ -181,7 +181,9 @@ def check_inputs(params: ExperimentParams, stage: str, root: str | Path = ".", *
     """Every input `stage` reads, checked up front (relative paths from `root`).
 
     Stages: `data`, `simulate`, `study` (params only, or files that earlier stages of the same
-    pipeline write), `compare` (each arm's params file: a `ParamsError` names it), `base` (the splits), `train` (the splits, the start checkpoint
+    pipeline write), `model` (its source: `brorl.model.check_source`), `compare` (each arm's
+    params file: a `ParamsError` names it), `base` (the splits and the model stage's
+    checkpoint), `train` (the splits, the start checkpoint
     and, with `resume`, the checkpoint it resumes), `evaluate` (the test split and
     `checkpoint`, else the run's policy, `checkpoint.policy_to_evaluate`).
     """
@@ -192,9 +194,17 @@ def check_inputs(params: ExperimentParams, stage: str, root: str | Path = ".", *
 
         for path in params.compare.arms.values():
             load_params(root / path)  # a ParamsError names the arm's file
+    elif stage == "model":
+        from brorl.model import ModelConfig, ModelSourceError, check_source
+
+        try:
+            check_source(ModelConfig.from_params(params.model), root)
+        except ModelSourceError as err:
+            raise InputError(str(err)) from None
     elif stage == "base":
         for split in ("train", "validation", "test"):
             check_split(data, split)
+        check_checkpoint(root / params.model.checkpoint, "model.path (the model stage's output)")
     elif stage == "train":
         for split in sorted({"train", *params.train.eval_splits}):
             check_split(data, split)
