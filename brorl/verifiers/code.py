@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
-from brorl.verifiers import Verdict, error_verdict
+from brorl.verifiers.verdict import Verdict, error_verdict
 from brorl.verifiers.sandbox import SandboxLimits, SandboxResult, capabilities, run_tests
 from brorl.verifiers.workers import default_workers
 

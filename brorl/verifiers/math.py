@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
-from brorl.verifiers import Verdict
+from brorl.verifiers.verdict import Verdict
 from brorl.verifiers.workers import judge_answers
 
 
