@@ -59,7 +59,7 @@ def math_equal(reference: str, answer: str) -> bool:
 @functools.cache
 def _warm_up() -> None:
     """Compare a number and an expression once in this process, before any worker forks: the
-    first comparisons build math-verify's and sympy's lazy tables (0.3-0.5 s here), which every
+    first comparisons build math-verify's and sympy's lazy tables (0.3-0.5 s of CPU), which every
     forked worker would otherwise build again at every verify call."""
     math_equal("\\frac{1}{2}", "0.5")
     math_equal("x^2+1", "x+1")
