@@ -103,6 +103,7 @@ class Zygote:
         return self.process.pid
 
     def alive(self) -> bool:
+        """Whether the zygote runs and belongs to this process (not to the one it forked from)."""
         return self.process.poll() is None and self.owner == os.getpid()
 
     def close(self) -> None:
