@@ -113,3 +113,84 @@ def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tm
         (1, "brorl"), (1, "brorl.ok"), (2, "brorl.ok")]
     assert list(imported_names(tmp_path / "brorl/ok.py", tmp_path))[1:] == [
         (2, "brorl"), (2, "brorl.ok"), (3, "brorl.sub")]
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports, read from every import statement anywhere
+    in each file (functions and `if TYPE_CHECKING:` included). `from M import a` points at the
+    submodule `M.a` when there is one, else at `M`; a name that is not a module of the package
+    points at the nearest enclosing one (`brorl.verifiers.Verdict` -> `brorl.verifiers`)."""
+    paths = {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+
+    def owner(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(owner(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - node.level + 1] if node.level else []
+                source = ".".join(base + ([node.module] if node.module else []))
+                targets.update(owner(f"{source}.{alias.name}") for alias in node.names)
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def import_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each
+    sorted, in order of their first module: every import cycle lies inside one of them."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_no_import_cycle_inside_brorl_verifiers():
+    graph = import_graph(ROOT, "brorl")
+    verifiers = {m: t for m, t in graph.items() if m.split(".")[:2] == ["brorl", "verifiers"]}
+    assert "brorl.verifiers.code" in verifiers
+    assert import_cycles(verifiers) == []
+
+
+def test_the_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path: Path):
+    files = {
+        "pkg/__init__.py": "from pkg.a import run\n",
+        "pkg/a.py": "def run():\n    from pkg import b\n",
+        "pkg/b.py": "from pkg import Thing\n",  # a name in pkg/__init__: the package itself
+        "pkg/c.py": "from .d import x\n",
+        "pkg/d.py": "import pkg.c\n",
+        "pkg/e.py": "import os\nfrom pkg import a\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg"}
+    assert import_cycles(graph) == [["pkg", "pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
