@@ -138,7 +138,6 @@ def test_dvc_stages_run_the_checkouts_venv_without_an_activated_environment(tmp_
     assert Path(out.stdout.strip()).resolve() == Path(sys.prefix).resolve()
 
 
-@pytest.mark.slow
 def test_run_reaches_dvc_for_real_repro_and_exp_run_at_ci_size(ci_pipeline, tmp_path):
     """`brorl run` in a copy of the CI pipeline's clone: `dvc repro data` finds the stage
     unchanged; with `-S`, `dvc exp run` reruns it with the override and records the experiment."""
