@@ -20,6 +20,7 @@ from brorl.train import trainer as trainer_module
 from brorl.train.rollouts import ScoredGroups, select_rollouts
 from brorl.types import Problem, RolloutBatch
 from brorl.verifiers import Verdict
+from tests.devices import DEVICES
 from tests.test_train import _config, _run, _steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,19 +125,28 @@ def random_base(tmp_path_factory) -> Path:
     return path
 
 
+def _needs(device: str) -> None:
+    """The Trainer picks CUDA whenever it is present: there, its `cuda` case is the run."""
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the Trainer runs on CUDA on this machine: see the test's cuda case")
+
+
 def _graded(problems, responses) -> list[Verdict]:
     """A deterministic graded reward in {0, 1/6, ..., 1} from the response's characters."""
     return [Verdict((sum(map(ord, r)) % 7) / 6, "graded") for r in responses]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_an_update_on_a_subset_scores_and_trains_exactly_the_max_variance_b_times_m(
-        random_base, tmp_path, monkeypatch):
+        device, random_base, tmp_path, monkeypatch):
+    _needs(device)
     b, n, m = 2, 32, 4
     config = _config(random_base, tmp_path / "ck", prompts_per_step=b, rollouts_per_prompt=n,
                      train_subset=m, mini_batches_per_step=2, max_response_tokens=6)
     problems = [Problem(id=f"p{i}", family="math", task="t", prompt=f"{i}+1=", answer=str(i + 1))
                 for i in range(b)]
     trainer = Trainer(config, problems, reward_fn=_graded, resume=False)
+    assert trainer.device.type == device
     groups = trainer.verify(problems, trainer.generate_rollouts(problems, 0))
     chosen = groups.select_rollouts(max_variance_subset(groups.rewards, m))
     scored: list[tuple[str, ...]] = []
@@ -162,8 +172,9 @@ def test_an_update_on_a_subset_scores_and_trains_exactly_the_max_variance_b_time
             ).all()
 
 
-def test_a_step_of_4096_rollouts_per_prompt_trains_each_rollout_by_its_own_reward(random_base,
-                                                                                 tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_step_of_4096_rollouts_per_prompt_trains_each_rollout_by_its_own_reward(
+        device, random_base, tmp_path):
     """Real hf generation (chunks of 256), graded rewards (every group has a spread, so every
     rollout has an advantage), the filter off, PPO in 4 mini-batches of 32 micro-batches.
 
@@ -176,6 +187,7 @@ def test_a_step_of_4096_rollouts_per_prompt_trains_each_rollout_by_its_own_rewar
     from brorl.train.ppo import score_batch
     from brorl.train.rollouts import response_mask
 
+    _needs(device)
     b, n = 1, 4096
     config = _config(random_base, tmp_path / "ck", prompts_per_step=b, rollouts_per_prompt=n,
                      max_response_tokens=8, max_concurrent_rollouts=256,
@@ -184,6 +196,7 @@ def test_a_step_of_4096_rollouts_per_prompt_trains_each_rollout_by_its_own_rewar
     problems = [Problem(id="p0", family="math", task="t", prompt="2+3=", answer="5")]
     run = _run(config, problems, tmp_path / "run", checkpoint_every=100, reward_fn=_graded)
     trainer, seen = run.trainer, []
+    assert trainer.device.type == device
     real_update = trainer.update
 
     def update(groups):  # each row's log-probability under the policy before and after
