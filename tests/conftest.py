@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-import flows  # noqa: F401  (sets offline, project-local environment defaults; imports no prefect)
+from brorl.environment import apply_defaults
+from flows import prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]
+apply_defaults()  # offline, project-local environment, as every entry point runs
+prefect_home()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
