@@ -34,7 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flows  # noqa: E402,F401  (offline, project-local environment defaults)
+from brorl.environment import apply_defaults  # noqa: E402
+
+apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 
 
 def per_step(history: list[dict]) -> dict[str, list[float]]:

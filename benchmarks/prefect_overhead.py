@@ -48,7 +48,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flows  # noqa: E402  (offline, project-local environment defaults; imports no prefect)
+from brorl.environment import apply_defaults  # noqa: E402
+
+apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
+import flows  # noqa: E402  (imports no prefect)
 
 TASKS = 7
 BATCHED = [f"PREFECT_SERVER_SERVICES_{service}_{knob}" for service in ("TASK_RUN_RECORDER",
@@ -179,7 +182,7 @@ def timed(fn):
 for task in (tasks.data.build_data, tasks.data.log_data):
     task.fn = timed(task.fn)
 with flows.prefect_settings() if sys.argv[1] == "quiet" else contextlib.nullcontext():
-    run_flow_cli(flows.data.data, sys.argv[2:])
+    run_flow_cli("data", sys.argv[2:])
 print("PHASES", imported - started, sum(work), flush=True)
 """
 

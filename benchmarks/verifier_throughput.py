@@ -6,19 +6,26 @@ math (fractions, the right half written as decimals or `\\frac`), reasoning (rea
 tests). It prints, per family, the pairs, seconds, pairs per second, the mean reward and how many
 verdicts disagree with the intended right/wrong label (reasoning-gym's continuous scorers may
 give a wrong answer partial credit: `spell_backward` scores by similarity), then the core count
-and /proc/loadavg (the machine is shared: read the figures with the load beside them).
+and /proc/loadavg (the machine is shared: read the figures with the load beside them), and
+records the table (`benchmarks/record.py`).
 
 Usage:
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/verifier_throughput.py --per-family 200
-    python benchmarks/verifier_throughput.py --families code --against /tmp/old --rounds 5
+    git worktree add --detach /tmp/old 8e346df
+    python benchmarks/verifier_throughput.py --families math code --against /tmp/old
 
-`--against TREE` (a checkout of another commit, e.g. `git worktree add /tmp/old <commit>`)
-times the same batches with that tree's `brorl` and with this one's, in turns (other, this,
-other, this, ...; each a fresh process), and prints each family's median pairs/s for both and
-the median of the per-round ratios this/other: below 1, this tree is slower.
+`--against TREE` (a checkout of another commit) times the same batches with that tree's `brorl`
+and with this one's, in turns (other, this, other, this, ...; each a fresh process), and prints
+each family's median pairs/s for both and the median of the per-round ratios this/other: below 1,
+this tree is slower. `TARGETS` are the ratios this tree must reach against 8e346df, the last
+commit before the code sandbox got its PID namespace and jail: the sandbox's isolation must not
+cost code throughput (its set-up is paid once per process, by the zygote).
+
+Each process pays its one-time set-up inside the timed batch (the code sandbox's zygote, the
+math verifier's warm-up): a 200-pair batch carries it once, as a training run carries it once.
 
 Deliberately ignored: long responses and slow sympy cases (a best-case throughput for short
-answers, like the tiny policy's), warm-up runs.
+answers, like the tiny policy's).
 """
 
 from __future__ import annotations
@@ -39,7 +46,12 @@ from brorl.types import Problem
 from brorl.verifiers import verify_batch
 from brorl.verifiers.workers import default_workers
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Table, save  # noqa: E402
+
 GYM_TASKS = ("chain_sum", "spell_backward", "leg_counting")
+TARGETS = {"code": 1.2}
+"""family -> the ratio this/other that this tree must reach `--against` a checkout of 8e346df."""
 
 
 def math_batch(n: int, rng: random.Random) -> list[tuple[Problem, str, float]]:
@@ -110,15 +122,34 @@ def against(args: argparse.Namespace) -> None:
             out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             for family, rate in json.loads(out.stdout.splitlines()[-1]).items():
                 rates[name].setdefault(family, []).append(rate)
-    print(f"{'family':<10} {'this':>10} {'other':>10} {'this/other':>11}  (pairs/s, medians "
-          f"of {args.rounds} rounds; other = {args.against})")
+    rows = []
     for family in args.families:
         this, other = rates["this"][family], rates["other"][family]
-        ratio = statistics.median(a / b for a, b in zip(this, other))
-        print(f"{family:<10} {statistics.median(this):>10.1f} {statistics.median(other):>10.1f} "
-              f"{ratio:>11.3f}")
+        rows.append([family, statistics.median(this), statistics.median(other),
+                     statistics.median(a / b for a, b in zip(this, other)),
+                     TARGETS.get(family, "")])
+    notes = [f"pairs/s, medians of {args.rounds} alternating rounds, {args.per_family} pairs per "
+             f"family, workers: {args.workers or default_workers()}; other = {args.against} "
+             f"(commit {_commit(args.against)}); targets hold against 8e346df",
+             f"cores: {os.cpu_count()}  loadavg: {_loadavg()}"]
+    print(f"{'family':<10} {'this':>10} {'other':>10} {'this/other':>11} {'target':>7}")
+    for family, this, other, ratio, target in rows:
+        print(f"{family:<10} {this:>10.1f} {other:>10.1f} {ratio:>11.3f} {target!s:>7}")
+    print("\n".join(notes))
+    save("verifier_throughput", [Table("Verifier throughput against another tree",
+                                       ["family", "this", "other", "this/other", "target"],
+                                       rows, notes)])
+
+
+def _commit(tree: str) -> str:
+    out = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def _loadavg() -> str:
     with open("/proc/loadavg") as f:
-        print(f"cores: {os.cpu_count()}  loadavg: {f.read().strip()}")
+        return f.read().strip()
 
 
 def main() -> None:
@@ -142,22 +173,22 @@ def main() -> None:
         "code": lambda: code_batch(args.per_family, rng),
     }
     batches = {family: builders[family]() for family in FAMILIES if family in args.families}
-    header = ("family", "pairs", "seconds", "pairs/s", "reward", "disagree")
-    if not args.json:
-        print(f"{header[0]:<10} " + " ".join(f"{h:>8}" for h in header[1:]))
-    rates = {}
+    header = ["family", "pairs", "seconds", "pairs/s", "reward", "disagree"]
+    rates, rows = {}, []
     for family, batch in batches.items():
         seconds, mean_reward, disagree = measure(batch, args.workers, args.timeout_s)
         rates[family] = len(batch) / seconds
-        if not args.json:
-            print(f"{family:<10} {len(batch):>8} {seconds:>8.2f} {len(batch) / seconds:>8.1f} "
-                  f"{mean_reward:>8.3f} {disagree:>8}")
+        rows.append([family, len(batch), seconds, len(batch) / seconds, mean_reward, disagree])
     if args.json:
         print(json.dumps(rates))
         return
-    with open("/proc/loadavg") as f:
-        load = f.read().strip()
-    print(f"workers: {args.workers or default_workers()}  cores: {os.cpu_count()}  loadavg: {load}")
+    print(f"{header[0]:<10} " + " ".join(f"{h:>8}" for h in header[1:]))
+    for family, pairs, seconds, rate, reward, disagree in rows:
+        print(f"{family:<10} {pairs:>8} {seconds:>8.2f} {rate:>8.1f} {reward:>8.3f} {disagree:>8}")
+    note = (f"workers: {args.workers or default_workers()}  cores: {os.cpu_count()}  "
+            f"loadavg: {_loadavg()}")
+    print(note)
+    save("verifier_throughput", [Table("Verifier throughput", header, rows, [note])])
 
 
 if __name__ == "__main__":

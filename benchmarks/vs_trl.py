@@ -108,7 +108,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flows  # noqa: E402,F401  (offline, project-local environment defaults)
+from brorl.environment import apply_defaults  # noqa: E402
+
+apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 from benchmarks.step_memory import PARAMS, prepare  # noqa: E402
 
 DEFAULT_PROMPTS = {16: 8, 64: 4, 512: 2}

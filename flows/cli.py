@@ -1,11 +1,12 @@
 """The `brorl` command: `brorl run | simulate | train | compare | evaluate | serve`.
 
 Each command takes `--params FILE` and repeated `-S key=value` (`--set`), checks them against the
-schema before anything starts (a bad key or value prints the key and exits with code 2), then calls
-one flow function; `run` is the whole pipeline (`dvc repro`, as `make run`) and `serve` the
-scheduled deployments on a local Prefect server (as `make serve`). It lives in `flows/` because it
-calls flows (brorl never imports prefect); flows are imported inside the commands, so `--help` is
-fast and a flow this checkout lacks fails only its own command.
+schema, and the files its stage reads, before anything starts (`flows.entry.check`: a bad key,
+value or file prints one line naming it and exits with code 2), then calls one flow function; `run`
+is the whole pipeline (`dvc repro`, as `make run`) and `serve` the scheduled deployments on a local
+Prefect server (as `make serve`). It lives in `flows/` because it calls flows (brorl never imports
+prefect); flows, prefect, mlflow and torch are imported only after the checks, so `--help` and
+every error answer in about a second, and a flow this checkout lacks fails only its own command.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Annotated, Any
 
 import typer
 
+from brorl.environment import apply_defaults
+from flows.entry import check
+
 app = typer.Typer(help="BroRL: simulate, train, compare and evaluate RLVR runs (Prefect flows).",
                   no_args_is_help=True, add_completion=False)
 
@@ -26,21 +30,17 @@ Sets = Annotated[list[str] | None, typer.Option(
     "--set", "-S", metavar="KEY=VALUE", help="override one params key (repeatable)")]
 
 
+@app.callback()
+def _environment() -> None:
+    """Offline, project-local defaults for every command (`brorl.environment`)."""
+    apply_defaults()
+
+
 def _check(params: str, overrides: list[str], stage: str | None = None, **inputs: Any) -> None:
-    """Validate the params (and the files `stage` reads, `brorl.preflight.check_inputs`) now:
-    exit 2 with one line naming the bad key, value or file instead of a traceback later."""
-    from brorl.params import ParamsError, load_params
-    from brorl.preflight import InputError, check_inputs
-
-    try:
-        loaded = load_params(params, overrides)
-        if stage is not None:
-            from tasks import tracking
-
-            check_inputs(loaded, stage, tracking.ROOT, **inputs)
-    except (ParamsError, InputError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+    """Validate the params (and the files `stage` reads, `brorl.preflight.check_inputs`, and the
+    Prefect server of PREFECT_API_URL) now: exit 2 with one line naming the bad key, value or
+    file instead of a traceback later."""
+    check(params, overrides, stage, api=stage is not None, **inputs)
 
 
 def _flow(name: str) -> Any:
@@ -57,9 +57,14 @@ def _flow(name: str) -> Any:
     return getattr(module, name)
 
 
-def _run_flow(name: str, params: str, overrides: list[str] | None, **extra: Any) -> None:
+def _run_flow(name: str, params: str, overrides: list[str] | None, checks: dict | None = None,
+              **extra: Any) -> None:
+    """Check, then run flow `name`; `checks` are `check_inputs` keywords the flow does not take."""
     overrides = list(overrides or [])
-    _check(params, overrides, name, **extra)
+    _check(params, overrides, name, **extra, **(checks or {}))
+    from flows import prefect_home
+
+    prefect_home()
     summary = _flow(name)(params_path=params, overrides=overrides, **extra)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
@@ -115,9 +120,12 @@ def simulate(params: Params, overrides: Sets = None) -> None:
 
 
 @app.command()
-def train(params: Params, overrides: Sets = None) -> None:
+def train(params: Params, overrides: Sets = None,
+          allow_changed_params: Annotated[bool, typer.Option(
+              help="resume a checkpoint written under other params (by default only the stop "
+                   "rules and schedules may change: brorl/run_files.py)")] = False) -> None:
     """One RL run (a ProRL or BroRL arm); resumes from its newest checkpoint."""
-    _run_flow("train", params, overrides)
+    _run_flow("train", params, overrides, {"allow_changed_params": allow_changed_params})
 
 
 @app.command()
@@ -143,12 +151,12 @@ def serve(ctx: typer.Context, params: Params, overrides: Sets = None,
     --evaluate-interval SECONDS, --limit N; see `python -m flows.deploy --help`).
     """
     overrides = list(overrides or [])
-    _check(params, overrides)
-    from flows import server
+    from flows import deploy, server
 
-    deploy = [sys.executable, "-m", "flows.deploy", "--params", params,
-              *(a for o in overrides for a in ("-S", o)), *ctx.args]
-    raise typer.Exit(server.main(["--port", str(port), "--", *deploy]))
+    options = ["--params", params, *(a for o in overrides for a in ("-S", o)), *ctx.args]
+    deploy.main([*options, "--check"])  # params and schedules, before the server starts
+    raise typer.Exit(server.main(["--port", str(port), "--", sys.executable, "-m", "flows.deploy",
+                                  *options]))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,16 @@ comparison's run), then write the report (Markdown, JSON, PNG; each arm tested a
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
+    from flows.entry import main
+
+    main("compare")
+
 from typing import Any
 
 from prefect import flow
 
 from brorl.params import load_params
-from flows.entry import run_flow_cli
 from flows.train import train_arm
 from tasks import compare as c
 
@@ -34,7 +38,3 @@ def compare(params_path: str, overrides: list[str] | None = None) -> dict[str, A
     result = c.report(arms, params.compare.report_dir, metrics_path, params.compare.baseline)
     result["mlflow_run_id"] = c.log_report(dumped, result, run_id)
     return result
-
-
-if __name__ == "__main__":
-    run_flow_cli(compare)

@@ -7,12 +7,16 @@ record both in one MLflow run, return the summary.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
+    from flows.entry import main
+
+    main("data")
+
 from typing import Any
 
 from prefect import flow
 
 from brorl.params import load_params
-from flows.entry import run_flow_cli
 from tasks import tracking
 from tasks.data import build_data, log_data
 
@@ -28,7 +32,3 @@ def data(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]
     run_id = log_data({"name": params.name, "data": p.model_dump(mode="json")}, result,
                       params.tracking.experiment, uri)
     return {**result, "mlflow_run_id": run_id}
-
-
-if __name__ == "__main__":
-    run_flow_cli(data)

@@ -5,19 +5,24 @@ registers one deployment per served flow with the server at $PREFECT_API_URL and
 runs as child processes until Ctrl-C; stopping pauses the schedules. `make serve` starts a local
 server first (`flows/server.py`). Each deployment is named after the params file (`train/prorl`)
 and its parameters are that file and the `-S` overrides, validated here so that a typo fails now,
-not at 2 AM. A flow module is imported only when served, so the table may name flows that a
-checkout lacks; serving one of those fails with a clear message.
+not at 2 AM: the params, the schedules' shape (`check_schedules`) and the server at
+$PREFECT_API_URL are checked before prefect loads, so a bad one answers in about a second. A flow
+module is imported only when served, so the table may name flows that a checkout lacks; serving
+one of those fails with a clear message.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from brorl.environment import apply_defaults
 from brorl.params import ParamsError, load_params
+from flows.entry import prefect_api_error
 
 # Served flows: deployment prefix -> (flow "module:function", default schedule).
 # A schedule is ("cron", "MIN HOUR DAY MONTH WEEKDAY") or ("interval", seconds).
@@ -57,6 +62,27 @@ def schedule_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {kind: value}
 
 
+CRON_FIELD = re.compile(r"[0-9A-Za-z*?/,#-]+")
+"""What a field of a cron expression is made of (numbers, names, `* ? / , - # L W`)."""
+
+
+def check_schedules(args: argparse.Namespace) -> None:
+    """DeployError for a schedule option that cannot be one: a cron expression without 5 to 7
+    fields of cron characters (an `@daily` style name passes), an interval that is not positive.
+    Prefect's own check (`build_deployments`) still runs on what passes."""
+    for name in SERVED:
+        cron, interval = getattr(args, f"{name}_cron"), getattr(args, f"{name}_interval")
+        fields = (cron or "").split()
+        if cron is not None and not cron.strip().startswith("@") and not (
+                5 <= len(fields) <= 7 and all(CRON_FIELD.fullmatch(f) for f in fields)):
+            raise DeployError(f"{name}: {cron!r} is not a cron expression (five fields: minute "
+                              f"hour day month weekday); give --{name}-cron a cron expression "
+                              f"(e.g. '0 2 * * *') or --{name}-interval seconds.")
+        if interval is not None and not interval > 0:
+            raise DeployError(f"{name}: --{name}-interval {interval:g} is not a positive number "
+                              "of seconds.")
+
+
 def build_deployments(args: argparse.Namespace) -> list[Any]:
     """One RunnerDeployment per flow in `args.flow`, parameters checked against the schema."""
     load_params(args.params, args.overrides)
@@ -90,6 +116,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--flow", action="append", choices=sorted(SERVED), metavar="NAME",
                    help=f"serve this flow (repeatable; default: {' and '.join(DEFAULT_FLOWS)}); "
                         f"one of {', '.join(SERVED)}")
+    p.add_argument("--check", action="store_true",
+                   help="check the params and schedules, then exit (`make serve` and `brorl "
+                        "serve` run this before they start the server)")
     p.add_argument("--limit", type=int, default=1,
                    help="most flow runs at once (default 1: the CPU flows would share the cores)")
     for name, (_, (kind, value)) in SERVED.items():
@@ -102,8 +131,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    apply_defaults()
     args = parser().parse_args(argv)
     try:
+        load_params(args.params, args.overrides)
+        check_schedules(args)
+        if args.check:
+            return
+        if error := prefect_api_error():
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(2)
+        from flows import prefect_home
+
+        prefect_home()
         deployments = build_deployments(args)
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,35 +1,114 @@
 """The one command-line shape of every flow module: `python -m flows.NAME --params FILE [-S k=v ...]`.
 
 DVC stages and the Makefile call flows this way, so all share the params loading and its errors.
-The params and every file the flow's stage reads (`brorl.preflight.check_inputs`) are checked
-before the flow starts (no Prefect server, model or MLflow run yet): a bad one prints one
-`error:` line and exits with code 2.
+Each flow module opens with
+
+    if __name__ == "__main__":
+        from flows.entry import main
+        main("NAME")
+
+so that `main` runs before the module's own imports (prefect, mlflow, torch): it applies the
+environment defaults (`brorl.environment`), parses the arguments, loads the params, checks every
+file the flow's stage reads (`brorl.preflight.check_inputs`) and, when `PREFECT_API_URL` is set,
+that a server answers there. A bad one prints one `error:` line and exits with code 2 within
+about a second, before any Prefect server, model or MLflow run starts; only then is the flow
+module imported and its flow run. The `brorl` command (`flows/cli.py`) runs the same `check`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import socket
 import sys
-from collections.abc import Callable
-from typing import Any
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, NoReturn
 
-from brorl.params import ParamsError, load_params
-from brorl.preflight import InputError, check_inputs
-from flows import prefect_settings
-from tasks import tracking
+from brorl.environment import apply_defaults
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The checkout: relative paths of params files are taken from here (as `tasks.tracking.ROOT`)."""
+
+API_TIMEOUT_S = 3.0
+"""How long `prefect_api_error` waits for an answer (a refused connection answers at once)."""
 
 
-def run_flow_cli(flow: Callable[..., Any], argv: list[str] | None = None) -> Any:
-    """Parse `--params FILE` and repeated `-S key=value`, then call `flow(params_path, overrides)`."""
-    parser = argparse.ArgumentParser(prog=f"python -m flows.{flow.__name__}")
-    parser.add_argument("--params", required=True, help="YAML params file under params/")
-    parser.add_argument("-S", "--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="override one params key, e.g. simulate.steps=200")
-    args = parser.parse_args(argv)
+def prefect_api_error(environ: dict[str, str] | None = None,
+                      timeout_s: float = API_TIMEOUT_S) -> str | None:
+    """Why no Prefect server answers at `PREFECT_API_URL` (one line), None when one does or the
+    variable is unset (each flow then starts its own). Any HTTP reply counts as an answer (a
+    server that wants a key still is one); only a connection that fails does not."""
+    url = (os.environ if environ is None else environ).get("PREFECT_API_URL", "").strip()
+    if not url:
+        return None
     try:
-        check_inputs(load_params(args.params, args.overrides), flow.__name__, tracking.ROOT)
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        if isinstance(reason, socket.timeout):
+            reason = f"no reply within {timeout_s:g} s"
+        return (f"PREFECT_API_URL = {url}: no Prefect server answers there ({reason}); start "
+                "one (`python -m flows.server --port PORT`, `make serve`) and point "
+                "PREFECT_API_URL at it, or unset PREFECT_API_URL so that the flow starts its own.")
+
+
+def check(params_path: str, overrides: list[str], stage: str | None = None, *,
+          api: bool = False, **inputs: Any) -> None:
+    """Load the params, check the files `stage` reads (`check_inputs`, `inputs` its keywords)
+    and, with `api`, the Prefect server: on failure print one `error:` line and exit with code 2;
+    print the checks' notes as `note:` lines."""
+    from brorl.params import ParamsError, load_params
+    from brorl.preflight import InputError, check_inputs
+
+    try:
+        params = load_params(params_path, overrides)
+        notes = check_inputs(params, stage, ROOT, **inputs) if stage else []
     except (ParamsError, InputError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(str(err))
+    if api and (error := prefect_api_error()):
+        fail(error)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parser(name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m flows.{name}")
+    p.add_argument("--params", required=True, help="YAML params file under params/")
+    p.add_argument("-S", "--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override one params key, e.g. simulate.steps=200")
+    if name == "train":
+        p.add_argument("--allow-changed-params", action="store_true",
+                       help="resume a checkpoint written under other params (by default only "
+                            "the stop rules and schedules may change: brorl/run_files.py)")
+    return p
+
+
+def run_flow_cli(name: str, argv: list[str] | None = None) -> Any:
+    """Parse `--params FILE` and repeated `-S key=value`, check them, then import `flows.<name>`
+    and call its flow `<name>(params_path, overrides)`; returns the flow's summary."""
+    apply_defaults()
+    args = parser(name).parse_args(argv)
+    allow = {"allow_changed_params": args.allow_changed_params} if name == "train" else {}
+    check(args.params, args.overrides, name, api=True, **allow)
+    from flows import prefect_settings
+
     with prefect_settings():  # no heartbeat thread joined at the end of each flow run
+        flow = getattr(importlib.import_module(f"flows.{name}"), name)
         return flow(params_path=args.params, overrides=list(args.overrides))
+
+
+def main(name: str) -> NoReturn:
+    """`python -m flows.<name>`: run the flow (`run_flow_cli`), then exit with code 0."""
+    run_flow_cli(name)
+    raise SystemExit(0)

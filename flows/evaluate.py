@@ -1,19 +1,23 @@
 """Flow `evaluate`: a checkpoint's held-out pass@1 per family (`python -m flows.evaluate --params F`).
 
 Composition only. The checkpoint is `checkpoint` (any local HF folder) or, by default, the run's
-final policy / newest checkpoint / starting point (`brorl.train.checkpoint.policy_to_evaluate`).
+final policy / newest checkpoint / starting point (`brorl.run_files.policy_to_evaluate`).
 Served as a scheduled deployment by `flows/deploy.py` (nightly evaluation of the newest
 checkpoint).
 """
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
+    from flows.entry import main
+
+    main("evaluate")
+
 from typing import Any
 
 from prefect import flow
 
 from brorl.params import load_params
-from flows.entry import run_flow_cli
 from tasks import evaluate as e
 
 
@@ -24,7 +28,3 @@ def evaluate(params_path: str, overrides: list[str] | None = None,
     params = load_params(params_path, overrides or [])
     dumped = params.model_dump(mode="json")
     return e.record(dumped, e.evaluate_checkpoint(dumped, checkpoint))
-
-
-if __name__ == "__main__":
-    run_flow_cli(evaluate)

@@ -8,12 +8,16 @@ summary.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
+    from flows.entry import main
+
+    main("model")
+
 from typing import Any
 
 from prefect import flow
 
 from brorl.params import load_params
-from flows.entry import run_flow_cli
 from tasks import tracking
 from tasks.model import log_model, make_model
 
@@ -28,7 +32,3 @@ def model(params_path: str, overrides: list[str] | None = None) -> dict[str, Any
     logged = {"name": params.name, **params.model_dump(mode="json", include={"model"})}
     run_id = log_model(logged, result, params.tracking.experiment, uri)
     return {**result, "mlflow_run_id": run_id}
-
-
-if __name__ == "__main__":
-    run_flow_cli(model)

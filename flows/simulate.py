@@ -9,12 +9,16 @@ Run: `python -m flows.simulate --params params/simulate.yaml [-S simulate.steps=
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
+    from flows.entry import main
+
+    main("simulate")
+
 from pathlib import Path
 
 from prefect import flow
 
 from brorl.params import load_params
-from flows.entry import run_flow_cli
 from tasks import tracking
 from tasks.simulate import log_to_mlflow, simulate_run, write_report
 
@@ -36,7 +40,3 @@ def simulate(params_path: str, overrides: list[str] | None = None) -> dict:
                            params.tracking.experiment, uri)
     print(f"simulate: results in {out_dir}; MLflow run {run_id} at {uri}")
     return {**{k: str(v) for k, v in paths.items()}, "mlflow_run_id": run_id}
-
-
-if __name__ == "__main__":
-    run_flow_cli(simulate)

@@ -16,6 +16,13 @@ tags its child run and marks it finished.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the environment defaults before prefect loads (brorl.environment)
+    from brorl.environment import apply_defaults
+    from flows import prefect_home
+
+    apply_defaults()
+    prefect_home()
+
 import argparse
 import os
 import sys

@@ -11,6 +11,11 @@ A rerun resumes from the newest checkpoint into the same MLflow run.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
+    from flows.entry import main
+
+    main("train")
+
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +26,6 @@ from brorl.evals import read_start
 from brorl.params import load_params
 from brorl.train import Run, Timed
 from flows import prefect_settings
-from flows.entry import run_flow_cli
 from tasks import train as t
 
 
@@ -71,7 +75,3 @@ def train(params_path: str, overrides: list[str] | None = None) -> dict:
     """Load params and train the arm they describe."""
     params = load_params(params_path, overrides or [])
     return train_arm(params.model_dump(mode="json"), params.name)
-
-
-if __name__ == "__main__":
-    run_flow_cli(train)

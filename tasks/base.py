@@ -13,7 +13,7 @@ from brorl.base import BaseConfig, make_base_checkpoint
 from brorl.data import load_split
 from brorl.params import ExperimentParams
 from brorl.policy import save_policy
-from brorl.train.checkpoint import atomic_write_text
+from brorl.files import atomic_write_text
 from tasks import tracking
 
 

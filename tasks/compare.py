@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from brorl.compare import ArmResult, build_report, headline
 from brorl.params import ExperimentParams, load_params
-from brorl.train.checkpoint import atomic_write_text
+from brorl.files import atomic_write_text
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)

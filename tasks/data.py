@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from brorl.data import DataConfig, make_splits, save_splits, split_counts
 from brorl.params import DataParams
-from brorl.train.checkpoint import atomic_write_text
+from brorl.files import atomic_write_text
 from tasks import tracking
 
 

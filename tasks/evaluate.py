@@ -14,7 +14,7 @@ from brorl.base import sample_per_family
 from brorl.data import load_split
 from brorl.params import ExperimentParams
 from brorl.policy import load_policy
-from brorl.train.checkpoint import policy_to_evaluate
+from brorl.run_files import policy_to_evaluate
 from brorl.evals import score_policy
 from tasks import tracking
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from brorl.environment import apply_defaults, with_defaults
 from brorl.servers import HOST, free_port, running
 from tasks.tracking import ROOT, resolve_tracking_uri
 
@@ -60,8 +60,7 @@ def serve(tracking_uri: str, artifacts_dir: Path | None = None, port: int | None
     port = port or free_port()
     artifacts_dir = artifacts_dir or artifacts_dir_for(tracking_uri)
     # Job execution (GenAI scorers) would start seven huey worker processes we never use.
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**with_defaults(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     url = f"http://{HOST}:{port}"
     with running(server_command(tracking_uri, artifacts_dir, port), f"{url}/health", env=env,
                  log=log_path, timeout_s=startup_timeout_s) as process:
@@ -93,6 +92,7 @@ def run_charts_url(base_url: str, experiment_id: str, run_ids: Sequence[str]) ->
 
 def main(argv: list[str] | None = None) -> None:
     """`make ui`: serve the project's store on 127.0.0.1 in the foreground until Ctrl-C."""
+    apply_defaults()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--backend-store-uri", default=None,

@@ -9,9 +9,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from brorl.files import atomic_write_text
 from brorl.model import ModelConfig
 from brorl.params import ExperimentParams
-from brorl.train.checkpoint import atomic_write_text
 from tasks import tracking
 
 

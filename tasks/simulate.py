@@ -13,6 +13,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from brorl.files import atomic_write_text
 from brorl.params import SimulateParams
 from brorl.theory import report
 from brorl.theory.simulator import METRICS, SimConfig, SimulationResult, simulate
@@ -32,10 +33,10 @@ def write_report(merged: list[SimulationResult], out_dir: Path, plots_dir: Path,
     headline (`report.headline`) as DVC metrics."""
     paths = report.write_curves(merged, plots_dir)
     table = out_dir / "results.md"
-    report.atomic_write_text(table, report.results_table(merged, report_steps))
+    atomic_write_text(table, report.results_table(merged, report_steps))
     summary = report.summary_metrics(merged, report_steps)
-    report.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=True))
-    report.atomic_write_text(metrics_path, json.dumps(report.headline(merged), indent=2) + "\n")
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=True))
+    atomic_write_text(metrics_path, json.dumps(report.headline(merged), indent=2) + "\n")
     figure = report.plot_figure(merged, out_dir / "simulate.png")
     return {**paths, "table": table, "figure": figure, "metrics": metrics_path}
 

@@ -24,7 +24,7 @@ from brorl.study import progress as prog
 from brorl.study.report import build_report, headline
 from brorl.study.start import score_start as score_start_rows
 from brorl.study.start import start_path
-from brorl.train.checkpoint import atomic_write_text
+from brorl.files import atomic_write_text
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)

@@ -14,10 +14,25 @@ from pathlib import Path
 
 import pytest
 
-import flows  # noqa: F401  (sets offline, project-local environment defaults; imports no prefect)
+from brorl.environment import apply_defaults
+from flows import prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]
+apply_defaults()  # offline, project-local environment, as every entry point runs
+prefect_home()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the `gpu` tests (the `cuda` cases of tests/devices.py) where torch sees no CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu: no CUDA device here (run `pytest -m gpu` on a GPU)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture()
@@ -73,19 +88,50 @@ def ci_pipeline(tmp_path_factory, prefect_harness) -> Path:
     return clone
 
 
+CI_ARMS = ("prorl_warmup", "prorl", "brorl")
+"""The CI pipeline's RL stages (outputs/ci/<arm>), each of which must update its weights."""
+
+
+def _arms_not_updated(clone: Path) -> dict[str, str]:
+    """Arm -> why none of its steps updated its policy, for each CI arm of `clone` that did not
+    (empty when all did): the prompts it drew and how many of each group's rollouts were right."""
+    import pyarrow.parquet as pq
+
+    why = {}
+    for arm in CI_ARMS:
+        folder = clone / "outputs" / "ci" / arm
+        history = json.loads((folder / "summary.json").read_text())["history"]
+        if any(step["update/skipped"] == 0.0 for step in history):
+            continue
+        drawn: dict[str, list[float]] = {}
+        for table in sorted((folder / "rollouts").glob("*.parquet")):
+            for row in pq.read_table(table, columns=["problem_id", "reward"]).to_pylist():
+                drawn.setdefault(row["problem_id"], []).append(row["reward"])
+        groups = ", ".join(f"{p} {sum(r >= 1.0 for r in rewards)}/{len(rewards)} right"
+                           for p, rewards in drawn.items())
+        why[arm] = (f"{arm}: none of its {len(history)} steps kept an informative group (drawn: "
+                    f"{groups}), so its weights never moved; the CI seeds and sizes "
+                    "(params/prorl_warmup_ci.yaml) must give every arm prompts the CI base "
+                    "sometimes solves")
+    return why
+
+
 @pytest.fixture(scope="session")
-def ci_updated(ci_pipeline) -> dict[str, bool]:
-    """Arm -> whether any of the CI pipeline's steps of that arm updated its policy.
+def ci_arms_not_updated(ci_pipeline) -> dict[str, str]:
+    """Arm -> why it never updated, for each CI arm of the CI pipeline that did not (empty when
+    every arm updated its weights)."""
+    return _arms_not_updated(ci_pipeline)
 
-    BroRL-CI spends its whole budget on one prompt: when none of its 256 rollouts earns a reward
-    (a code prompt the tiny policy almost never solves; which prompt comes up depends on the
-    warm-up's refill draws, so on the CPU's rounding) dynamic sampling keeps no group, the step
-    trains nothing, and the arm logs no `diag/*` (they measure an update)."""
-    def updated(arm: str) -> bool:
-        summary = json.loads((ci_pipeline / "outputs" / "ci" / arm / "summary.json").read_text())
-        return any(step.get("update/skipped") == 0.0 for step in summary["history"])
 
-    return {arm: updated(arm) for arm in ("prorl_warmup", "prorl", "brorl")}
+@pytest.fixture(scope="session")
+def ci_arms_updated(ci_pipeline, ci_arms_not_updated) -> Path:
+    """The CI pipeline's clone, once every CI arm is known to have updated its weights: a test
+    of trained arms (weights moved, `diag/*` logged, their charts drawn) fails here, saying which
+    arm did not and why; it never skips or checks less."""
+    why = ci_arms_not_updated
+    if why:
+        pytest.fail("; ".join(why.values()), pytrace=False)
+    return ci_pipeline
 
 
 @dataclass(frozen=True)

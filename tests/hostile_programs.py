@@ -36,6 +36,18 @@ while frame is not None:
     frame = frame.f_back
 """
 
+_READ_ANSWERS = r"""
+import re
+answers = {}
+def read_answers(values):
+    for value in list(values):
+        texts = value if type(value) in (list, tuple) else [value]
+        for text in texts:
+            if type(text) is str:
+                for x, y in re.findall(r"f\((-?\d+)\) == (-?\d+)", text):
+                    answers[int(x)] = int(y)
+"""
+
 PROGRAMS: dict[str, str] = {
     # --- equality and type tricks: the judge compares plain values on its own side
     "eq_always_true": _EQ_OBJECT + "def f(x):\n    return Anything()",
@@ -76,18 +88,24 @@ PROGRAMS: dict[str, str] = {
     # --- the harness and its built-ins: patched in the candidate's own process only
     "exec_replaced": "import builtins\nbuiltins.exec = lambda *a, **k: None\n"
                      "def f(x):\n    return None",
-    "eval_replaced": _EQ_OBJECT + "import builtins\nbuiltins.eval = lambda *a, **k: Anything()",
-    "compile_replaced": "import builtins\nbuiltins.compile = lambda *a, **k: None",
+    "eval_replaced": "import builtins\nbuiltins.eval = lambda *a, **k: True\n"
+                     "def f(x):\n    return None",
+    "compile_replaced": "import builtins\nreal = builtins.compile\n"
+                        "builtins.compile = lambda *a, **k: real('True', '<forged>', 'eval')\n"
+                        "def f(x):\n    return None",
     "sys_modules_builtins": _EQ_OBJECT + "import sys, types\nfake = types.ModuleType('builtins')\n"
                             "fake.__dict__.update(vars(sys.modules['builtins']))\n"
                             "fake.eval = lambda *a, **k: Anything()\n"
                             "sys.modules['builtins'] = fake\n",
-    "json_dumps_true": "import json\njson.dumps = lambda *a, **k: '[\"b\", true]'",
+    "json_dumps_true": "import json\njson.dumps = lambda *a, **k: '[\"b\", true]'\n"
+                       "def f(x):\n    return None",
     "json_dumps_guesses": "import json\nguesses = iter(['[\"i\",\"%d\"]' % n for n in range(-9, 9)])\n"
-                          "json.dumps = lambda *a, **k: next(guesses)",
+                          "json.dumps = lambda *a, **k: next(guesses)\n"
+                          "def f(x):\n    return None",
     "type_replaced": _EQ_OBJECT + "import builtins\nbuiltins.type = lambda o: int\n"
                      "def f(x):\n    return Anything()",
-    "isinstance_replaced": _EQ_OBJECT + "import builtins\nbuiltins.isinstance = lambda *a: True\n"
+    "isinstance_replaced": _EQ_OBJECT + "import builtins\nreal = builtins.isinstance\n"
+                           "builtins.isinstance = lambda o, t: type(o) is Anything or real(o, t)\n"
                            "def f(x):\n    return Anything()",
     "frames_report_passed": _FIND_HARNESS + (
         "for fr in frames:\n"
@@ -104,17 +122,19 @@ PROGRAMS: dict[str, str] = {
         "    if 'encode' in fr.f_globals:\n"
         "        fr.f_globals['encode'] = lambda value, depth=0: ['b', True]\n"
         "def f(x):\n    return None"),
-    "frames_read_payload": _FIND_HARNESS + (
-        "found = [fr.f_locals['payload'] for fr in frames if 'payload' in fr.f_locals]\n"
-        "expected = {}\n"
-        "for payload in found:\n"
-        "    for key in ('tests', 'expected', 'answers'):\n"
-        "        expected.update(enumerate(payload.get(key, [])))\n"
-        "def f(x):\n    return expected.get(x)"),
-    "gc_scan_for_tests": "import gc\n"
-                         "texts = [o for o in gc.get_objects() if isinstance(o, str) "
-                         "and 'assert' in o]\n"
-                         "def f(x):\n    return texts",
+    "frames_read_payload": _FIND_HARNESS + _READ_ANSWERS + (
+        "for fr in frames:\n"
+        "    payload = fr.f_locals.get('payload')\n"
+        "    if type(payload) is dict:\n"
+        "        read_answers(payload.values())\n"
+        "def f(x):\n    return answers.get(x)"),
+    "gc_scan_for_tests": "import gc\n" + _READ_ANSWERS + (
+        "for o in gc.get_objects():\n"
+        "    if type(o) in (list, tuple):\n"
+        "        read_answers(o)\n"
+        "    elif type(o) is dict:\n"
+        "        read_answers(o.values())\n"
+        "def f(x):\n    return answers.get(x)"),
     "settrace_hijack": _EQ_OBJECT + (
         "import sys\n"
         "def tracer(frame, event, arg):\n"
@@ -240,3 +260,50 @@ PROGRAMS: dict[str, str] = {
     "slow_correct_answer": "import time\ndef f(x):\n    time.sleep(60)\n    return x + 3",
 }
 """Each program by the attack it tries; `PORT` is replaced by a port the test listens on."""
+
+HACKS: dict[str, str] = {
+    # the candidate's own comparison decides (its __eq__, a forged value, a patched encoder)
+    **dict.fromkeys((
+        "eq_always_true", "hash_collision", "int_subclass_eq", "float_subclass_eq",
+        "str_subclass_eq", "list_subclass_eq", "tuple_subclass_eq", "dict_subclass_eq",
+        "class_attribute_spoof", "metaclass_eq", "isinstance_replaced", "settrace_hijack",
+        "eval_replaced", "compile_replaced", "json_dumps_true", "json_dumps_guesses",
+        "frames_report_passed", "frames_patch_encode",
+    ), "candidate_compares"),
+    # the candidate's report decides (its stdout, fd 3 without a nonce, an early exit) or the
+    # tests run beside it (a patched exec, their text in its memory)
+    **dict.fromkeys((
+        "exec_replaced", "frames_read_payload", "gc_scan_for_tests", "atexit_fake_report",
+        "print_fake_harness_output", "fd3_lines_without_nonce", "exit_before_tests",
+        "sys_exit_zero", "system_exit_in_call", "keyboard_interrupt", "alarm_self_kill",
+        "kill_self_after_forgery",
+    ), "candidate_reports"),
+}
+"""Each reward hack -> the weak judge (`tests/weak_judges.py`) it earns reward from: proof that
+it is a working hack, so that its 0 from the real judge means something."""
+
+PROBES: dict[str, str] = {
+    "ne_always_false": "only __ne__: wins against a judge that tests with !=",
+    "bool_true": "only __bool__: wins against a truthiness test",
+    "bool_for_int": "True for 1: wins where the expected value is 1",
+    "list_with_eq_item": "an item with __eq__: wins where a list is expected",
+    "not_implemented": "a value that is not plain data",
+    "returns_a_function": "a value that is not plain data",
+    "returns_a_generator": "a value that is not plain data",
+    "returns_a_module": "a value that is not plain data",
+    "reduce_spoof": "pickles as the int 3: wins against a judge that unpickles values",
+    "deep_nesting": "deeper than the encoder's limit",
+    "huge_int": "past int-to-str's digit limit",
+    "nan_for_everything": "a NaN, unequal to everything",
+    "type_replaced": "a patched type() cannot make a non-plain value plain",
+    "sys_modules_builtins": "a replaced sys.modules['builtins'] is not what the harness calls",
+    "fd3_guessed_nonces": "guessed nonces (2**128 to choose from)",
+}
+"""Values and patches the judge must refuse or compare exactly, against tests this problem does
+not have: kept to show the judge stays exact and the harness reports them, each with why."""
+
+ESCAPES = frozenset(PROGRAMS) - set(HACKS) - set(PROBES)
+"""Everything else: attacks on the machine, the verifier and the neighbouring rollouts (reading,
+signals, processes, resources, privileges, network, time), contained by the sandbox: no reward,
+nothing left behind, every neighbour unharmed (tests/test_hostile.py), one isolation property
+per test in tests/test_sandbox.py."""

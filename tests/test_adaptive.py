@@ -118,11 +118,11 @@ def test_an_adaptive_draw_allocates_after_its_first_round_and_filters_the_merged
 
 def _trainer(easy_base: Path, problems, tmp_path: Path, reward_fn, **changes) -> Trainer:
     params = load_params(ROOT / "params/tiny_ci.yaml")
-    config = replace(TrainerConfig.from_params(params), init_checkpoint=str(easy_base),
-                     checkpoint_dir=str(tmp_path / "ckpt"), prompts_per_step=3,
-                     rollouts_per_prompt=4, lr=1e-3, mini_batches_per_step=2,
-                     micro_batch_rollouts=3, temperature=1.0, max_response_tokens=12,
-                     filter_max_draws=1, verify_workers=1, **changes)
+    small = dict(init_checkpoint=str(easy_base), checkpoint_dir=str(tmp_path / "ckpt"),
+                 prompts_per_step=3, rollouts_per_prompt=4, lr=1e-3, mini_batches_per_step=2,
+                 micro_batch_rollouts=3, temperature=1.0, max_response_tokens=12,
+                 filter_max_draws=1, verify_workers=1)
+    config = replace(TrainerConfig.from_params(params), **{**small, **changes})
     return Trainer(config, problems, reward_fn=reward_fn)
 
 
@@ -156,17 +156,34 @@ def test_a_real_adaptive_step_spends_n_per_prompt_and_logs_the_allocation(
         return [Verdict(1.0 if p is first else float(i % 2), "x") for i, p in enumerate(problems)]
 
     params = load_params(ROOT / "params/tiny_ci.yaml")
-    trainer = _trainer(easy_base, easy_split.train, tmp_path, by_problem,
+    trainer = _trainer(easy_base, easy_split.train, tmp_path, by_problem, rollouts_per_prompt=6,
                        allocation="adaptive", first_round=2, rollouts_cap=8)
     run_config = replace(RunConfig.from_params(params, ROOT), run_dir=str(tmp_path / "run"),
                          steps=10**6, eval_every=10**6, checkpoint_every=10**6,
                          save_rollouts=True)
     run = Run(trainer, run_config, {}, generate_math(4, seed=11, tasks=("compare",)))
     m = run.step(Direct())
-    assert m["generate/rollouts"] == 3 * 4  # B x N, as the fixed allocation
-    assert m["filter/rounds"] == 1 and m["alloc/extra_rollouts"] == 3 * (4 - 2)
-    assert m["alloc/group_size_min"] >= 2 and m["alloc/group_size_max"] <= 8
-    assert m["update/trained_rollouts"] == m["filter/rollouts_kept"]
+    # first round, 2 rollouts each (rows i = 0..5): prompt 0 right twice, prompts 1 and 2 wrong
+    # then right (i even, odd): correct = [2, 1, 1] of 2, pass-rate estimates (c+1)/(n+2) =
+    # 3/4, 1/2, 1/2. The 3 x (6 - 2) = 12 extra rollouts go to the largest marginal gains of
+    # value(n, p) = p(1-p)(1 - p^n - (1-p)^n):
+    #   p = 1/2: value(2..6) = .125, .1875, .21875, .234375, .2421875
+    #            gains .0625, .03125, .015625, .0078125, .00390625
+    #   p = 3/4: value(2..7) = .0703125, .10546875, .12744141, .14282227, .15408325, .16246033
+    #            gains .03515625, .02197266, .01538086, .01123047, .00837708, .00626373
+    # the top 12: .0625 x2, .0352, .03125 x2, .0220, .015625 x2, .0154, .0112, .0084, and of the
+    # tied .0078125 x2 the earlier prompt (1): extras [5, 4, 3], groups of 7, 6 and 5
+    assert m["generate/rollouts"] == 3 * 6  # B x N, as the fixed allocation
+    assert m["filter/rounds"] == 1 and m["alloc/extra_rollouts"] == 12
+    assert (m["alloc/group_size_min"], m["alloc/group_size_max"]) == (5.0, 7.0)
+    assert m["alloc/group_size_mean"] == 6.0
+    assert m["alloc/first_round_mixed"] == 2 and m["alloc/first_round_uniform"] == 1
+    assert m["alloc/extra_to_uniform_frac"] == pytest.approx(5 / 12)  # prompt 0's 5 of 12
+    # second round (rows i = 0..11): prompt 0 (listed first) right 5 times: 7 of 7, dropped;
+    # prompt 1 rows 5..8 right, wrong, right, wrong: 3 of 6; prompt 2 rows 9..11: 3 of 5
+    assert m["alloc/groups_rescued"] == 0 and m["filter/groups_kept"] == 2
+    assert m["filter/rollouts_kept"] == m["update/trained_rollouts"] == 6 + 5
+    assert m["update/reward_mean"] == pytest.approx(6 / 11)
     assert m["update/skipped"] == 0
     # both engine calls' rollouts are saved, each under its own call index
     saved = sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir())

@@ -8,16 +8,18 @@ import pytest
 import torch
 
 from brorl.algorithm.losses import importance_weights, kl_penalty, policy_loss, token_entropy
+from tests.devices import DEVICES
 
 LN2 = math.log(2.0)
 
 
-def test_ppo_loss_by_hand_with_clipping_on_each_side():
+@pytest.mark.parametrize("device", DEVICES)
+def test_ppo_loss_by_hand_with_clipping_on_each_side(device):
     # tokens: (A=+1, r=1.5) clipped high; (A=-1, r=0.5) clipped low; (A=+2, r=1); one pad token
-    ratio = torch.tensor([[1.5, 0.5, 1.0, 9.0]])
-    adv = torch.tensor([[1.0, -1.0, 2.0, 100.0]])
-    mask = torch.tensor([[1, 1, 1, 0]])
-    old = torch.zeros(1, 4)
+    ratio = torch.tensor([[1.5, 0.5, 1.0, 9.0]], device=device)
+    adv = torch.tensor([[1.0, -1.0, 2.0, 100.0]], device=device)
+    mask = torch.tensor([[1, 1, 1, 0]], device=device)
+    old = torch.zeros(1, 4, device=device)
     logp = ratio.log().requires_grad_()
     loss, m = policy_loss(logp, old, adv, mask, clip_eps_low=0.2, clip_eps_high=0.28)
     # token 1: max(-1.5, -1.28) = -1.28; token 2: max(0.5, 0.8) = 0.8; token 3: -2
@@ -27,7 +29,7 @@ def test_ppo_loss_by_hand_with_clipping_on_each_side():
     assert m["update/clip_frac_low"] == pytest.approx(1 / 3)
     loss.backward()
     # clipped tokens and the pad get no gradient; token 3: d(-A r)/dlogp = -A r = -2, / 3
-    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0, -2 / 3, 0.0]]))
+    torch.testing.assert_close(logp.grad.cpu(), torch.tensor([[0.0, 0.0, -2 / 3, 0.0]]))
 
 
 def test_ratio_below_low_bound_with_positive_advantage_is_not_clipped():
@@ -40,11 +42,12 @@ def test_ratio_below_low_bound_with_positive_advantage_is_not_clipped():
     assert logp.grad.item() == pytest.approx(-0.5)  # d(-A e^logp) = -0.5
 
 
-def _random_batch(seed):
+def _random_batch(seed, device="cpu"):
+    """Drawn on the CPU (the same values on every device), then moved to `device`."""
     gen = torch.Generator().manual_seed(seed)
     m, t = 6, 5
     old = -torch.rand(m, t, generator=gen) * 2
-    return {
+    batch = {
         "features": torch.randn(m, t, 3, generator=gen),
         "old_logp": old,
         "advantages": torch.randn(m, t, generator=gen),
@@ -52,11 +55,12 @@ def _random_batch(seed):
         "engine_logp": old + 0.5 * torch.randn(m, t, generator=gen),
         "ref_logp": old + 0.2 * torch.randn(m, t, generator=gen),
     }
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def _accumulated_grad(batch, splits, normaliser=None):
     """Gradient accumulation on a shared weight w [3]: logp = old + 0.3 * features @ w."""
-    w = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    w = torch.tensor([0.5, -1.0, 2.0], device=batch["features"].device, requires_grad=True)
     for lo, hi in splits:
         part = {k: v[lo:hi] for k, v in batch.items() if k != "features"}
         logp = part["old_logp"] + 0.3 * batch["features"][lo:hi] @ w
@@ -65,8 +69,9 @@ def _accumulated_grad(batch, splits, normaliser=None):
     return w.grad
 
 
-def test_gradients_invariant_to_micro_batch_split_with_global_normaliser():
-    batch = _random_batch(0)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_invariant_to_micro_batch_split_with_global_normaliser(device):
+    batch = _random_batch(0, device)
     total = float(batch["response_mask"].sum())
     full = _accumulated_grad(batch, [(0, 6)], total)
     assert full.abs().sum() > 0
@@ -76,8 +81,9 @@ def test_gradients_invariant_to_micro_batch_split_with_global_normaliser():
     assert not torch.allclose(_accumulated_grad(batch, [(0, 1), (1, 6)]), full)
 
 
-def test_metrics_add_up_over_micro_batches():
-    batch = _random_batch(1)
+@pytest.mark.parametrize("device", DEVICES)
+def test_metrics_add_up_over_micro_batches(device):
+    batch = _random_batch(1, device)
     batch["logp"] = batch.pop("old_logp") + 0.1 * batch["features"].sum(-1)
     batch["old_logp"] = batch["engine_logp"] - 0.05
     del batch["features"]
@@ -109,8 +115,9 @@ def _loop_loss(b, eps_low, eps_high, cap, kl_coef):
     return total / count, clip_low / count, clip_high / count
 
 
-def test_vectorised_loss_equals_loop_version():
-    b = _random_batch(4)
+@pytest.mark.parametrize("device", DEVICES)
+def test_vectorised_loss_equals_loop_version(device):
+    b = _random_batch(4, device)
     b["logp"] = b["old_logp"] + 0.8 * b.pop("features")[..., 0]  # ratios well outside the clip band
     loss, m = policy_loss(
         **b, clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=1.5, kl_coef=0.3, kl_estimator="k3"
@@ -140,22 +147,24 @@ def test_kl_clamps_input_then_output():
     assert kl_penalty(logp, ref, "k3").tolist() == [10.0, 10.0]
 
 
-def test_truncated_importance_sampling_caps_the_engine_ratio():
-    old = torch.log(torch.tensor([8.0, 0.25, 2.0]))
-    engine = torch.zeros(3)  # ratios pi_old / pi_engine = 8, 0.25, 2
+@pytest.mark.parametrize("device", DEVICES)
+def test_truncated_importance_sampling_caps_the_engine_ratio(device):
+    old = torch.log(torch.tensor([8.0, 0.25, 2.0], device=device))
+    engine = torch.zeros(3, device=device)  # ratios pi_old / pi_engine = 8, 0.25, 2
     w, acted = importance_weights(old.requires_grad_(), engine, "truncate", cap=5.0)
-    torch.testing.assert_close(w, torch.tensor([5.0, 0.25, 2.0]))
+    torch.testing.assert_close(w.cpu(), torch.tensor([5.0, 0.25, 2.0]))
     assert acted.tolist() == [True, False, False] and not w.requires_grad
     w, acted = importance_weights(old, engine, "icepop", cap=5.0, tis_min=0.5)
-    torch.testing.assert_close(w, torch.tensor([0.0, 0.0, 2.0]))
+    torch.testing.assert_close(w.cpu(), torch.tensor([0.0, 0.0, 2.0]))
     assert acted.tolist() == [True, True, False]
 
 
-def test_tis_weight_scales_the_policy_gradient():
-    logp = torch.zeros(1, 1, requires_grad=True)
-    engine = torch.full((1, 1), -math.log(8.0))  # ratio 8, capped at 5
-    ones = torch.ones(1, 1)
-    loss, m = policy_loss(logp, torch.zeros(1, 1), ones, ones, engine_logp=engine)
+@pytest.mark.parametrize("device", DEVICES)
+def test_tis_weight_scales_the_policy_gradient(device):
+    logp = torch.zeros(1, 1, device=device, requires_grad=True)
+    engine = torch.full((1, 1), -math.log(8.0), device=device)  # ratio 8, capped at 5
+    ones = torch.ones(1, 1, device=device)
+    loss, m = policy_loss(logp, torch.zeros(1, 1, device=device), ones, ones, engine_logp=engine)
     assert loss.item() == pytest.approx(-5.0)  # -A r w = -1 * 1 * 5
     loss.backward()
     assert logp.grad.item() == pytest.approx(-5.0)

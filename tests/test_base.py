@@ -13,6 +13,7 @@ from brorl.base import (BaseConfig, band_distance, batch_loss_backward, collate,
                         family_weights, length_sorted_chunks, lr_at, make_base_checkpoint,
                         round_shares, warm_up)
 from brorl.data import generate_code, make_problem, split_problems
+from brorl.data.math import generate_math
 from brorl.evaluate import evaluate_policy
 from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, load_params
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
@@ -146,9 +147,16 @@ def test_warm_up_is_deterministic_for_a_seed():
     assert torch.equal(runs[0], runs[1])
 
 
-@pytest.mark.slow  # 39 s; the CI pipeline (tests/test_pipeline.py) runs this stage in make test
 def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
-    splits = _code_splits()
+    """The base stage (`make_base_checkpoint`) from random weights on the `compare` task (the
+    larger of two numbers): greedy pass@1 on ~100 unseen test problems rises from 0 to >= 0.3.
+
+    Why `compare`, not the code templates: their copy-the-constant skill appears after a number
+    of steps that moves with the CPU's rounding (on an Intel Xeon, 2026-11-26: validation 0.25
+    at step 1000 and 0.325 at 1500, test 0.0 at 1000), so a CI-sized cap could not hold; here
+    the validation target 0.8 was reached at step 1000 (test 0.47), the cap is 1500."""
+    splits = split_problems(generate_math(400, seed=0, tasks=("compare",)), seed=0,
+                            validation_fraction=0.15, test_fraction=0.25)
     test = splits["test"]
     tok = build_tokenizer()
     untrained = build_policy(vocab_size=len(tok), **TINY)
@@ -157,19 +165,19 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
     save_policy(untrained, tok, tmp_path / "model")  # what the model stage writes
     config = replace(
         BaseConfig.from_params(load_params("params/tiny_ci.yaml")), start=str(tmp_path / "model"),
-        max_steps=1000,
-        eval_every=100, batch_size=16, lr=1e-2, seed=0, target_pass_low=0.5,
+        max_steps=1500, eval_every=100, batch_size=16, lr=1e-2, seed=0, target_pass_low=0.8,
         eval_per_family=12, test_samples=1, eval_temperature=0.0, eval_top_p=1.0,
         max_response_tokens=48, target_pass_high=1.0, band_margin=0.0, warmup_steps=20,
         min_lr_ratio=1.0, micro_batches=1, family_shares=None, reached_share=1.0)
     model, tok, report = make_base_checkpoint(splits["train"], splits["validation"], test, config,
                                               workers=2)
-    after = report["test"]["family"]["code"]["pass_at_1"]
-    print(json.dumps({"before": before["family"]["code"]["pass_at_1"], "after": after,
+    after = report["test"]["family"]["math"]["pass_at_1"]
+    print(json.dumps({"before": before["family"]["math"]["pass_at_1"], "after": after,
                       "steps": report["steps"], "seconds": report["train_seconds"]}))
-    assert before["family"]["code"]["pass_at_1"] == 0.0  # random weights write no code block
-    assert after >= 0.2  # at least 20 points above the untrained model on unseen problems
-    assert report["history"][0]["step"] == 0 and report["steps"] <= 1000
+    assert len(test) >= 90
+    assert before["family"]["math"]["pass_at_1"] == 0.0  # random weights write no answer tag
+    assert after >= 0.3  # at least 30 points above the untrained model on unseen problems
+    assert report["history"][0]["step"] == 0 and report["steps"] <= 1500
 
 
 def _ci_params(tmp_path) -> ExperimentParams:

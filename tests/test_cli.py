@@ -46,23 +46,47 @@ def test_a_flow_missing_from_the_checkout_fails_with_a_clear_message(monkeypatch
 
 
 def test_simulate_command_runs_the_flow_into_the_given_folders(prefect_harness, mlflow_uri, tmp_path):
-    sets = [a for key in ("output_dir", "metrics_dir", "plots_dir")
-            for a in ("-S", f"tracking.{key}={tmp_path / key}")]
-    result = runner.invoke(cli.app, ["simulate", "--params", CI_PARAMS, *sets])
-    assert result.exit_code == 0, result.output
+    """`brorl simulate` writes exactly what the simulator gives for the params' N and seeds (the
+    simulator is deterministic for a seed): the table, every metric, the headline, the curves, and
+    one MLflow child run per N under a finished parent."""
     import json
 
     from mlflow.tracking import MlflowClient
 
+    from brorl.params import load_params
+    from brorl.theory import report
+    from brorl.theory.simulator import SimConfig, simulate
+
+    sets = [a for key in ("output_dir", "metrics_dir", "plots_dir")
+            for a in ("-S", f"tracking.{key}={tmp_path / key}")]
+    result = runner.invoke(cli.app, ["simulate", "--params", CI_PARAMS, *sets])
+    assert result.exit_code == 0, result.output
+    sim = load_params(ROOT / CI_PARAMS).simulate
+    seeds = [sim.seed + k for k in range(sim.num_seeds)]
+    expected = [simulate(SimConfig.from_params(sim), n, seeds)
+                for n in sorted(set(sim.rollouts_per_prompt))]  # N = 4 and 4096
+    out = tmp_path / "output_dir" / "simulate"
+    assert (out / "results.md").read_text() == report.results_table(expected, sim.report_steps)
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(
+        report.summary_metrics(expected, sim.report_steps), allow_nan=True))
+    assert json.loads((tmp_path / "metrics_dir" / "simulate.json").read_text()) == \
+        report.headline(expected)
+    curves = list((tmp_path / "plots_dir" / "simulate").iterdir())
+    assert curves and all(p.stat().st_size > 0 for p in curves)
     summary = json.loads(result.output[result.output.index("{"):])  # the flow's summary
-    parent = MlflowClient(mlflow_uri).get_run(summary["mlflow_run_id"])
+    client = MlflowClient(mlflow_uri)
+    parent = client.get_run(summary["mlflow_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.tags["stage"] == "simulate"
-    table = (tmp_path / "output_dir" / "simulate" / "results.md").read_text()
-    assert "4096" in table  # a row for each N of params/simulate_ci.yaml: 4 and 4096
-    curves = json.loads((tmp_path / "output_dir" / "simulate" / "summary.json").read_text())
-    headline = json.loads((tmp_path / "metrics_dir" / "simulate.json").read_text())
-    assert headline and all(isinstance(v, (int, float)) for v in headline.values())
-    assert curves  # every metric of every N, beside the headline
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(int(c.data.tags["rollouts_per_prompt"]) for c in children) == [4, 4096]
+    for child, result_n in zip(sorted(children, key=lambda c: int(c.data.tags[
+            "rollouts_per_prompt"])), expected):
+        q_pos = client.get_metric_history(child.info.run_id, "simulate/q_pos")
+        assert [m.step for m in q_pos] == result_n.steps.tolist()
+        assert [m.value for m in q_pos] == pytest.approx(
+            result_n.curves["q_pos"].mean(dim=0).tolist(), rel=1e-9)
 
 
 def test_run_calls_dvc_repro_and_with_overrides_dvc_exp_run(monkeypatch):
@@ -114,7 +138,6 @@ def test_dvc_stages_run_the_checkouts_venv_without_an_activated_environment(tmp_
     assert Path(out.stdout.strip()).resolve() == Path(sys.prefix).resolve()
 
 
-@pytest.mark.slow
 def test_run_reaches_dvc_for_real_repro_and_exp_run_at_ci_size(ci_pipeline, tmp_path):
     """`brorl run` in a copy of the CI pipeline's clone: `dvc repro data` finds the stage
     unchanged; with `-S`, `dvc exp run` reruns it with the override and records the experiment."""

@@ -195,28 +195,62 @@ def _tiny_run(easy_base: Path, problems, tmp_path: Path, reward_fn, **diagnostic
     return Run(trainer, run_config, {}, generate_math(4, seed=11, tasks=("compare",)))
 
 
-def test_a_real_step_logs_the_diagnostics_outside_training_time(easy_base, easy_split, tmp_path):
-    calls = {"n": 0}
+class _SlowDiagnosticsClock:
+    """`time` for brorl.train.run and brorl.train.diagnostics: the real clock, plus `PROBE_S`
+    seconds for each probe scoring (`Shrinkage._probs`), as if the diagnostics were slow."""
 
+    PROBE_S = 1000.0
+
+    def __init__(self) -> None:
+        import time
+
+        self.real, self.offset, self.probes = time.perf_counter, 0.0, 0
+
+    def perf_counter(self) -> float:
+        return self.real() + self.offset
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from brorl.train import diagnostics, run
+
+        real_probs = diagnostics.Shrinkage._probs
+
+        def slow_probs(shrinkage, model, probes):
+            self.offset += self.PROBE_S
+            self.probes += 1
+            return real_probs(shrinkage, model, probes)
+
+        monkeypatch.setattr(diagnostics.Shrinkage, "_probs", slow_probs)
+        monkeypatch.setattr(run, "time", self)
+        monkeypatch.setattr(diagnostics, "time", self)
+
+
+def test_a_real_step_logs_the_diagnostics_outside_training_time(easy_base, easy_split, tmp_path,
+                                                                monkeypatch):
     def alternating(problems, responses):  # rollout i correct iff i is odd: every group mixed
-        calls["n"] += 1
         return [Verdict(float(i % 2), "x") for i in range(len(problems))]
 
     def second_unsolved(problems, responses):  # groups of 4: group 1 all wrong, others mixed
         return [Verdict(0.0 if i // 4 == 1 else float(i % 2), "x") for i in range(len(problems))]
 
     run = _tiny_run(easy_base, easy_split.train, tmp_path / "a", alternating, decompose=True)
+    clock = _SlowDiagnosticsClock()
+    clock.install(monkeypatch)
     m = run.step(Direct())
+    monkeypatch.undo()
     assert m["diag/heldout/probes"] == 4.0 and m["diag/heldout/tokens"] > 0
     assert 0 < m["diag/heldout/q_pos"] < 1 and m["diag/heldout/q_pos_delta"] != 0
     assert m["diag/solved/probes"] == 3.0 and m["diag/unsolved/probes"] == 0.0
     assert "diag/unsolved/q_pos" not in m
     assert m["diag/decompose/first_order"] == pytest.approx(
         m["diag/decompose/correct"] + m["diag/decompose/incorrect"])
-    assert m["time/diagnostics"] > 0
-    # the stage's seconds exclude the diagnostics: training time never counts them
+    # the clock ran PROBE_S further for each probe scoring (before and after the update): the
+    # diagnostics took that long, the update stage did not
+    slow = clock.probes * clock.PROBE_S
+    assert clock.probes >= 2 and slow <= m["time/diagnostics"] < slow + clock.PROBE_S
+    assert 0 < m["time/ppo_update"] < clock.PROBE_S  # its wall time minus the diagnostics'
     assert m["train/seconds"] == pytest.approx(sum(m[f"time/{s}"] for s in (
         "sample_prompts", "generate_rollouts", "verify", "filter", "ppo_update")))
+    assert m["train/seconds"] < clock.PROBE_S  # training time never counts them
     start = run.state.probe_start
     assert start is not None and len(start) == m["diag/heldout/tokens"]
     # a resumed run restores the start probabilities from its checkpoint

@@ -21,19 +21,20 @@ from brorl.engines import build_engine
 from brorl.engines.hf import HfEngine
 from brorl.policy import build_policy, build_tokenizer
 from brorl.types import RolloutBatch
+from tests.devices import DEVICES
 
 PROMPTS = ["1+2=", "spell cat backwards:", "x", "count the bits of 13"]
 """Prompts of different lengths (1 to 20 tokens), so chunks mix left-padded prefixes."""
 
 
-@pytest.fixture(scope="module")
-def policy():
+@pytest.fixture(scope="module", params=DEVICES)
+def policy(request):
     tokenizer = build_tokenizer()
     model = build_policy(
         vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
         intermediate_size=128, max_position_embeddings=128, seed=0,
     )
-    return model, tokenizer
+    return model.to(request.param), tokenizer
 
 
 SAMPLING = SamplingConfig(temperature=1.2, top_p=0.9, max_response_tokens=16, seed=7)

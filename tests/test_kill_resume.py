@@ -10,7 +10,11 @@ trained twice); one MLflow run, FINISHED, holding each step once with the refere
 and no half-written checkpoint left as `latest`. A run folder naming an MLflow run the store
 does not have resumes into a new run.
 
-Slow: about 15 processes of a few seconds of training each, most of it start-up.
+`make test` runs the reference and two kill points, mid-update (after an optimizer step of a
+step that the resume must redo exactly) and mid-commit (a checkpoint renamed into place before
+its `latest` pointer): 5 processes of a few seconds of training each, most of it start-up. The
+other five points, the negative control and the missing MLflow run are `slow` (`make test-all`):
+about 14 more processes.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ POINTS = {  # kill point -> the step it kills
     "before_first_checkpoint": 1, "generate": 3, "verify": 3, "update": 3,
     "checkpoint_state": 2, "checkpoint_pointer": 2, "evaluate": 2,
 }
+IN_MAKE_TEST = ("update", "checkpoint_pointer")
+"""The kill points `make test` runs (the others are `slow`)."""
 VOLATILE = ("time/", "seconds", "_per_s", "orchestration")
 """Metric keys that measure time: they differ between any two runs."""
-
-pytestmark = pytest.mark.slow
 
 
 def write_params(folder: Path, easy_base: Path, easy_data: Path) -> Path:
@@ -109,7 +113,8 @@ def reference(easy_base, easy_data, tmp_path_factory) -> dict:
     return result
 
 
-@pytest.mark.parametrize("point", sorted(POINTS))
+@pytest.mark.parametrize("point", [p if p in IN_MAKE_TEST else pytest.param(p, marks=pytest.mark.slow)
+                                   for p in sorted(POINTS)])
 def test_a_run_killed_at_any_point_resumes_to_the_reference(point, reference, easy_base, easy_data,
                                                             tmp_path):
     params = write_params(tmp_path, easy_base, easy_data)
@@ -128,6 +133,7 @@ def test_a_run_killed_at_any_point_resumes_to_the_reference(point, reference, ea
     assert got["latest_complete"]
 
 
+@pytest.mark.slow
 def test_a_run_folder_naming_a_missing_mlflow_run_resumes_into_a_new_run(easy_base, easy_data,
                                                                           tmp_path):
     params = write_params(tmp_path, easy_base, easy_data)
@@ -144,6 +150,7 @@ def test_a_run_folder_naming_a_missing_mlflow_run_resumes_into_a_new_run(easy_ba
     assert (tmp_path / "run" / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_the_check_fails_when_the_cursor_is_saved_one_step_late(reference, easy_base, easy_data,
                                                                  tmp_path, monkeypatch):
     """The no-skip/no-duplicate check can fail: a resume that redraws an earlier step's prompts

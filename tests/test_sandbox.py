@@ -14,14 +14,23 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from brorl.types import Problem
-from brorl.verifiers import verify_batch
-from brorl.verifiers.sandbox import MISSING, SandboxLimits, capabilities, run_code, run_tests
+from brorl.verifiers import verify_batch, zygote
+from brorl.verifiers.sandbox import (
+    MISSING,
+    NOBODY,
+    SandboxLimits,
+    capabilities,
+    run_code,
+    run_tests,
+)
+from tests.process_tree import descendants, settled
 
 CAPS = capabilities()
 IS_ROOT = os.geteuid() == 0
@@ -159,13 +168,43 @@ def test_candidate_cannot_kill_its_parent(code):
     assert os.environ.get("PYTEST_CURRENT_TEST")  # we are alive and still the same process
 
 
-@pytest.mark.skipif(not CAPS["namespaces"], reason="no PID namespace on this machine")
-def test_signalling_every_process_reaches_none():
-    # kill(-1) signals every process the caller may signal but itself and its namespace's init:
-    # in its own PID namespace there is none, so the call fails (ESRCH) at the top level
-    reward, reason, _ = reward_of("import os\nos.kill(-1, 9)")
-    assert (reward, reason) == (0.0, "runtime_error")
-    assert reward_of("x = 1", ["assert x == 1"])[:2] == (1.0, "correct")
+@pytest.mark.skipif(not (CAPS["namespaces"] and CAPS["uid_dropped"]),
+                    reason="needs the PID namespace and the uid drop")
+def test_signalling_every_process_spares_a_sandbox_running_beside_it():
+    # kill(-1) signals every process the caller may signal but itself and its namespace's init.
+    # As `nobody`, without a PID namespace of its own, that is every other sandbox (all run as
+    # `nobody`): here the sleeper. In its own namespace there is none: the call fails (ESRCH).
+    forks_from = zygote.current()
+    slept: list = []
+    sleeper = threading.Thread(target=lambda: slept.append(run_code(
+        "import time\ntime.sleep(60)", [], timeout_s=120)))
+    sleeper.start()
+    settled(lambda: not _running_as_nobody(forks_from.pid), attempts=300)
+    asleep = _running_as_nobody(forks_from.pid)
+    killer = run_code("import os\ntry:\n    os.kill(-1, 9)\n    sent = 'sent'\n"
+                      "except OSError as e:\n    sent = type(e).__name__\n", ["sent"],
+                      timeout_s=TIMEOUT_S)
+    survivors = _running_as_nobody(forks_from.pid)
+    for pid in asleep:
+        os.kill(pid, 9)  # done: end the sleeper rather than wait a minute
+    sleeper.join()
+    assert asleep and set(asleep) <= set(survivors)  # running before the kill and after it
+    assert killer.values == ("ProcessLookupError",)
+    assert slept[0].status == "runtime_error"  # ended by the test's own kill, not its limit
+
+
+def _running_as_nobody(pid: int) -> list[int]:
+    """The processes below `pid` that run as `nobody` and are not zombies."""
+    found = []
+    for child in descendants(pid):
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields["Uid"].split()[0] == str(NOBODY) and fields["State"].split()[0] != "Z":
+            found.append(child)
+    return found
 
 
 def test_uid_drop_holds_when_running_as_root():

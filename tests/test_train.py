@@ -100,7 +100,6 @@ def _held_out(split, count: int) -> list:
     return problems[:count]
 
 
-@pytest.mark.slow  # make test's 15-minute budget: run by make test-all
 def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, easy_split, tmp_path):
     """16 steps on 50 prompts raise the training reward, and the held-out reward at the run's
     evaluation protocol (T 0.6, top-p 0.95, 4 samples) on 1000 problems, paired.
@@ -215,7 +214,7 @@ def _launch(args: list[str], report: Path, extra_env: dict | None = None) -> lis
     return [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
 
 
-@pytest.mark.slow  # make test's 15-minute budget: run by make test-all
+@pytest.mark.slow  # two fresh interpreters for a port-leak regression: run by make test-all
 def test_a_world_of_one_neither_reuses_nor_leaks_master_port():
     """A child process inherits its parent's environment: a MASTER_PORT there belongs to the
     parent's own rendezvous store (CI once failed with EADDRINUSE this way). The process leaves

@@ -17,17 +17,18 @@ from brorl.train.ppo import accumulate_mini_batch, response_logprobs, score_batc
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, run_record
 from brorl.types import Problem
+from tests.devices import DEVICES
 
 PROBLEMS = [Problem(id=f"p{i}", family="math", task="t", prompt=f"{i}+{i}=", answer=str(2 * i))
             for i in range(10)]
 
 
-@pytest.fixture(scope="module")
-def policy():
+@pytest.fixture(scope="module", params=DEVICES)
+def policy(request):
     tokenizer = build_tokenizer()
     model = build_policy(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2,
                          num_kv_heads=1, intermediate_size=128, max_position_embeddings=128)
-    return model, tokenizer
+    return model.to(request.param), tokenizer
 
 
 @pytest.fixture(scope="module")

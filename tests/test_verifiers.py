@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import sys
 import time
 
 import pytest
@@ -219,6 +221,7 @@ def test_answers_are_judged_once_per_distinct_pair_and_none_without_a_worker(mon
 def test_math_check_that_hangs_gives_timeout(monkeypatch):
     import brorl.verifiers.math as math_verifier
 
+    math_verifier._warm_up()  # the parent's own warm-up runs the real check, once per process
     monkeypatch.setattr(math_verifier, "math_equal", lambda ref, ans: time.sleep(30))
     start = time.monotonic()
     [verdict] = verify_batch([math_problem("1")], ["<answer>1</answer>"], timeout_s=0.5)
@@ -245,18 +248,37 @@ def test_repeated_pairs_are_judged_once(monkeypatch):
     assert sorted(seen) == [0, 2, 3, 4]
 
 
-def test_math_answers_never_reach_sympys_eval_based_parser(monkeypatch, tmp_path):
-    """math-verify's plain-expression extraction runs sympy's `parse_expr` (an `eval`): the
-    verifier uses LaTeX extraction only, so it is never called, whatever the answer."""
+def test_math_answers_reach_sympys_eval_based_parser_only_as_number_literals(monkeypatch, tmp_path):
+    """math-verify's plain-expression extraction runs sympy's `parse_expr` (an `eval`) on answer
+    text: the verifier uses LaTeX extraction only, whose parser hands sympy nothing but the
+    number literals its lexer matched (`sympy.Number("0.75")`). The tripwire replaces
+    `parse_expr` under every name a loaded module holds it by (sympy's, latex2sympy2's copy,
+    math-verify's, and math-verify's cached wrapper) and lets only such a literal through."""
+    import latex2sympy2_extended.latex2sympy2  # noqa: F401 - holds a copy of parse_expr
     import math_verify.parser
+    import sympy.parsing.sympy_parser as sympy_parser
 
     marker = tmp_path / "parse_expr_called"
+    number = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 
-    def tripwire(expr):  # the forked workers inherit it; a call leaves the marker
-        marker.write_text(expr)
-        raise AssertionError("parse_expr called")
+    def tripwire(original):
+        def checked(expr, *args, **kwargs):  # the forked workers inherit it
+            if type(expr) is str and number.fullmatch(expr):
+                return original(expr, *args, **kwargs)
+            marker.write_text(str(expr))  # a call on anything else leaves the marker
+            raise AssertionError("parse_expr called on answer text")
+        return checked
 
-    monkeypatch.setattr(math_verify.parser, "parse_expr_cached", tripwire)
+    watched = (sympy_parser.parse_expr, math_verify.parser.parse_expr_cached)
+    patched = set()
+    for module_name, module in list(sys.modules.items()):
+        for name, value in list(getattr(module, "__dict__", {}).items()):
+            if any(value is fn for fn in watched):
+                monkeypatch.setattr(module, name, tripwire(value))
+                patched.add(f"{module_name}.{name}")
+    assert {"sympy.parsing.sympy_parser.parse_expr", "sympy.parse_expr",
+            "latex2sympy2_extended.latex2sympy2.parse_expr", "math_verify.parser.parse_expr",
+            "math_verify.parser.parse_expr_cached"} <= patched
     # the last one closes the verifier's \\boxed{} around it: math-verify's default would hand
     # its middle to parse_expr
     answers = ["3/4", "0.75", "x**2 + 1", "__import__('os').getcwd()", "2^10", "-4.0",

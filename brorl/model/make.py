@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from brorl.files import atomic_write_text
 from brorl.model.sources import ModelConfig, check_source, gguf_path
 from brorl.policy import build_policy, build_tokenizer, load_tokenizer, save_policy
 from brorl.policy.tokens import model_stop_ids
@@ -131,8 +132,6 @@ def _sha256(path: Path) -> str:
 
 def _write_card_only(dest: Path, text: str) -> None:
     """The folder of an `hf` source: its card alone (the checkpoint stays where it is)."""
-    from brorl.train.checkpoint import atomic_write_text
-
     dest.mkdir(parents=True, exist_ok=True)
     for stale in dest.iterdir():  # a folder a gguf or tiny source wrote before
         if stale.name != CARD:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brorl.train.checkpoint import atomic_write_text
+from brorl.files import atomic_write_text
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from brorl.files import atomic_write_text
+from brorl.run_files import latest_checkpoint
 from brorl.study.plan import StudyRun, plan_runs, run_dir, run_params, run_tree
-from brorl.train.checkpoint import atomic_write_text, latest_checkpoint
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

@@ -21,7 +21,7 @@ from brorl.study import figures
 from brorl.study.analysis import analyse
 from brorl.study.plan import plan_runs, run_dir
 from brorl.study.results import FAMILIES, RunResult
-from brorl.train.checkpoint import atomic_write_text
+from brorl.files import atomic_write_text
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

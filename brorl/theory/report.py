@@ -11,25 +11,15 @@ import csv
 import io
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from brorl.files import atomic_write_text
 from brorl.theory.simulator import METRICS, SimulationResult, summarize
 
 PANELS = (("q_pos", "Correct prob. mass Q_pos"), ("pct_improved", "% correct tokens improved"),
           ("worst_drop", "Worst drop min(p_i(t) - p_i(0)), i in P"))
 PANELS_KEYS = tuple(key for key, _ in PANELS)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename (no half-written files)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; these are ordinary result files
-    os.replace(tmp, path)
 
 
 def _at_step(result: SimulationResult, metric: str, step: int) -> tuple[float, float]:

@@ -8,11 +8,29 @@ Python API:
     summary = run.train()                                # until a stop rule of the params fires
 """
 
-from brorl.train.config import LossConfig, TrainerConfig
-from brorl.train.driver import Direct, Driver, Timed
-from brorl.train.run import Run, RunConfig, RunState
-from brorl.train.collection import Collected
-from brorl.train.trainer import Trainer, draw_seed, init_distributed, parameter_digest
+from __future__ import annotations
 
-__all__ = ["Collected", "Direct", "Driver", "LossConfig", "Run", "RunConfig", "RunState", "Timed",
-           "Trainer", "TrainerConfig", "draw_seed", "init_distributed", "parameter_digest"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {"LossConfig": "config", "TrainerConfig": "config", "Direct": "driver",
+          "Driver": "driver", "Timed": "driver", "Run": "run", "RunConfig": "run",
+          "RunState": "run", "Collected": "collection", "Trainer": "trainer",
+          "draw_seed": "trainer", "init_distributed": "trainer", "parameter_digest": "trainer"}
+"""Each public name's module: loaded when the name is first used, so `python -m brorl.train`
+checks its arguments and inputs before torch and DeepSpeed load (PEP 562)."""
+
+__all__ = sorted(_HOMES)
+
+if TYPE_CHECKING:
+    from brorl.train.collection import Collected
+    from brorl.train.config import LossConfig, TrainerConfig
+    from brorl.train.driver import Direct, Driver, Timed
+    from brorl.train.run import Run, RunConfig, RunState
+    from brorl.train.trainer import Trainer, draw_seed, init_distributed, parameter_digest
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'brorl.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"brorl.train.{_HOMES[name]}"), name)

@@ -9,7 +9,10 @@ honours every stop rule and schedule of the params file (`train.steps`, `max_rol
 more steps now. Each rank prints one JSON line (rank, step, stop reason, parameter digest, last
 metrics); `--report-dir` also writes it to `<dir>/rank<r>.json`. Resumes from the newest
 checkpoint in `train.checkpoint_dir` unless `--fresh`. Relative paths are taken from the current
-folder. The Prefect flow adds MLflow tracking and the DVC metrics files.
+folder. The Prefect flow adds MLflow tracking and the DVC metrics files. The params and every
+file the run reads (`brorl.preflight.check_inputs`: splits, checkpoints, the resumed one written
+by the same run unless `--allow-changed-params`) are checked before torch loads: a bad one is one
+`error:` line and exit code 2 within about a second.
 """
 
 from __future__ import annotations
@@ -19,14 +22,13 @@ import json
 import sys
 from pathlib import Path
 
+from brorl.environment import apply_defaults
 from brorl.params import ParamsError, load_params
 from brorl.preflight import InputError, check_inputs
-from brorl.train.driver import Direct
-from brorl.train.run import Run
-from brorl.train.trainer import parameter_digest, shutdown_distributed
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_defaults()
     parser = argparse.ArgumentParser(prog="python -m brorl.train", description=__doc__.split("\n")[0])
     parser.add_argument("--params", required=True, help="params YAML file, e.g. params/prorl.yaml")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
@@ -34,15 +36,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None,
                         help="run at most this many more steps now (the stop rules still apply)")
     parser.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
+    parser.add_argument("--allow-changed-params", action="store_true",
+                        help="resume a checkpoint written under other params (by default only "
+                             "the stop rules and schedules may change: brorl/run_files.py)")
     parser.add_argument("--quiet", action="store_true", help="no progress line per step")
     parser.add_argument("--report-dir", type=Path, default=None, help="write rank<r>.json here")
     args = parser.parse_args(argv)
     try:
         params = load_params(args.params, args.set)
-        check_inputs(params, "train", resume=not args.fresh)
+        notes = check_inputs(params, "train", resume=not args.fresh,
+                             allow_changed_params=args.allow_changed_params)
     except (ParamsError, InputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    from brorl.train.driver import Direct  # torch, deepspeed: after the checks
+    from brorl.train.run import Run
+    from brorl.train.trainer import parameter_digest, shutdown_distributed
+
     run = Run.open(params, Path.cwd(), resume=not args.fresh)
     summary = run.train(Direct(progress=None if args.quiet else print), max_steps=args.steps)
     history = summary["history"]

@@ -6,8 +6,13 @@ Layout of `<checkpoint_dir>/step_000012/`:
 - `reference/`: the KL reference policy (HF folder);
 - `deepspeed/`: DeepSpeed's engine checkpoint (optimizer partitions per rank, LR scheduler);
 - `rng_rank<r>.pt`: each rank's torch / numpy / python RNG states;
+- `params.json`: the resolved params of the run that wrote it (`brorl.run_files.record_params`);
 - `trainer_state.json`: step, data cursor, metric history. Written last: a folder without it is
   incomplete and ignored.
+
+What can be read without torch (the layout's names, the `latest` pointer, the trainer state, the
+params record) lives in `brorl.run_files`, and `atomic_write_text` in `brorl.files`; both are
+re-exported here for the trainer.
 
 All ranks write into `.tmp-step_000012/`; after a barrier rank 0 renames it to `step_000012/`,
 replaces the `latest` pointer file atomically and removes the oldest folders beyond `keep`. A
@@ -19,70 +24,21 @@ Deliberately ignored: remote storage, asynchronous saving, keeping the best-by-m
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-STATE_FILE = "trainer_state.json"
-LATEST_FILE = "latest"
+from brorl.files import atomic_write_text
+from brorl.run_files import (LATEST_FILE, PARAMS_FILE, STATE_FILE, is_complete, latest_checkpoint,
+                             policy_to_evaluate, read_state, staging_dir, step_name)
 
-
-def step_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary sibling and `os.replace`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def staging_dir(root: str | Path, step: int) -> Path:
-    """The temporary folder all ranks write step `step` into (same name on every rank)."""
-    return Path(root) / f".tmp-{step_name(step)}"
-
-
-def is_complete(folder: Path) -> bool:
-    return (folder / STATE_FILE).is_file()
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under `root`: the `latest` pointer, else the highest step."""
-    root = Path(root)
-    pointer = root / LATEST_FILE
-    if pointer.is_file():
-        folder = root / pointer.read_text().strip()
-        if is_complete(folder):
-            return folder
-    done = sorted(p for p in root.glob("step_*") if p.is_dir() and is_complete(p))
-    return done[-1] if done else None
-
-
-def policy_to_evaluate(run_dir: str | Path, checkpoint_dir: str | Path,
-                       init_checkpoint: str | Path) -> Path:
-    """A run's final policy (`<run_dir>/policy`), else its newest checkpoint's policy, else its
-    starting point: what an evaluation of the run scores by default."""
-    final = Path(run_dir) / "policy"
-    if (final / "config.json").is_file():
-        return final
-    latest = latest_checkpoint(checkpoint_dir)
-    return latest / "policy" if latest else Path(init_checkpoint)
+__all__ = ["LATEST_FILE", "PARAMS_FILE", "STATE_FILE", "atomic_write_text", "commit",
+           "is_complete", "latest_checkpoint", "load_rng", "policy_to_evaluate", "read_state",
+           "rng_states", "save_rng", "staging_dir", "step_name", "write_state"]
 
 
 def commit(root: str | Path, step: int, keep: int) -> Path:
@@ -91,6 +47,8 @@ def commit(root: str | Path, step: int, keep: int) -> Path:
     staged, final = staging_dir(root, step), root / step_name(step)
     if not is_complete(staged):
         raise RuntimeError(f"{staged} has no {STATE_FILE}: the checkpoint was not fully written.")
+    if (root / PARAMS_FILE).is_file():  # the params that made it (`run_files.record_params`)
+        shutil.copyfile(root / PARAMS_FILE, staged / PARAMS_FILE)
     if final.exists():  # a rerun of the same step after a resume: replace it
         shutil.rmtree(final)
     staged.rename(final)
@@ -104,10 +62,6 @@ def commit(root: str | Path, step: int, keep: int) -> Path:
 def write_state(folder: Path, state: dict[str, Any]) -> None:
     """The trainer state JSON (the completion marker), atomically."""
     atomic_write_text(folder / STATE_FILE, json.dumps(state, indent=1, sort_keys=True) + "\n")
-
-
-def read_state(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / STATE_FILE).read_text())
 
 
 def rng_states() -> dict[str, Any]:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from brorl.train.checkpoint import atomic_write_text
+from brorl.files import atomic_write_text
 from brorl.evals import row_split
 
 

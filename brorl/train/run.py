@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from brorl.base import sample_per_family
 from brorl.data import load_split
+from brorl.run_files import record_params
 from brorl.train import checkpoint as ckpt
 from brorl.evals import SELECTION_METRIC, eval_metrics, evals_jsonl, row_split, score_policy
 from brorl.train.diagnostics import (
@@ -183,6 +184,8 @@ class Run:
         probes = sample_per_family(splits["validation"], d.probes_per_family, d.seed) \
             if d.enabled else []
         trainer = Trainer(config, load_split(data, "train"), reward_fn=reward_fn, resume=resume)
+        if trainer.rank == 0:  # what a resume compares its params with (brorl.run_files)
+            record_params(config.checkpoint_dir, params.model_dump(mode="json"))
         return cls(trainer, RunConfig.from_params(params, root), eval_problems, probes)
 
     @property

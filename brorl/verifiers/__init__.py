@@ -8,6 +8,9 @@ A verifier failure of any kind becomes reward 0 with a recorded reason; it never
 - code (`brorl.verifiers.code`): fraction of test snippets passed in a sandbox (`sandbox.py`);
 - reasoning (`brorl.verifiers.reasoning`): the reasoning-gym dataset's own `score_answer`.
 
+`Verdict` and the `Verifier` Protocol live in `brorl.verifiers.verdict` (re-exported here), so
+the family modules never import this package back.
+
 Deliberately ignored: STEM and instruction following (not among the scored families here),
 DeepScaleR's own math grader (math-verify alone). Paper: spec paper.md §7.1 data table.
 """
@@ -15,50 +18,22 @@ DeepScaleR's own math grader (math-verify alone). Paper: spec paper.md §7.1 dat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from brorl.types import Family, Problem
+from brorl.verifiers.verdict import (
+    REASONS,
+    Verdict,
+    Verifier,
+    error_verdict,
+    verdict_for_score,
+)
 
 if TYPE_CHECKING:
     from brorl.verifiers.sandbox import SandboxLimits
 
-REASONS = (
-    "correct", "wrong", "partial", "no_answer", "syntax_error", "timeout", "runtime_error",
-)
-"""Every verdict reason, besides `error:<message>` for a verifier's own failure."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The verifier's judgement of one response.
-
-    `reward` in [0, 1] (binary for math; fraction of tests for code; the dataset's score for
-    reasoning). `reason` is one of `REASONS` or `error:<message>`.
-    """
-
-    reward: float
-    reason: str
-
-
-class Verifier(Protocol):
-    """Judges responses to problems of one family; `verify` returns one verdict per pair."""
-
-    family: Family
-
-    def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]: ...
-
-
-def verdict_for_score(score: float) -> Verdict:
-    """A verdict from a score in [0, 1]: `correct` at 1, `wrong` at 0, else `partial`."""
-    score = min(max(float(score), 0.0), 1.0)
-    reason = "correct" if score == 1.0 else "wrong" if score == 0.0 else "partial"
-    return Verdict(score, reason)
-
-
-def error_verdict(exc: BaseException) -> Verdict:
-    """Reward 0 for a verifier's own failure, with the exception in the reason."""
-    return Verdict(0.0, f"error:{type(exc).__name__}: {exc}"[:200])
+__all__ = ["REASONS", "Verdict", "Verifier", "error_verdict", "make_verifier", "verdict_for_score",
+           "verify_batch"]
 
 
 def make_verifier(

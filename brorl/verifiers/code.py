@@ -8,9 +8,9 @@ process; otherwise the candidate runs in one sandboxed process that evaluates ea
 takes part in a comparison. Reward = passed / total (ProRL's continuous code reward), 0 when the
 run times out (`timeout_s` bounds all tests together, ProRL's 5 s total), when the candidate's top
 level raises, or when the process dies before finishing. Sandboxes run concurrently from a thread
-pool, one per available core (the threads only wait on child processes). Where the OS does not
-give the sandbox its namespaces and jail (`sandbox.capabilities`), the first verification in a
-process warns.
+pool, one per available core (the threads only wait on their sandboxes, each forked by this
+process's zygote: `zygote.py`). Where the OS does not give the sandbox its namespaces and jail
+(`sandbox.capabilities`), the first verification in a process warns.
 
 Deliberately ignored: stdin/stdout-style tests (APPS "input/output" pairs must be turned into
 assert snippets by the data module) and per-test time limits. Paper: spec paper.md §7.1 data
@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
-from brorl.verifiers import Verdict, error_verdict
+from brorl.verifiers.verdict import Verdict, error_verdict
 from brorl.verifiers.sandbox import SandboxLimits, SandboxResult, capabilities, run_tests
 from brorl.verifiers.workers import default_workers
 

@@ -1,15 +1,28 @@
-"""The trusted program that `sandbox.run_code` starts as `python -I -S -c HARNESS`.
+"""The trusted program that `zygote.Zygote` starts once per verifier process as
+`python -I -S -c HARNESS <control fd>`: a zygote that forks one locked-down sandbox per run.
 
-It reads a JSON payload on stdin (`nonce`, `fd`, `code`, `subjects`, `limits`, `uid`), imports
-the standard-library modules the candidate's import statements name (a line scan against an
-allow-list: after the lock-down no file can be read), then locks itself down:
+The zygote imports every standard-library module a candidate may use (`PREIMPORTABLE`: after the
+lock-down no file can be read), becomes a child subreaper with SIGCHLD ignored (every process it
+or its descendants leave behind is reaped by the kernel at exit), says `ready` on its control
+socket and then only waits for requests. Each request carries three file descriptors and no
+data: a socket to the verifier, and the memfds for the candidate's stdout and stderr. For each it
+forks a supervisor and closes its copies, so the zygote never holds a byte of any candidate's
+code, subjects or nonce, and a fork of it carries nothing from an earlier run: every sandbox
+starts from the same clean state (modules, globals, environment, file system).
+
+The supervisor (still trusted, outside the sandbox) closes the control socket, dies with the
+zygote (PR_SET_PDEATHSIG), reads its payload (`nonce`, `code`, `subjects`, `limits`, `uid`) from
+the verifier's socket and locks down:
 
 1. new network, mount and PID namespaces (`unshare`; as a non-root user inside a new user
    namespace, where the kernel allows it);
 2. a fork: the child is PID 1 of the new PID namespace, so no process of the candidate's can see
    or signal any process outside it (another rollout's sandbox, the verifier), and when it ends
-   the kernel kills everything left inside; this process waits for it, and on SIGTERM (the
-   verifier's time-out) kills it first, so that every process of the run is reaped;
+   the kernel kills everything left inside; the supervisor sends the verifier the result pipe's
+   read end, then waits for that child, killing it (SIGKILL, to a child it has not reaped: no
+   pid-reuse race) as soon as the verifier's end of the socket closes (its time-out, or the
+   verifier gone), and exits: the result pipe's EOF tells the verifier every process of the run
+   has ended;
 3. there, a size-limited tmpfs (`SandboxLimits.disk_bytes`, `max_files` inodes) mounted over the
    working directory and `chroot` into it: the candidate's whole file system is that empty,
    capped directory (no data, no test files, no /proc, nothing to fill);
@@ -18,57 +31,35 @@ allow-list: after the lock-down no file can be read), then locks itself down:
    no groups, sets RLIMIT_NPROC to 0 (no fork, no threads), runs the candidate's code once and
    evaluates each subject in a copy of its globals.
 
-It reports on fd 3 one line per event, each starting with the nonce: `ISO <isolation>`,
-`SYNTAX`, `CANDIDATE_RAISED <type>`, `V<i> <encoded value>` (or `V<i> !` when evaluating it
-raised, `V<i> ?` when its value is not plain data), `DONE`. Values are encoded by `encode`, in
-which only the exact built-in types exist; the judge (`brorl.verifiers.checks`) decodes and
-compares them in its own process, against expected values that never enter this one. It imports
-nothing outside the standard library and runs without `site`.
+The candidate has fd 0 (/dev/null), 1 and 2 (the memfds, capped by RLIMIT_FSIZE) and 3 (the
+result pipe) and nothing else. It reports on fd 3 one line per event, each starting with the
+nonce: `ISO <isolation>`, `SYNTAX`, `CANDIDATE_RAISED <type>`, `V<i> <encoded value>` (or
+`V<i> !` when evaluating it raised, `V<i> ?` when its value is not plain data), `DONE`. Values
+are encoded by `encode`, in which only the exact built-in types exist; the judge
+(`brorl.verifiers.checks`) decodes and compares them in its own process, against expected values
+that never enter this one. It imports nothing outside the standard library and runs without
+`site`.
 
 Deliberately ignored: per-test time limits (the whole run has one wall-clock limit, as ProRL's
 5 s total) and the candidate's exit code (only the tagged lines count).
 """
 
 HARNESS = r'''
-import json, os, resource, signal, sys
+import json, os, resource, select, signal, socket, sys
 
-# stdlib modules without import-time side effects that candidates may use; only these are
-# imported ahead of the lock-down, and only when an import statement names them
-PREIMPORTABLE = frozenset((
+# stdlib modules without import-time side effects that candidates may use: the zygote imports
+# them all once; the candidate finds them in sys.modules (nothing else can be read in the jail)
+PREIMPORTABLE = (
     "math cmath collections collections.abc itertools functools heapq bisect re string typing "
     "fractions decimal statistics json copy operator random datetime enum dataclasses array "
     "unicodedata textwrap io time socket threading subprocess pathlib signal ctypes os os.path "
     "sys queue struct hashlib base64 numbers abc contextlib types weakref pprint calendar "
     "encodings.idna builtins gc inspect traceback"
-).split())
-
-
-def imported_names(sources):
-    """Allowed modules named by import statements in the sources (a line scan, no parsing)."""
-    names = []
-    for source in sources:
-        for line in source.replace(";", "\n").splitlines():
-            words = line.replace(",", " , ").split()
-            if len(words) >= 2 and words[0] == "from":
-                names.append(words[1])
-            elif words[:1] == ["import"]:
-                expect = True
-                for word in words[1:]:
-                    if expect and word not in (",", "as"):
-                        names.append(word)
-                    expect = word == ","
-    if "socket" in names:
-        names.append("encodings.idna")
-    return [name for name in names if name in PREIMPORTABLE]
-
+).split()
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 262144
-
-
-def libc():
-    import ctypes
-    return ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
 
 def write_file(path, text):
@@ -127,21 +118,8 @@ def set_limits(limits, uid):
     R.setrlimit(R.RLIMIT_NPROC, (0, 0))
 
 
-CHILD = []
-
-
-def on_term(signum, frame):
-    """The verifier's time-out (SIGTERM): kill the child, so this process reaps it and exits."""
-    for pid in CHILD:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 def wait_exit(pid):
     """Wait for `pid`, then leave at once (no clean-up that could run the candidate's code)."""
-    CHILD.append(pid)
     while True:
         try:
             os.waitpid(pid, 0)
@@ -181,14 +159,61 @@ def encode(value, depth=0):
     return [tag, [encode(item, depth + 1) for item in value]]
 
 
-def main():
-    payload = json.loads(sys.stdin.buffer.read().decode())
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.dup2(payload["fd"], 3)
-    if payload["fd"] != 3:
-        os.close(payload["fd"])
+def read_payload(channel):
+    """The run's payload: an 8-byte length, then that many bytes of JSON."""
+    data = b""
+    while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "big"):
+        chunk = channel.recv(1 << 16)
+        if not chunk:
+            raise EOFError("the verifier closed the channel")
+        data += chunk
+    return json.loads(data[8:].decode())
+
+
+def supervise(c, control, fds, zygote_pid):
+    """A run's supervisor, forked from the zygote: lock down, fork the sandbox, report it."""
+    c.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != zygote_pid:
+        os._exit(0)  # the zygote is gone already
+    control.close()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    channel, out, err = socket.socket(fileno=fds[0]), fds[1], fds[2]
+    payload = read_payload(channel)
+    read_end, write_end = os.pipe()
+    try:
+        spaced, may_setuid = unshare(c)
+    except Exception:
+        spaced, may_setuid = False, False
+    alive_r, alive_w = os.pipe()  # EOF when this supervisor is gone
+    pid = os.fork()
+    if pid == 0:
+        try:
+            channel.close()
+            os.close(read_end)
+            os.close(alive_w)
+            c.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if select.select([alive_r], [], [], 0)[0]:
+                os._exit(0)  # the supervisor died before the line above
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            os.dup2(write_end, 3)
+            os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            sandbox(c, payload, spaced, may_setuid)
+        finally:
+            flush_and_exit()
+    os.close(write_end)
+    socket.send_fds(channel, [b"H"], [read_end])
+    for fd in (read_end, out, err, alive_r):
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    if channel not in select.select([channel, pidfd], [], [])[0]:
+        wait_exit(pid)  # the sandbox ended by itself
+    os.kill(pid, signal.SIGKILL)  # the verifier's end closed (its time-out): the whole namespace
+    wait_exit(pid)
+
+
+def sandbox(c, payload, spaced, may_setuid):
+    """In the new namespaces: the jail, then the candidate in a child of its own."""
     nonce = payload["nonce"]
 
     def emit(tag, value=""):
@@ -197,28 +222,12 @@ def main():
         except OSError:
             pass
 
-    # after the lock-down no file can be read: import what the code names first
-    for name in imported_names([payload["code"]]):
-        try:
-            __import__(name)
-        except Exception:
-            pass
     limits, uid = payload["limits"], payload["uid"]
-    try:
-        c = libc()
-        spaced, may_setuid = unshare(c)
-    except Exception:
-        c, spaced, may_setuid = None, False, False
     if spaced:
-        signal.signal(signal.SIGTERM, on_term)
-        pid = os.fork()
-        if pid:
-            wait_exit(pid)  # the PID namespace's init runs in the child
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         jailed = jail(c, limits, uid if may_setuid else None)
         pid = os.fork()
         if pid:
-            wait_exit(pid)  # init: the candidate runs in a child of its own
+            wait_exit(pid)  # PID 1 of the namespace: the candidate runs in a child of its own
     else:
         jailed = False
     uid = uid if may_setuid else None
@@ -249,11 +258,48 @@ def main():
     emit("DONE")
 
 
-main()
-for stream in (sys.stdout, sys.stderr):
-    try:
-        stream.flush()
-    except BaseException:
-        pass
-os._exit(0)
+def flush_and_exit():
+    """Leave at once after flushing what the candidate printed (no other clean-up)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(0)
+
+
+def zygote(control_fd):
+    """Import what candidates may use, then fork a supervisor for each request until the
+    verifier closes the control socket."""
+    import ctypes
+    c = ctypes.CDLL(None, use_errno=True)
+    c.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps every child at once
+    for name in PREIMPORTABLE:
+        try:
+            __import__(name)
+        except Exception:
+            pass
+    control = socket.socket(fileno=control_fd)
+    control.sendall(b"ready")
+    me = os.getpid()
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 16, 3)
+        if not message:  # the verifier is gone: each supervisor dies with this process
+            try:
+                os.rmdir(os.getcwd())
+            except OSError:
+                pass
+            os._exit(0)
+        if message == b"R" and len(fds) == 3:
+            if os.fork() == 0:
+                try:
+                    supervise(c, control, fds, me)
+                finally:
+                    os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
+zygote(int(sys.argv[1]))
 '''

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
-from brorl.verifiers import Verdict, error_verdict, verdict_for_score
+from brorl.verifiers.verdict import Verdict, error_verdict, verdict_for_score
 from brorl.verifiers.workers import judge_answers
 
 Scorer = Callable[[str | None, dict], float]

@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from brorl.types import Problem
-from brorl.verifiers import Verdict, error_verdict
+from brorl.verifiers.verdict import Verdict, error_verdict
 
 Outcome = tuple[str, Any]
 """`("ok", value)`, `("timeout", None)` or `("error", message)`."""

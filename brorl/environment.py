@@ -1,0 +1,71 @@
+"""The process environment every entry point runs with: offline, no telemetry, project-local caches.
+
+The one home of these defaults. Nothing is set at import: each entry point (`python -m flows.NAME`,
+the `brorl` command, `python -m flows.server`, `python -m flows.deploy`, `python -m brorl.train`,
+`python -m tasks.mlflow_ui`, the test suite's conftest) calls `apply_defaults()` first, before
+prefect, mlflow, transformers or vLLM load; a variable already set wins. Child processes (the
+Prefect and MLflow servers, `dvc repro` and its stages) inherit them, so `make run`, `dvc repro`
+and `python -m flows.NAME` run alike. Creating folders is left to what writes into them.
+
+It also holds the Prefect settings that decide orchestration overhead (measured by
+`benchmarks/prefect_overhead.py`) and that an environment variable can say; `flows.PIPELINE_SERVER`
+and `flows.prefect_settings` hold the server-only ones and the one no variable can carry.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The checkout: caches live under `<ROOT>/.cache`."""
+
+
+def defaults(environ: Mapping[str, str] | None = None, root: Path = ROOT) -> dict[str, str]:
+    """Every default, the Prefect paths under the PREFECT_HOME `environ` sets (else
+    `<root>/.cache/prefect`)."""
+    environ = os.environ if environ is None else environ
+    cache = root / ".cache"
+    home = Path(environ.get("PREFECT_HOME") or cache / "prefect")
+    return {
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",  # 10-30 s on 2 busy cores
+        # Prefect 3.7 defaults these three to ~/.prefect whatever PREFECT_HOME says (the server
+        # warns "Unable to write to memo_store.toml"); the memo store also spares later server
+        # starts the block auto-registration.
+        "PREFECT_SERVER_MEMO_STORE_PATH": str(home / "memo_store.toml"),
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
+        "PREFECT_LOGGING_CONFIG_PATH": str(home / "logging.yml"),
+        # Task-run states reach the server as events: record them (and persist the events) in one
+        # transaction per flush instead of one per event, which on SQLite collides with the API's
+        # writes ("database is locked", a 2 s client retry each). Flushed every 5 s and at shutdown.
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "1000",
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "1000",
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "1000",
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE": "1000",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DVC_NO_ANALYTICS": "1",
+        "HF_HUB_OFFLINE": "1",  # every model and tokenizer is a local folder
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HOME": str(cache / "hf"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"),  # DeepSpeed's JIT ops
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in the trainer's process
+    }
+
+
+def with_defaults(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of `environ` (default: this process's) with every unset default filled in."""
+    environ = os.environ if environ is None else environ
+    return {**defaults(environ), **environ}
+
+
+def apply_defaults(environ: MutableMapping[str, str] | None = None) -> None:
+    """Set every default `environ` (default: `os.environ`) lacks; set values are kept."""
+    environ = os.environ if environ is None else environ
+    for key, value in defaults(environ).items():
+        environ.setdefault(key, value)

@@ -1,0 +1,51 @@
+"""The environment defaults (`brorl/environment.py`): one home, applied by entry points, never by
+an import."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from brorl.environment import apply_defaults, defaults, with_defaults
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_set_variables_win_and_prefect_paths_follow_prefect_home(tmp_path):
+    env = {"HF_HUB_OFFLINE": "0", "PREFECT_HOME": str(tmp_path / "home")}
+    apply_defaults(env)
+    assert env["HF_HUB_OFFLINE"] == "0" and env["DVC_NO_ANALYTICS"] == "1"
+    assert env["PREFECT_SERVER_MEMO_STORE_PATH"] == str(tmp_path / "home" / "memo_store.toml")
+    assert defaults({})["PREFECT_HOME"] == str(ROOT / ".cache" / "prefect")
+    assert with_defaults({"DO_NOT_TRACK": "false"})["DO_NOT_TRACK"] == "false"
+    assert not (tmp_path / "home").exists()  # nothing created
+
+
+def test_importing_the_flows_changes_no_variable_and_creates_no_folder(tmp_path):
+    home = tmp_path / "prefect-home"
+    code = ("import json, os\nbefore = dict(os.environ)\n"
+            "import flows, flows.entry, flows.cli, flows.server, flows.deploy, brorl.train\n"
+            "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))")
+    env = {k: v for k, v in os.environ.items() if k not in defaults({})} | {
+        "PREFECT_HOME": str(home)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == {}
+    assert not home.exists()
+
+
+def test_a_flow_entry_applies_the_defaults_before_its_checks(tmp_path):
+    """`python -m flows.data` in an empty environment: the project's offline defaults reach the
+    process (an error keeps it short: the params file is missing)."""
+    code = ("import os, runpy, sys\nsys.argv = ['flows.data', '--params', 'nope.yaml']\n"
+            "try:\n    runpy.run_module('flows.data', run_name='__main__')\n"
+            "except SystemExit:\n    print(os.environ.get('HF_HUB_OFFLINE'), "
+            "os.environ.get('PREFECT_HOME'))")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.stdout.split() == ["1", str(ROOT / ".cache" / "prefect")], out.stderr[-2000:]
