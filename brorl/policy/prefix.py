@@ -249,12 +249,13 @@ def shared_prefix_attention(
     kv_heads, seen = key.shape[1], key.shape[2]
     per_kv = heads // kv_heads * length  # queries per kv head (GQA), `length` positions each
     scale = dim ** -0.5 if scaling is None else scaling
-    q = query.reshape(rows, kv_heads, per_kv, dim) * scale
+    q = query.reshape(rows, kv_heads, per_kv, dim)
     prefix_k, prefix_v = shared_prefix.kv[module.layer_idx]
     groups, _, p_max, _ = prefix_k.shape
     grid_k = prefix_k.view(groups * kv_heads, p_max, dim).transpose(1, 2)
-    scores_prompt = torch.baddbmm(shared_prefix.bias, _to_grid(q, shared_prefix, groups), grid_k)
-    scores_own = torch.matmul(q, key.transpose(-1, -2))
+    scores_prompt = torch.baddbmm(shared_prefix.bias, _to_grid(q, shared_prefix, groups), grid_k,
+                                  alpha=scale)
+    scores_own = torch.matmul(q, key.transpose(-1, -2)).mul_(scale)
     if length > 1:  # new token l sees the responses up to itself
         causal = torch.ones(length, seen, dtype=torch.bool, device=query.device).tril(seen - length)
         scores_own.masked_fill_(~causal.repeat(heads // kv_heads, 1), float("-inf"))
