@@ -1,4 +1,6 @@
-"""The rollout-engine seam and the in-process hf engine on a tiny Qwen2 (CPU, offline)."""
+"""The rollout-engine seam and the in-process hf engine on tiny Qwen2, Llama and GPT-2 models
+(CPU, offline): equality with transformers' `generate` and with teacher forcing, the fixed op count
+of shared-prefix decoding, chunk hand-over, the plain-attention fallback, CUDA chunk sizing."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from brorl.engines.base import (
     score_rollouts,
 )
 from brorl.engines import build_engine
-from brorl.engines.hf import HfEngine
+from brorl.engines.hf import HfEngine, decode_row_bytes, fitting_rows
 from brorl.policy import build_policy, build_tokenizer
 from brorl.types import RolloutBatch
 from tests.devices import DEVICES
+from tests.tiny_models import ARCHITECTURES, tiny_model
 
 PROMPTS = ["1+2=", "spell cat backwards:", "x", "count the bits of 13"]
 """Prompts of different lengths (1 to 20 tokens), so chunks mix left-padded prefixes."""
@@ -101,9 +104,33 @@ def test_generation_is_deterministic_for_a_seed_and_varies_across_seeds(policy):
     assert len({tuple(r.tolist()) for r in a.response_ids[:4]}) == 4
 
 
-def test_logprobs_equal_a_teacher_forced_recomputation(policy):
-    model, tokenizer = policy
-    batch = HfEngine(model, tokenizer, max_concurrent_rollouts=5).generate(PROMPTS, 5, SAMPLING)
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def each_architecture(request):
+    """(architecture, model, tokenizer) for Qwen2, Llama (shared prefix) and GPT-2 (plain)."""
+    tokenizer = build_tokenizer()
+    return request.param, tiny_model(request.param, len(tokenizer)), tokenizer
+
+
+def test_greedy_rollouts_equal_transformers_generate(each_architecture):
+    """Chunks of 5 rows cut the groups of 3 (a prompt's rows span two chunks); every row's
+    greedy response is the one `generate` gives its prompt alone, EOS and length alike."""
+    _, model, tokenizer = each_architecture
+    greedy = SamplingConfig(temperature=0, max_response_tokens=16)
+    batch = HfEngine(model, tokenizer, max_concurrent_rollouts=5).generate(PROMPTS, 3, greedy)
+    for b, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        expected = model.generate(ids, do_sample=False, max_new_tokens=16, pad_token_id=0,
+                                  eos_token_id=2)[0, ids.shape[1]:].tolist()
+        for row in range(b * 3, b * 3 + 3):
+            assert batch.response_ids[row, : batch.response_lengths[row]].tolist() == expected
+
+
+def test_logprobs_equal_a_teacher_forced_recomputation(each_architecture):
+    """Chunks of 7 rows hold two groups of 8 (or parts of them), and some rows stop early:
+    every sampled token's log-prob equals one forward pass over the row's prompt + response."""
+    _, model, tokenizer = each_architecture
+    batch = HfEngine(model, tokenizer, max_concurrent_rollouts=7).generate(PROMPTS, 8, SAMPLING)
+    assert "stop" in batch.finish_reasons  # rows left their chunk before its end
     with torch.no_grad():
         rescored = score_rollouts(model, batch, SAMPLING.temperature, SAMPLING.top_p)
     torch.testing.assert_close(batch.logprobs, rescored, atol=1e-5, rtol=0)
@@ -264,3 +291,112 @@ def test_decoding_keeps_no_per_row_copy_of_the_prompt_and_restores_the_attention
     assert seen and max(seen) <= SAMPLING.max_response_tokens - 1  # never prompt + response
     assert model.config._attn_implementation == before
     assert int(batch.response_lengths.max()) > 1
+
+
+def test_an_uncovered_architecture_falls_back_to_plain_attention_and_says_so_once(caplog):
+    """GPT-2 is not among the shared-prefix architectures: rows decode with their own prompt
+    copies (no shared prefill), the result equals teacher forcing, and one warning names it."""
+    from brorl.policy import prefix
+    from brorl.train.ppo import score_batch
+
+    tokenizer = build_tokenizer()
+    model = tiny_model("gpt2", len(tokenizer))
+    prefix._warn_plain.cache_clear()  # a warning from an earlier test would hide this one
+    engine = HfEngine(model, tokenizer, max_concurrent_rollouts=5)
+    # top_p 1: the engine samples from the distribution the trainer scores
+    sampling = SamplingConfig(temperature=1.2, max_response_tokens=16, seed=7)
+    with caplog.at_level("WARNING", logger="brorl.policy.prefix"):
+        first = engine.generate(PROMPTS, 3, sampling)
+        again = engine.generate(PROMPTS, 3, sampling)
+        scored = score_batch(model, first, sampling.temperature, micro_batch_rollouts=4)
+    warnings = [r for r in caplog.records if r.name == "brorl.policy.prefix"]
+    assert len(warnings) == 1 and "gpt2" in warnings[0].getMessage()
+    assert engine.last_prefills == []  # no shared prefill: each row ran its prompt
+    assert torch.equal(first.response_ids, again.response_ids)
+    torch.testing.assert_close(scored, first.logprobs, atol=1e-5, rtol=0)
+
+
+def _count_decode_ops(model, prompts: list[list[int]], rows: int) -> int:
+    """Aten ops dispatched by one decode step (forward with shared-prefix attention, sampling)
+    of `rows` rows spread evenly over `prompts`, after 3 tokens are already in their cache."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import DynamicCache
+
+    from brorl.policy.prefix import SHARED_PREFIX, attention, group_prefixes, prefill
+
+    class Counter(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counter.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    active = torch.arange(rows)
+    with torch.inference_mode(), attention(model, SHARED_PREFIX):
+        prefixes = dict(enumerate(prefill(model, prompts, torch.device("cpu"))))
+        shared, positions, logits = group_prefixes(prefixes, active * len(prompts) // rows)
+        cache = DynamicCache()
+        for step in range(4):
+            with Counter() if step == 3 else torch.inference_mode():
+                logp = sampling_logprobs(logits, 1.2, 1.0)
+                tokens = sample_tokens(logp, counter_uniform(0, active, step))
+                logits = model(input_ids=tokens[:, None], position_ids=(positions + step)[:, None],
+                               past_key_values=cache, use_cache=True,
+                               shared_prefix=shared).logits[:, -1].float()
+    return Counter.ops
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+def test_one_decode_step_dispatches_the_same_ops_for_one_prompt_as_for_32(architecture):
+    """A 512-row chunk of 1 prompt (N = 512) and of 32 prompts of different lengths (N = 16):
+    the step's op count must not grow with the prompts (one kernel launch per op on a GPU)."""
+    tokenizer = build_tokenizer()
+    model = tiny_model(architecture, len(tokenizer))
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, len(tokenizer), (int(k),), generator=gen).tolist()
+               for k in torch.randint(20, 40, (32,), generator=gen)]
+    one, many = (_count_decode_ops(model, p, 512) for p in (prompts[:1], prompts))
+    assert abs(many - one) <= 0.02 * one, (one, many)
+
+
+def test_decode_chunks_are_sized_from_free_memory_on_cuda():
+    """The CUDA chunk rule's arithmetic with a made-up free-memory figure (CPU)."""
+    tokenizer = build_tokenizer()
+    model = tiny_model("qwen2", len(tokenizer))  # 2 layers, 1 kv head of 32, float32
+    # KV per token 2 (K, V) x 1 head x 32 x 4 bytes = 256; 10 tokens in 2 + 1 layers: 7,680;
+    # the sampling buffers 100 logits x 64 bytes = 6,400: 14,080 bytes a row
+    assert decode_row_bytes(model.config, 4, 10) == 14_080
+    # 0.9 x 1,000,000 bytes hold 63 such rows (63 x 14,080 = 887,040; 64 rows need 901,120)
+    assert fitting_rows(1_000_000, 14_080, rows=512) == 63
+    assert fitting_rows(1_000_000, 14_080, rows=40) == 40  # never more than the call has
+    assert fitting_rows(1_000, 14_080, rows=40) == 1  # at least one row
+    engine = HfEngine(model, tokenizer, max_concurrent_rollouts=8)
+    assert engine.chunk_rows(512, 10, free_bytes=1_000_000) == 63
+    assert engine.chunk_rows(512, 10, free_bytes=None) == 8  # no CUDA: the knob
+
+
+def test_chunks_are_handed_over_in_row_order_and_join_into_the_batch(policy):
+    model, tokenizer = policy
+    seen: list[tuple[int, int, list[str]]] = []
+    engine = HfEngine(model, tokenizer, max_concurrent_rollouts=7)
+    batch = engine.generate(PROMPTS, 5, SAMPLING, on_chunk=lambda a, b, t: seen.append((a, b, t)))
+    assert [(a, b) for a, b, _ in seen] == [(0, 7), (7, 14), (14, 20)]
+    assert tuple(t for _, _, texts in seen for t in texts) == batch.texts
+    plain = engine.generate(PROMPTS, 5, SAMPLING)
+    assert plain.texts == batch.texts and torch.equal(plain.response_ids, batch.response_ids)
+
+
+def test_a_slice_of_a_draw_samples_the_rollouts_the_whole_draw_gives_it(policy):
+    """A rank generating prompts 1..3 of a draw (`first_prompt=1`) gets the very rollouts one
+    process generating all four gives those prompts."""
+    from dataclasses import replace
+
+    model, tokenizer = policy
+    engine = HfEngine(model, tokenizer, max_concurrent_rollouts=6)
+    whole = engine.generate(PROMPTS, 4, SAMPLING)
+    part = engine.generate(PROMPTS[1:], 4, replace(SAMPLING, first_prompt=1))
+    t = part.response_ids.shape[1]
+    assert torch.equal(part.response_ids, whole.response_ids[4:, :t])
+    assert part.texts == whole.texts[4:]
+    shifted = engine.generate(PROMPTS[1:], 4, SAMPLING)  # counted from 0: other rollouts
+    assert not torch.equal(shifted.response_ids[:, :t], part.response_ids)

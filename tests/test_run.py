@@ -38,6 +38,7 @@ from brorl.train.rollouts import ScoredGroups
 from brorl.train.run import TRAIN_STAGES
 from brorl.train.sampler import PromptSampler
 from brorl.types import Problem, RolloutBatch
+from brorl.verifiers import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,18 +65,37 @@ def _problem(i: int, family: str = "math", prefix: str = "p") -> Problem:
     return Problem(id=f"{prefix}{i}", family=family, task="t", prompt=f"{prefix}{i}?", answer="1")
 
 
+class FakeClock:
+    """`time.perf_counter` stand-in: time moves only when `sleep` says so, so every stage's
+    seconds are exactly the sleeps inside it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class FakeTrainer:
     """Stands in for `Trainer` in the run loop: no model; rewards come from `rewards` (one row
-    of N per group, in draw order); optional sleeps in generation and checkpoints. The real
-    `Trainer.start_collection` (budget cap, keep rule) and `end_step` are used."""
+    of N per group, in draw order); optional sleeps (on `clock`) in generation and checkpoints.
+    The real `Trainer.start_collection` (budget cap, keep rule), `draw_share`, `gather_groups`
+    and `end_step` are used."""
 
     start_collection = Trainer.start_collection
     end_step = Trainer.end_step
     global_step = Trainer.global_step
+    generating_ranks = Trainer.generating_ranks
+    draw_share = Trainer.draw_share
+    gather_groups = Trainer.gather_groups
 
     def __init__(self, config: TrainerConfig, rewards, sleep: dict | None = None,
-                 step_offset: int = 0) -> None:
+                 step_offset: int = 0, clock: FakeClock | None = None) -> None:
         self.config, self.rewards, self.sleep = config, rewards, sleep or {}
+        self.clock = clock or FakeClock()
         self.rank, self.world, self.step_count, self.step_offset = 0, 1, 0, step_offset
         self.resumed_state: dict = {}
         self.model = self.tokenizer = None
@@ -87,16 +107,22 @@ class FakeTrainer:
     def sample_prompts(self, count):
         return self.sampler.take(count)
 
-    def generate_rollouts(self, problems, draw, n=None):
-        time.sleep(self.sleep.get("generate", 0.0))
+    def reward_fn(self, problems, responses):
+        return [Verdict(0.0, "r") for _ in responses]  # the scripted rewards replace these
+
+    def generate_rollouts(self, problems, draw, n=None, *, first_prompt=0, on_chunk=None):
+        self.clock.sleep(self.sleep.get("generate", 0.0))
         b, n = len(problems), n or self.config.rollouts_per_prompt
-        return RolloutBatch(
+        batch = RolloutBatch(
             prompt_index=torch.arange(b).repeat_interleave(n), prompt_ids=((1,),) * b,
             response_ids=torch.ones(b * n, 1, dtype=torch.long),
             response_lengths=torch.ones(b * n, dtype=torch.long), logprobs=torch.zeros(b * n, 1),
             texts=("x",) * (b * n), finish_reasons=("stop",) * (b * n), rollouts_per_prompt=n)
+        if on_chunk is not None:
+            on_chunk(0, b * n, batch.texts)
+        return batch
 
-    def verify(self, problems, batch):
+    def verify(self, problems, batch, verdicts=None):
         rows = [next(self.rewards) for _ in problems]
         return ScoredGroups(tuple(problems), batch, torch.tensor(rows, dtype=torch.float64),
                             ("r",) * batch.num_rollouts)
@@ -108,7 +134,7 @@ class FakeTrainer:
         return {}
 
     def save_checkpoint(self, run_state=None):
-        time.sleep(self.sleep.get("checkpoint", 0.0))
+        self.clock.sleep(self.sleep.get("checkpoint", 0.0))
         return Path(f"/nonexistent/step_{self.step_count}")
 
 
@@ -116,16 +142,19 @@ MIXED, WRONG = [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]
 
 
 def _fake_run(tmp_path, monkeypatch, rewards, *, eval_sleep: float = 0.0, trainer_sleep=None,
-              step_offset: int = 0, eval_problems=None, trainer=None, **run_changes) -> Run:
+              step_offset: int = 0, eval_problems=None, trainer=None, clock=None,
+              **run_changes) -> Run:
     """A Run over `FakeTrainer` (B = 4, N = 4, 3 draws) whose evaluation returns one fixed reward
-    row per instance after `eval_sleep` seconds; the policy folder is written without a model."""
+    row per instance after `eval_sleep` seconds of `clock`; the policy folder is written without
+    a model."""
+    clock = clock or FakeClock()
     small = dict(checkpoint_dir=str(tmp_path / "ck"), prompts_per_step=4, rollouts_per_prompt=4,
                  filter_max_draws=3)
     config = replace(TrainerConfig.from_params(load_params(ROOT / "params/tiny_ci.yaml")),
                      **{**small, **(trainer or {})})
 
     def fake_evaluate(model, tokenizer, problems, *, n, k_values, seed, **kwargs):
-        time.sleep(eval_sleep)
+        clock.sleep(eval_sleep)
         scored = np.array([[1.0] + [0.0] * (n - 1)] * len(problems))
         return score_rewards(problems, scored, k_values), scored
 
@@ -134,7 +163,7 @@ def _fake_run(tmp_path, monkeypatch, rewards, *, eval_sleep: float = 0.0, traine
 
     monkeypatch.setattr("brorl.evals.evaluate_policy", fake_evaluate)
     monkeypatch.setattr("brorl.policy.save_policy", fake_save_policy)
-    fake = FakeTrainer(config, iter(rewards), trainer_sleep, step_offset)
+    fake = FakeTrainer(config, iter(rewards), trainer_sleep, step_offset, clock)
     changes = {"run_dir": str(tmp_path / "run"), "eval_every": 1, "checkpoint_every": 1,
                "eval_samples": 4, **run_changes}
     return Run(fake, _config(**changes), eval_problems or {"test": [_problem(0)]})
@@ -202,25 +231,31 @@ def test_a_budget_divisible_by_n_ends_exactly_on_it(tmp_path, monkeypatch):
 
 
 def test_training_time_excludes_evaluation_and_checkpoints(tmp_path, monkeypatch):
-    """Evaluations sleep 0.25 s and checkpoints 0.15 s, a step's generation 0.01 s. The 0.06 s
-    time budget counts the training stages only: the run takes several steps (one would reach
-    it if an evaluation or a checkpoint counted) and no time figure includes them."""
-    run = _fake_run(tmp_path, monkeypatch, itertools.repeat(MIXED), eval_sleep=0.25,
-                    trainer_sleep={"generate": 0.01, "checkpoint": 0.15}, max_seconds=0.06)
+    """On a fake clock an evaluation takes 1 s, a checkpoint 0.5 s and a step's generation
+    0.125 s (every group passes: one draw a step); nothing else takes time. The 0.5 s time
+    budget counts the training stages only, so it ends the run after exactly 4 steps (one step
+    if an evaluation or a checkpoint counted), and every figure is exact (binary fractions)."""
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    run = _fake_run(tmp_path, monkeypatch, itertools.repeat(MIXED), eval_sleep=1.0,
+                    trainer_sleep={"generate": 0.125, "checkpoint": 0.5}, max_seconds=0.5,
+                    clock=clock)
     summary = run.train()
-    history, steps = summary["history"], summary["steps"]
-    assert summary["stopped_by"] == "seconds"
-    assert 2 <= steps <= 6  # >= 0.01 s of generation a step: 6 steps reach 0.06 s
-    assert summary["train_seconds"] < 0.25
-    assert summary["eval_seconds"] >= 0.25 * (steps + 1)  # step 0 and every step
-    assert summary["checkpoint_seconds"] >= 0.15 * steps
+    history = summary["history"]
+    assert summary["stopped_by"] == "seconds" and summary["steps"] == 4
+    assert summary["train_seconds"] == 0.5
+    assert summary["eval_seconds"] == 1.0 * 5  # step 0 and every step
+    assert summary["checkpoint_seconds"] == 0.5 * 4
     for m in history:
-        assert m["train/seconds"] == sum(m[f"time/{stage}"] for stage in TRAIN_STAGES)
-        assert m["time/evaluate"] >= 0.25 and m["time/checkpoint"] >= 0.15
+        assert m["train/seconds"] == m["time/generate_rollouts"] == 0.125
+        assert sum(m[f"time/{stage}"] for stage in TRAIN_STAGES) == 0.125
+        assert m["time/evaluate"] == 1.0 and m["time/checkpoint"] == 0.5
+        assert m["time/iteration"] == 1.625 and m["generate/seconds"] == 0.125
     # every evaluation row holds the training seconds up to its step, no evaluation time
-    totals = list(itertools.accumulate([0.0] + [m["train/seconds"] for m in history]))
-    assert [r["seconds"] for r in run.state.evals] == totals
-    assert totals[-1] == summary["train_seconds"]
+    assert [r["seconds"] for r in run.state.evals] == [0.0, 0.125, 0.25, 0.375, 0.5]
+    # nothing else advanced the clock (the last 0.5: `finish` saves once more, finding no
+    # checkpoint folder, which the fake trainer never writes)
+    assert clock.now == 5 * 1.0 + 4 * (0.125 + 0.5) + 0.5
 
 
 def _evaluate_from(monkeypatch, rows: dict[str, list]):
@@ -402,10 +437,12 @@ def test_python_m_brorl_train_and_the_prefect_flow_train_identically(
     assert version.tags["algorithm"] == "prorl" and version.tags["rollouts_per_prompt"] == "16"
 
 
-@pytest.mark.slow  # make test's 15-minute budget: run by make test-all
 def test_torchrun_two_ranks_stop_by_the_same_rule_at_the_same_step(easy_base, easy_data, tmp_path):
+    """Each rank generates its share of every draw: both stop at the same step, by the rollout
+    budget, with the same weights. CI-sized: 2 evaluated instances per family, not 8."""
     params = "params/prorl_ci.yaml"
-    sets = [a for o in _overrides(easy_data, easy_base, tmp_path / "two") for a in ("-S", o)]
+    overrides = _overrides(easy_data, easy_base, tmp_path / "two") + ["train.eval_per_family=2"]
+    sets = [a for o in overrides for a in ("-S", o)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m",
                 "brorl.train", "--params", params, "--quiet", *sets,

@@ -18,6 +18,7 @@ from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, run_record
 from brorl.types import Problem
 from tests.devices import DEVICES
+from tests.tiny_models import ARCHITECTURES, tiny_model
 
 PROBLEMS = [Problem(id=f"p{i}", family="math", task="t", prompt=f"{i}+{i}=", answer=str(2 * i))
             for i in range(10)]
@@ -305,14 +306,17 @@ def test_rollouts_round_trip_through_parquet(groups, tmp_path):
     assert not list(path.parent.glob(".*"))  # no temporary file left
 
 
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_shared_prompt_scoring_equals_one_forward_per_row_and_runs_each_prompt_once(
-        policy, monkeypatch):
+        architecture, monkeypatch):
     """Prompts of different lengths (prefilled together, left-padded), rows of three groups in
     shuffled order: log-probs, entropy and gradients equal a plain forward of each row's
-    prompt + response alone."""
+    prompt + response alone; Qwen2 and Llama prefill each prompt once, GPT-2 (not covered by
+    the shared prefix) runs every row whole."""
     import brorl.train.ppo as ppo
 
-    model, tokenizer = policy
+    tokenizer = build_tokenizer()
+    model = tiny_model(architecture, len(tokenizer))
     prompts = ["7+8=", "12+30+5=", "1="]
     batch = HfEngine(model, tokenizer, max_concurrent_rollouts=4).generate(
         prompts, 3, SamplingConfig(temperature=1.0, max_response_tokens=9, seed=5))
@@ -329,8 +333,10 @@ def test_shared_prompt_scoring_equals_one_forward_per_row_and_runs_each_prompt_o
     logp, entropy = response_logprobs(model, batch, rows, 0.8, with_entropy=True)
     (logp.sum() + entropy.sum()).backward()
     shared = [p.grad.clone() for p in model.parameters()]
-    # one padded pass over the three distinct prompts, each once
-    assert len(prefills) == 1 and sorted(prefills[0]) == sorted(set(batch.prompt_ids))
+    if architecture == "gpt2":
+        assert prefills == []
+    else:  # one padded pass over the three distinct prompts, each once
+        assert len(prefills) == 1 and sorted(prefills[0]) == sorted(set(batch.prompt_ids))
 
     model.zero_grad()
     total = 0.0
@@ -348,4 +354,5 @@ def test_shared_prompt_scoring_equals_one_forward_per_row_and_runs_each_prompt_o
         total = total + ref.sum() + ent.sum()
     total.backward()
     for got, want in zip(shared, (p.grad for p in model.parameters())):
-        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+        # float32 rounding of sums whose terms reach the largest entry (about 40 here)
+        assert torch.allclose(got, want, atol=2e-6 * float(want.abs().max()), rtol=1e-4)

@@ -13,8 +13,9 @@ temperature 1.2 (spec §7.1).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -31,6 +32,10 @@ class SamplingConfig:
     top_p: float = 1.0
     max_response_tokens: int = 64
     seed: int = 0
+    first_prompt: int = 0
+    """Index of the call's first prompt in its draw: rollout k of the call's prompt b is sampled
+    as rollout k of prompt `first_prompt + b`, so a rank that generates a slice of a draw's
+    prompts gets the rollouts one process generating the whole draw would."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -39,13 +44,22 @@ class SamplingConfig:
             raise ValueError(f"top_p {self.top_p} must be in (0, 1]; 1 turns nucleus sampling off.")
         if self.max_response_tokens < 1:
             raise ValueError(f"max_response_tokens {self.max_response_tokens} must be >= 1.")
+        if self.first_prompt < 0:
+            raise ValueError(f"first_prompt {self.first_prompt} must be >= 0 (a prompt index).")
+
+
+ChunkCallback = Callable[[int, int, Sequence[str]], None]
+"""`on_chunk(start, stop, texts)`: rows `start..stop-1` of the call (prompt-major) are finished,
+`texts` their responses. Engines call it in row order, each row once, before `generate` returns."""
 
 
 class RolloutEngine(Protocol):
     """Generates rollouts from the current policy and takes the trainer's weights in place."""
 
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
-        """B = len(prompts) prompts x `n` rollouts each, prompt-major."""
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig,
+                 on_chunk: ChunkCallback | None = None) -> RolloutBatch:
+        """B = len(prompts) prompts x `n` rollouts each, prompt-major; `on_chunk` hears of
+        finished rows as the engine hands them over (the hf engine: chunk by chunk)."""
         ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:

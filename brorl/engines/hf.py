@@ -1,34 +1,76 @@
 """In-process engine (transformers): prefill each prompt once, decode in bounded chunks.
 
-Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of at most
-`max_concurrent_rollouts` consecutive rows, so peak memory depends on that knob, not on N or B: a
-chunk may hold several small groups (N below the knob) or a slice of one large group (N above it).
-Each prompt is prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's
-scoring); its key/value cache `[1, H, P, D]` per layer is kept only while a chunk still needs it,
-once per chunk, and attended by all of the chunk's rows of that prompt (shared-prefix attention);
-the rows' own cache holds their responses only. Finished rows (EOS) are dropped from it. Token
-choice is inverse-CDF sampling with one counter-based uniform per (seed, row, step), so every
-rollout is the same whether it is decoded alone, in a chunk, or with all others.
+Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of consecutive
+rows, so peak memory depends on the chunk, not on N or B: a chunk may hold several small groups
+(N below it) or a slice of one large group (N above it). On CPU the chunk is
+`max_concurrent_rollouts` rows; on CUDA it is sized from the free memory (`fitting_rows`). Each
+prompt is prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's scoring); its
+key/value cache `[1, H, P, D]` per layer is kept only while a chunk still needs it, once per
+chunk, and attended by all of the chunk's rows of that prompt (shared-prefix attention, a fixed
+number of ops per layer whatever the number of prompts); the rows' own cache holds their
+responses only. Finished rows (EOS) are dropped from it, and each finished chunk is handed over
+(`on_chunk`), so its verification can run while the next chunk decodes. Architectures outside
+`brorl.policy.prefix.SHARED_PREFIX_MODELS` decode with plain attention, each row with its own
+copy of its prompt. Token choice is inverse-CDF sampling with one counter-based uniform per
+(seed, rollout, step), so every rollout is the same whether it is decoded alone, in a chunk, with
+all others, or on another rank (`SamplingConfig.first_prompt`).
 
 Deliberately ignored: continuous batching across chunks (a chunk runs until its rows finish),
-paged attention, speculative decoding; the vLLM engine covers the fast path.
+paged attention, speculative decoding, a static KV cache and CUDA graphs (rows leave the batch
+as they finish, so shapes change from step to step); the vLLM engine covers the fast path.
 Paper: BroRL §4.2.4 / spec §6 (one shared prefix per prompt, many concurrent rollouts).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from brorl.engines.base import SamplingConfig, counter_uniform, sample_tokens, sampling_logprobs
+from brorl.engines.base import (
+    ChunkCallback, SamplingConfig, counter_uniform, sample_tokens, sampling_logprobs,
+)
 from brorl.policy.prefix import (
-    SHARED_PREFIX, Prefix, attention, group_prefixes, prefill,
+    SHARED_PREFIX, Prefix, attention, group_prefixes, left_pad, prefill, shares_prefix,
 )
 from brorl.policy.tokens import decode_responses, encode_prompts, model_stop_ids, pad_id
 from brorl.types import FinishReason, RolloutBatch
+
+CUDA_MEMORY_SHARE = 0.9
+"""Share of the free CUDA memory a decode chunk may fill; the rest absorbs what the estimate of
+`decode_row_bytes` leaves out (the allocator's fragmentation, the MLP's activations)."""
+
+SAMPLING_BYTES_PER_LOGIT = 64
+"""Bytes per vocabulary entry a decoding row holds at once for its next token: the logits in
+the model's dtype and in float32, the sampling log-probs, top-p's sort and mask, and
+`sample_tokens`' float64 probabilities and CDF (an upper estimate)."""
+
+
+def decode_row_bytes(config: Any, dtype_bytes: int, tokens: int) -> int:
+    """Bytes one decoding row needs with `tokens` positions of context: its key/value cache in
+    every layer plus one layer's copy (the cache grows by concatenation, one layer at a time),
+    and its logits and sampling buffers (`SAMPLING_BYTES_PER_LOGIT`)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_per_token = 2 * config.num_key_value_heads * head_dim * dtype_bytes
+    return kv_per_token * tokens * (config.num_hidden_layers + 1) \
+        + config.vocab_size * SAMPLING_BYTES_PER_LOGIT
+
+
+def fitting_rows(free_bytes: int, row_bytes: int, rows: int) -> int:
+    """Rows per chunk that `CUDA_MEMORY_SHARE` of `free_bytes` holds at `row_bytes` each: at
+    least 1, at most the call's `rows`."""
+    return max(1, min(rows, int(free_bytes * CUDA_MEMORY_SHARE) // row_bytes))
+
+
+def cuda_free_bytes(device: torch.device) -> int:
+    """Free memory of a CUDA device: the driver's free bytes plus what torch's caching allocator
+    holds reserved but unused (it hands that out first)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
 
 @dataclass
 class _Outputs:
@@ -38,8 +80,55 @@ class _Outputs:
     logprobs: torch.Tensor
     lengths: torch.Tensor
     stopped: torch.Tensor
+    texts: list[str] = field(default_factory=list)
     peak_rows: int = 0
     prefills: list[int] = field(default_factory=list)
+
+
+class _SharedRows:
+    """A chunk's decoding state when its rows share each prompt's cache: the responses' own
+    cache, the prompts' caches once each (`SharedPrefix`), each row's next position."""
+
+    def __init__(self, model: torch.nn.Module, prefixes: dict[int, Prefix],
+                 groups: torch.Tensor) -> None:
+        self.model = model
+        self.shared, self.positions, self.logits = group_prefixes(prefixes, groups)
+        self.cache = DynamicCache()
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.positions = self.positions[rows]
+        self.shared.keep(rows)
+
+    def next_logits(self, tokens: torch.Tensor, step: int) -> torch.Tensor:
+        return self.model(input_ids=tokens[:, None], position_ids=(self.positions + step)[:, None],
+                          past_key_values=self.cache, use_cache=True,
+                          shared_prefix=self.shared).logits[:, -1]
+
+
+class _PlainRows:
+    """A chunk's decoding state with plain attention: every row prefills its own copy of its
+    prompt (left-padded, masked) and keeps it in its cache."""
+
+    def __init__(self, model: torch.nn.Module, prompts: list[tuple[int, ...]],
+                 device: torch.device) -> None:
+        self.model = model
+        ids, mask, positions = left_pad(prompts)
+        self.mask = mask.long().to(device)
+        self.positions = torch.tensor([len(p) for p in prompts], device=device)
+        result = model(input_ids=ids.to(device), attention_mask=self.mask,
+                       position_ids=positions.to(device), use_cache=True, logits_to_keep=1)
+        self.cache, self.logits = result.past_key_values, result.logits[:, -1]
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask, self.positions = self.mask[rows], self.positions[rows]
+
+    def next_logits(self, tokens: torch.Tensor, step: int) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
+        return self.model(input_ids=tokens[:, None], attention_mask=self.mask,
+                          position_ids=(self.positions + step)[:, None],
+                          past_key_values=self.cache, use_cache=True).logits[:, -1]
 
 
 class HfEngine:
@@ -73,8 +162,19 @@ class HfEngine:
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
 
+    def chunk_rows(self, rows: int, tokens: int, free_bytes: int | None) -> int:
+        """Rows decoded at once for a call of `rows` rollouts with `tokens` positions of context
+        each: `max_concurrent_rollouts`, or with `free_bytes` (a CUDA device's free memory) as
+        many as fit it (`fitting_rows`)."""
+        if free_bytes is None:
+            return self.max_concurrent_rollouts
+        dtype_bytes = next(self.model.parameters()).element_size()
+        return fitting_rows(free_bytes, decode_row_bytes(self.model.config, dtype_bytes, tokens),
+                            rows)
+
     @torch.inference_mode()
-    def _generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
+    def _generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig,
+                  on_chunk: ChunkCallback | None) -> RolloutBatch:
         if n < 1 or not prompts:
             raise ValueError(
                 f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}."
@@ -89,89 +189,98 @@ class HfEngine:
             lengths=torch.zeros(rows, dtype=torch.long, device=device),
             stopped=torch.zeros(rows, dtype=torch.bool, device=device),
         )
+        shared = shares_prefix(self.model)
+        free = cuda_free_bytes(device) if device.type == "cuda" else None
+        chunk = self.chunk_rows(rows, max(map(len, prompt_ids)) + t_max, free)
         prefixes: dict[int, Prefix] = {}
-        for start in range(0, rows, self.max_concurrent_rollouts):
-            stop = min(start + self.max_concurrent_rollouts, rows)
-            new = [b for b in range(start // n, (stop - 1) // n + 1) if b not in prefixes]
-            if new:
-                prefixes.update(zip(new, prefill(self.model, [prompt_ids[b] for b in new], device)))
-                out.prefills.extend(new)
-            self._decode_chunk(torch.arange(start, stop, device=device), n, prefixes, sampling, out)
+        for start in range(0, rows, chunk):
+            stop = min(start + chunk, rows)
+            if shared:
+                new = [b for b in range(start // n, (stop - 1) // n + 1) if b not in prefixes]
+                if new:
+                    prefixes.update(zip(new, prefill(self.model, [prompt_ids[b] for b in new],
+                                                     device)))
+                    out.prefills.extend(new)
+                state: _SharedRows | _PlainRows = _SharedRows(
+                    self.model, prefixes, torch.arange(start, stop, device=device) // n)
+            else:
+                state = _PlainRows(self.model, [prompt_ids[r // n] for r in range(start, stop)],
+                                   device)
+            with attention(self.model, SHARED_PREFIX) if shared else nullcontext():
+                self._decode_chunk(state, torch.arange(start, stop, device=device),
+                                   n * sampling.first_prompt, sampling, out)
             for b in [b for b in prefixes if (b + 1) * n <= stop]:
                 del prefixes[b]  # its last row is done: free its prompt cache
+            texts = self._texts(out, start, stop)
+            out.texts.extend(texts)
+            if on_chunk is not None:
+                on_chunk(start, stop, texts)
         self.last_peak_rows, self.last_prefills = out.peak_rows, out.prefills
         return self._batch(prompt_ids, n, out)
 
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
-        """B prompts x `n` rollouts -> `RolloutBatch`, prompt-major (run in eval mode)."""
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig,
+                 on_chunk: ChunkCallback | None = None) -> RolloutBatch:
+        """B prompts x `n` rollouts -> `RolloutBatch`, prompt-major (run in eval mode);
+        `on_chunk(start, stop, texts)` after each decoded chunk."""
         training = self.model.training
         self.model.eval()
         try:
-            return self._generate(prompts, n, sampling)
+            return self._generate(prompts, n, sampling, on_chunk)
         finally:
             self.model.train(training)
 
     def _decode_chunk(
         self,
+        state: _SharedRows | _PlainRows,
         rows: torch.Tensor,
-        n: int,
-        prefixes: dict[int, Prefix],
+        first_row: int,
         sampling: SamplingConfig,
         out: _Outputs,
     ) -> None:
-        """Decode rows `[C]` (global row ids) until each stops or reaches `max_response_tokens`.
-
-        The rows' cache holds their responses only; each prompt's cache is kept once and
-        attended by all of its rows (`shared_prefix_attention`)."""
-        shared, positions, logits = group_prefixes(prefixes, rows // n)
+        """Decode rows `[C]` (the call's row ids; `first_row + id` seeds a row) until each stops
+        or reaches `max_response_tokens`."""
         stop_ids = self.stop_ids.to(rows.device)
-        cache = DynamicCache()
-        logits = logits.float()
+        logits = state.logits.float()
         active = rows
-        with attention(self.model, SHARED_PREFIX):
-            for step in range(sampling.max_response_tokens):
-                out.peak_rows = max(out.peak_rows, int(active.numel()))
-                logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
-                if sampling.temperature == 0:
-                    tokens = logp.argmax(dim=-1)
-                else:
-                    tokens = sample_tokens(logp, counter_uniform(sampling.seed, active, step))
-                out.tokens[active, step] = tokens
-                out.logprobs[active, step] = logp.gather(-1, tokens[:, None]).squeeze(-1)
-                out.lengths[active] = step + 1
-                done = torch.isin(tokens, stop_ids)
-                out.stopped[active[done]] = True
-                keep = (~done).nonzero().squeeze(-1)
-                if keep.numel() == 0 or step + 1 == sampling.max_response_tokens:
-                    return
-                if keep.numel() < active.numel():
-                    cache.batch_select_indices(keep)
-                    active, tokens, positions = active[keep], tokens[keep], positions[keep]
-                    shared.keep(keep)
-                result = self.model(
-                    input_ids=tokens[:, None],
-                    position_ids=(positions + step)[:, None],
-                    past_key_values=cache,
-                    use_cache=True,
-                    shared_prefix=shared,
-                )
-                logits = result.logits[:, -1].float()
+        for step in range(sampling.max_response_tokens):
+            out.peak_rows = max(out.peak_rows, int(active.numel()))
+            logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
+            if sampling.temperature == 0:
+                tokens = logp.argmax(dim=-1)
+            else:
+                tokens = sample_tokens(logp, counter_uniform(sampling.seed, first_row + active,
+                                                             step))
+            out.tokens[active, step] = tokens
+            out.logprobs[active, step] = logp.gather(-1, tokens[:, None]).squeeze(-1)
+            out.lengths[active] = step + 1
+            done = torch.isin(tokens, stop_ids)
+            out.stopped[active[done]] = True
+            keep = (~done).nonzero().squeeze(-1)
+            if keep.numel() == 0 or step + 1 == sampling.max_response_tokens:
+                return
+            if keep.numel() < active.numel():
+                state.keep(keep)
+                active, tokens = active[keep], tokens[keep]
+            logits = state.next_logits(tokens, step).float()
+
+    def _texts(self, out: _Outputs, start: int, stop: int) -> list[str]:
+        """Response texts of rows `start..stop-1` (special tokens dropped)."""
+        tokens, lengths = out.tokens[start:stop].cpu(), out.lengths[start:stop].tolist()
+        return decode_responses(self.tokenizer,
+                                [row[:k].tolist() for row, k in zip(tokens, lengths)])
 
     def _batch(self, prompt_ids: list[tuple[int, ...]], n: int, out: _Outputs) -> RolloutBatch:
         t = max(int(out.lengths.max()), 1)
-        tokens, lengths = out.tokens[:, :t].cpu(), out.lengths.cpu()
-        texts = decode_responses(
-            self.tokenizer, [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())])
         reasons: tuple[FinishReason, ...] = tuple(
             "stop" if s else "length" for s in out.stopped.tolist()
         )
         return RolloutBatch(
             prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
             prompt_ids=tuple(prompt_ids),
-            response_ids=tokens,
-            response_lengths=lengths,
+            response_ids=out.tokens[:, :t].cpu(),
+            response_lengths=out.lengths.cpu(),
             logprobs=out.logprobs[:, :t].cpu(),
-            texts=tuple(texts),
+            texts=tuple(out.texts),
             finish_reasons=reasons,
             rollouts_per_prompt=n,
             pad_id=self.pad_id,

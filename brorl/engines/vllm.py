@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from brorl.engines.base import SamplingConfig
+from brorl.engines.base import ChunkCallback, SamplingConfig
 from brorl.policy.model import load_tokenizer
 from brorl.policy.tokens import decode_responses, encode_prompts, pad_id, stop_ids
 from brorl.types import FinishReason, RolloutBatch
@@ -145,8 +145,10 @@ class VllmEngine:
             detokenize=False,
         )
 
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig) -> RolloutBatch:
-        """B prompts x `n` rollouts -> `RolloutBatch`, prompt-major."""
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig,
+                 on_chunk: ChunkCallback | None = None) -> RolloutBatch:
+        """B prompts x `n` rollouts -> `RolloutBatch`, prompt-major; all rows are handed to
+        `on_chunk` at once, at the end (vLLM schedules its own batches)."""
         if n < 1 or not prompts:
             raise ValueError(
                 f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}."
@@ -155,10 +157,13 @@ class VllmEngine:
             raise ValueError(f"n={n} exceeds {_SEED_STRIDE} rollouts per prompt (seed spacing).")
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
-        params = [self._params(sampling, n, b) for b in range(len(prompts))]
+        params = [self._params(sampling, n, sampling.first_prompt + b) for b in range(len(prompts))]
         results = self.llm.generate(requests, params, use_tqdm=False)
         completions = [c for r in results for c in sorted(r.outputs, key=lambda c: c.index)]
-        return self._batch(prompt_ids, n, completions)
+        batch = self._batch(prompt_ids, n, completions)
+        if on_chunk is not None:
+            on_chunk(0, batch.num_rollouts, batch.texts)
+        return batch
 
     def _batch(
         self, prompt_ids: list[tuple[int, ...]], n: int, completions: list[Any]

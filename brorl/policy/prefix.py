@@ -5,20 +5,30 @@ A group's N rollouts share their prompt. Generation (`brorl.engines.hf`) and tra
 (`prefill`, all of a call's distinct prompts in one padded pass). Scoring then copies the prompt's
 key/value cache into every row that continues it (`rows_cache`: one pass over all response
 tokens); decoding, one token per row per step, keeps each prompt's cache once (`group_prefixes`)
-and attends to it from all of the group's rows with one matmul per group
-(`shared_prefix_attention`, registered with transformers' AttentionInterface), the rows' own
-cache holding their responses only. Prompts of different lengths are left-padded and masked,
-positions continue from each prompt's own length. Per rollout this costs about P/N + T token
-passes instead of P + T. Outside `torch.no_grad()` gradients flow from every row back through the
-one shared prefill, so the update's gradient is that of the unshared forward (tested to float
+and attends to it from all of the group's rows (`shared_prefix_attention`, registered with
+transformers' AttentionInterface), the rows' own cache holding their responses only. The rows of
+a decode chunk are laid out as a grid of prompts x rows, so each layer scores every row against
+its own prompt in one batched matmul: a step dispatches the same ops for 1 prompt as for 32 (one
+kernel launch each on a GPU). Prompts of different lengths are left-padded and masked, positions
+continue from each prompt's own length. Per rollout this costs about P/N + T token passes
+instead of P + T. Outside `torch.no_grad()` gradients flow from every row back through the one
+shared prefill, so the update's gradient is that of the unshared forward (tested to float
 tolerance).
 
-Deliberately ignored: tree attention over shared response prefixes, paged/block KV layouts.
+Covered architectures: `SHARED_PREFIX_MODELS` (Qwen2, Llama: RoPE from `position_ids`, every
+layer full attention through the registered attention function). For any other, `shares_prefix`
+is False and callers use plain attention, each row with its own copy of its prompt; a warning
+says so once per process.
+
+Deliberately ignored: tree attention over shared response prefixes, paged/block KV layouts,
+fused attention kernels for the shared part (SDPA returns no log-sum-exp to merge two parts).
 Paper: BroRL §4.2.4 / spec §6 (one shared prefix per prompt, many concurrent rollouts).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,13 +49,9 @@ class Prefix:
     length: int
 
 
-def prefill(
-    model: torch.nn.Module, prompts: Sequence[Sequence[int]], device: torch.device
-) -> list[Prefix]:
-    """Run prompts through `model` in one left-padded forward pass (masked, positions from each
-    prompt's first token); keep each prompt's own cache (its padding cut off) and the logits of
-    its last position (the LM head is applied to that position only). One batched call instead
-    of one per prompt: on a GPU a 1.5B model's single-prompt pass is bound by kernel launches."""
+def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts as one left-padded batch: ids `[R, P_max]` (padding 0), attention mask `[R, P_max]`
+    (bool, False on padding), positions `[R, P_max]` counted from each prompt's first token."""
     lengths = [len(ids) for ids in prompts]
     p_max = max(lengths)
     ids = torch.zeros(len(prompts), p_max, dtype=torch.long)
@@ -54,12 +60,24 @@ def prefill(
     pads = torch.tensor([p_max - n for n in lengths])
     mask = torch.arange(p_max)[None, :] >= pads[:, None]
     positions = (torch.arange(p_max)[None, :] - pads[:, None]).clamp(min=0)
+    return ids, mask, positions
+
+
+def prefill(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], device: torch.device
+) -> list[Prefix]:
+    """Run prompts through `model` in one left-padded forward pass (masked, positions from each
+    prompt's first token); keep each prompt's own cache (its padding cut off) and the logits of
+    its last position (the LM head is applied to that position only). One batched call instead
+    of one per prompt: on a GPU a 1.5B model's single-prompt pass is bound by kernel launches."""
+    ids, mask, positions = left_pad(prompts)
     result = model(input_ids=ids.to(device), attention_mask=mask.long().to(device),
                    position_ids=positions.to(device), use_cache=True, logits_to_keep=1)
     layers = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
+    pads = (~mask).sum(dim=1).tolist()
     return [Prefix(kv=[(k[row:row + 1, :, pad:], v[row:row + 1, :, pad:]) for k, v in layers],
-                   logits=result.logits[row, -1], length=n)
-            for row, (pad, n) in enumerate(zip(pads.tolist(), lengths))]
+                   logits=result.logits[row, -1], length=len(prompt))
+            for row, (pad, prompt) in enumerate(zip(pads, prompts))]
 
 
 def rows_cache(
@@ -83,7 +101,7 @@ def _stack(prefixes: Mapping[int, Prefix], groups: torch.Tensor
     p_max = max(p.length for p in chosen)
     kv = []
     for layer in range(len(chosen[0].kv)):
-        keys, values = zip(*[_left_pad(p.kv[layer], p_max) for p in chosen])
+        keys, values = zip(*[_pad_cache(p.kv[layer], p_max) for p in chosen])
         kv.append((torch.cat(keys), torch.cat(values)))
     lengths = torch.tensor([p.length for p in chosen], device=index.device)
     mask = torch.arange(p_max, device=index.device)[None, :] >= (p_max - lengths)[:, None]
@@ -91,7 +109,9 @@ def _stack(prefixes: Mapping[int, Prefix], groups: torch.Tensor
     return index, kv, lengths, mask, logits
 
 
-def _left_pad(kv: tuple[torch.Tensor, torch.Tensor], p_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _pad_cache(kv: tuple[torch.Tensor, torch.Tensor], p_max: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One prompt's (K, V) `[1, H, P, D]` left-padded with zeros to `P_max` positions."""
     pad = p_max - kv[0].shape[-2]
     if pad == 0:
         return kv
@@ -102,31 +122,78 @@ def _left_pad(kv: tuple[torch.Tensor, torch.Tensor], p_max: int) -> tuple[torch.
 SHARED_PREFIX = "brorl_shared_prefix"
 """Attention implementation name under which `shared_prefix_attention` is registered."""
 
+SHARED_PREFIX_MODELS = ("qwen2", "llama")
+"""`config.model_type`s whose attention `shared_prefix_attention` replaces, tested for equality
+with plain attention (their layers all call the registered attention with the layer's queries,
+keys and values after RoPE, and take positions from `position_ids`)."""
+
+logger = logging.getLogger(__name__)
+
+
+def shares_prefix(model: torch.nn.Module) -> bool:
+    """Whether `model`'s architecture is covered by the shared-prefix path (`SHARED_PREFIX_MODELS`,
+    full attention in every layer). Otherwise callers fall back to plain attention, and a warning
+    says so once per process and architecture."""
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    if config.model_type not in SHARED_PREFIX_MODELS:
+        _warn_plain(config.model_type)
+        return False
+    if set(layer_types) != {"full_attention"}:
+        _warn_plain(f"{config.model_type} with {sorted(set(layer_types))} layers")
+        return False
+    return True
+
+
+@functools.cache
+def _warn_plain(architecture: str) -> None:
+    logger.warning(
+        "shared-prefix decoding covers %s only, not %s: generation and scoring fall back to "
+        "plain attention (each rollout runs its own copy of the prompt).",
+        "/".join(SHARED_PREFIX_MODELS), architecture)
+
 
 @dataclass
 class SharedPrefix:
     """The prompt caches of a decode chunk, one per group, attended by every row of the group.
 
     `kv` per layer `[G, H_kv, P_max, D]` (left-padded), `mask [G, P_max]` (False on padding),
-    `group [C]`: each decoding row's group, ascending (a group's rows are contiguous).
+    `group [C]`: each decoding row's group, ascending (a group's rows are contiguous). The rows
+    are laid out for attention as a `[G, M]` grid (M: the most rows any group has), a group's
+    rows side by side, so that one batched matmul per layer scores every row against its own
+    group's prompt whatever the number of groups.
     """
 
     kv: KV
     mask: torch.Tensor
     group: torch.Tensor
-    spans: list[tuple[int, int, int]] = field(init=False)
-    """(group, first row, end row) of each group's rows, from `group`."""
-    padded: list[bool] = field(init=False)
-    """Per group: whether its prompt is shorter than `P_max` (only then is `mask` applied)."""
+    bias: torch.Tensor = field(init=False)
+    """`[G * H_kv, 1, P_max]`: 0 on prompt tokens, -inf on left padding (added to the scores)."""
+    slot: torch.Tensor = field(init=False)
+    """`[C]`: each row's cell in the `[G, M]` grid, flattened."""
+    width: int = field(init=False)
+    """M, the grid's row count per group."""
 
     def __post_init__(self) -> None:
-        self.spans = group_spans(self.group)
-        self.padded = (~self.mask[:, 0]).tolist()
+        keys = self.kv[0][0]
+        groups, kv_heads = keys.shape[:2]
+        bias = torch.zeros(self.mask.shape, dtype=keys.dtype, device=keys.device)
+        bias.masked_fill_(~self.mask.to(keys.device), float("-inf"))
+        self.bias = bias[:, None, None, :].expand(-1, kv_heads, 1, -1).reshape(
+            groups * kv_heads, 1, -1)
+        self._layout()
 
     def keep(self, rows: torch.Tensor) -> None:
         """Go on with rows `rows` only (indices into the current rows, ascending)."""
         self.group = self.group[rows]
-        self.spans = group_spans(self.group)
+        self._layout()
+
+    def _layout(self) -> None:
+        counts = torch.bincount(self.group, minlength=self.mask.shape[0])
+        self.width = int(counts.max())
+        first = counts.cumsum(0) - counts  # each group's first row
+        rank = torch.arange(len(self.group), device=self.group.device) - first[self.group]
+        self.slot = self.group * self.width + rank
 
 
 def group_prefixes(prefixes: Mapping[int, Prefix], groups: torch.Tensor
@@ -139,11 +206,20 @@ def group_prefixes(prefixes: Mapping[int, Prefix], groups: torch.Tensor
     return SharedPrefix(kv=kv, mask=mask, group=index), lengths[index], logits
 
 
-def group_spans(index: torch.Tensor) -> list[tuple[int, int, int]]:
-    """(group, first row, end row) of each run of equal values in the ascending `index [C]`."""
-    values, counts = torch.unique_consecutive(index, return_counts=True)
-    ends = counts.cumsum(0).tolist()
-    return [(g, end - c, end) for g, c, end in zip(values.tolist(), counts.tolist(), ends)]
+def _to_grid(x: torch.Tensor, shared: SharedPrefix, groups: int) -> torch.Tensor:
+    """Rows `[C, H_kv, K, E]` -> the grid `[G * H_kv, M * K, E]` (empty cells zero)."""
+    rows, kv_heads, k, e = x.shape
+    grid = x.new_zeros(groups * shared.width, kv_heads, k, e).index_copy_(0, shared.slot, x)
+    return grid.view(groups, shared.width, kv_heads, k, e).transpose(1, 2).reshape(
+        groups * kv_heads, shared.width * k, e)
+
+
+def _from_grid(x: torch.Tensor, shared: SharedPrefix, groups: int, k: int) -> torch.Tensor:
+    """The grid `[G * H_kv, M * K, E]` -> rows `[C, H_kv, K, E]`."""
+    kv_heads, e = x.shape[0] // groups, x.shape[-1]
+    cells = x.view(groups, kv_heads, shared.width, k, e).transpose(1, 2).reshape(
+        groups * shared.width, kv_heads, k, e)
+    return cells.index_select(0, shared.slot)
 
 
 def shared_prefix_attention(
@@ -160,10 +236,11 @@ def shared_prefix_attention(
     """Attention over a group's shared prompt cache plus each row's own response cache.
 
     `query [C, H, L, D]`, `key`/`value [C, H_kv, t, D]` (the responses so far, the L new tokens
-    last). Scores against the prompt come from one matmul per group on its single cache copy,
-    scores against the response from the rows' own caches; one softmax over both. Equal to
-    attention over the concatenated caches (to float rounding). Without `shared_prefix` it is
-    plain SDPA, so the model's other calls are unaffected.
+    last). Scores against the prompts come from one batched matmul over the `[G, M]` grid of
+    rows (`SharedPrefix`), each prompt's keys read once; scores against the responses from the
+    rows' own caches; one softmax over both. The same dozen ops per layer for any number of
+    prompts in the chunk. Equal to attention over the concatenated caches (to float rounding).
+    Without `shared_prefix` it is plain SDPA, so the model's other calls are unaffected.
     """
     if shared_prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -173,27 +250,20 @@ def shared_prefix_attention(
     per_kv = heads // kv_heads * length  # queries per kv head (GQA), `length` positions each
     scale = dim ** -0.5 if scaling is None else scaling
     q = query.reshape(rows, kv_heads, per_kv, dim)
+    prefix_k, prefix_v = shared_prefix.kv[module.layer_idx]
+    groups, _, p_max, _ = prefix_k.shape
+    grid_k = prefix_k.view(groups * kv_heads, p_max, dim).transpose(1, 2)
+    scores_prompt = torch.baddbmm(shared_prefix.bias, _to_grid(q, shared_prefix, groups), grid_k,
+                                  alpha=scale)
     scores_own = torch.matmul(q, key.transpose(-1, -2)).mul_(scale)
     if length > 1:  # new token l sees the responses up to itself
         causal = torch.ones(length, seen, dtype=torch.bool, device=query.device).tril(seen - length)
         scores_own.masked_fill_(~causal.repeat(heads // kv_heads, 1), float("-inf"))
-    prefix_k, prefix_v = shared_prefix.kv[module.layer_idx]
-    p_max = prefix_k.shape[2]
-    scores_prompt = scores_own.new_empty(rows, kv_heads, per_kv, p_max)
-    for group, first, end in shared_prefix.spans:
-        # [n, H_kv, M, D] -> [H_kv, n M, D] @ [H_kv, D, P]: the group's keys read once
-        qg = q[first:end].transpose(0, 1).reshape(kv_heads, -1, dim)
-        sg = torch.bmm(qg, prefix_k[group].transpose(-1, -2)).mul_(scale)
-        if shared_prefix.padded[group]:
-            sg.masked_fill_(~shared_prefix.mask[group], float("-inf"))
-        scores_prompt[first:end] = sg.view(kv_heads, end - first, per_kv, p_max).transpose(0, 1)
-    weights = torch.softmax(torch.cat([scores_prompt, scores_own], dim=-1), dim=-1)
-    w_prompt, w_own = weights.split([p_max, seen], dim=-1)
-    out = torch.matmul(w_own, value)
-    for group, first, end in shared_prefix.spans:
-        wg = w_prompt[first:end].transpose(0, 1).reshape(kv_heads, -1, p_max)
-        og = torch.bmm(wg, prefix_v[group]).view(kv_heads, end - first, per_kv, dim)
-        out[first:end] += og.transpose(0, 1)
+    scores = torch.cat([_from_grid(scores_prompt, shared_prefix, groups, per_kv), scores_own], -1)
+    w_prompt, w_own = torch.softmax(scores, dim=-1).split([p_max, seen], dim=-1)
+    out_prompt = torch.bmm(_to_grid(w_prompt, shared_prefix, groups),
+                           prefix_v.view(groups * kv_heads, p_max, dim))
+    out = torch.matmul(w_own, value).add_(_from_grid(out_prompt, shared_prefix, groups, per_kv))
     return out.view(rows, heads, length, dim).transpose(1, 2).contiguous(), None
 
 

@@ -44,8 +44,8 @@ class Collection:
         self.n = rollouts_per_prompt
         self.allocation = allocation
         """(n0, cap) of the adaptive allocation; None: N per prompt in one call."""
-        self.totals = {"generate": 0.0, "verify": 0.0, "tokens": 0.0, "reward_sum": 0.0,
-                       "truncated": 0.0}
+        self.totals = {"generate": 0.0, "verify": 0.0, "verify_work": 0.0, "tokens": 0.0,
+                       "reward_sum": 0.0, "truncated": 0.0}
         self.drawn: list[tuple[Problem, bool]] = []
         self.calls = 0
         self.pending: ScoredGroups | None = None
@@ -83,7 +83,8 @@ class Collection:
         return [p for p, k in zip(self.pending.problems, self.extra.tolist()) for _ in range(k)]
 
     def add(self, groups: ScoredGroups, seconds: dict[str, float] | None = None) -> None:
-        """Count one engine call's verified rollouts (`seconds`: its generate / verify times);
+        """Count one engine call's verified rollouts (`seconds`: its generate / verify times,
+        and `verify_work`, the reward function's own seconds, most of them during generation);
         filter its groups, or with the adaptive allocation allocate after a first round and
         filter the merged groups after the second."""
         for key, value in (seconds or {}).items():
@@ -145,6 +146,7 @@ class Collection:
             "generate/truncated_frac": totals["truncated"] / rollouts,
             "verify/reward_mean": totals["reward_sum"] / rollouts,
             "verify/seconds": totals["verify"],
+            "verify/work_seconds": totals["verify_work"],
             **stats.as_metrics(),
         }
         if self.allocation is not None and self.sizes:

@@ -11,7 +11,9 @@ split (tested), and peak memory is bounded by the micro-batch, not by N.
 
 Each distinct prompt of a micro-batch is run once and shared by its rows (`brorl.policy.prefix`,
 as in generation), so scoring and the update cost about P/N + T token passes per rollout, not
-P + T; the LM head is applied only at positions that predict a response token.
+P + T; the LM head is applied only at positions that predict a response token. An architecture
+outside `brorl.policy.prefix.SHARED_PREFIX_MODELS` runs each row's prompt and response in one
+plain forward pass instead (same log-probs, P + T token passes).
 
 Deliberately ignored: sequence packing / padding removal (responses are right-padded to the
 longest of the micro-batch), logit chunking for very large vocabularies.
@@ -27,7 +29,7 @@ import torch
 from torch import Tensor
 
 from brorl.algorithm.losses import policy_loss, token_entropy
-from brorl.policy.prefix import Prefix, prefill, rows_cache
+from brorl.policy.prefix import Prefix, left_pad, prefill, rows_cache, shares_prefix
 from brorl.types import RolloutBatch
 
 
@@ -48,27 +50,17 @@ def response_logprobs(
     run once (`brorl.policy.prefix`) and its cache shared by its rows, whose responses are run
     on top of it; the LM head sees only positions that predict a response token. `prefixes`
     (prompt index -> its prefill, covering every prompt of `rows`) reuses prefills made before.
+    Architectures the shared prefix does not cover (`shares_prefix`) run each row whole.
     """
     t = int(batch.response_lengths[rows].max()) if rows.numel() else 0
     device = next(model.parameters()).device
     if t == 0:
         empty = torch.zeros(len(rows), 0, device=device)
         return empty, (empty if with_entropy else None)
-    groups = batch.prompt_index[rows].to(device)
-    if prefixes is None:
-        prefixes = prefill_prompts(model, batch, groups.unique().tolist(), device)
-    cache, mask, lengths, first = rows_cache(prefixes, groups)
-    picked = first[:, None]
-    if t > 1:  # response tokens 0..t-2 predict tokens 1..t-1
-        ones = torch.ones(len(rows), t - 1, dtype=mask.dtype, device=device)
-        rest = model(
-            input_ids=batch.response_ids[rows, : t - 1].to(device),
-            attention_mask=torch.cat([mask, ones], dim=1),
-            position_ids=lengths[:, None] + torch.arange(t - 1, device=device)[None, :],
-            past_key_values=cache,
-            use_cache=False,
-        ).logits
-        picked = torch.cat([picked, rest], dim=1)
+    if shares_prefix(model):
+        picked = _shared_prefix_logits(model, batch, rows, t, prefixes)
+    else:
+        picked = _plain_logits(model, batch, rows, t)
     picked = picked.float()
     if temperature > 0:
         picked = picked / temperature
@@ -81,6 +73,42 @@ def response_logprobs(
     if with_entropy:
         entropy = torch.where(valid, token_entropy(picked), torch.zeros_like(logp))
     return logp, entropy
+
+
+def _shared_prefix_logits(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, t: int,
+                          prefixes: Mapping[int, Prefix] | None) -> Tensor:
+    """Logits `[M, t, V]` predicting rows' response tokens 0..t-1: each distinct prompt run once
+    (or taken from `prefixes`), its cache copied into its rows, the responses run on top."""
+    device = next(model.parameters()).device
+    groups = batch.prompt_index[rows].to(device)
+    if prefixes is None:
+        prefixes = prefill_prompts(model, batch, groups.unique().tolist(), device)
+    cache, mask, lengths, first = rows_cache(prefixes, groups)
+    if t == 1:
+        return first[:, None]
+    ones = torch.ones(len(rows), t - 1, dtype=mask.dtype, device=device)
+    rest = model(  # response tokens 0..t-2 predict tokens 1..t-1
+        input_ids=batch.response_ids[rows, : t - 1].to(device),
+        attention_mask=torch.cat([mask, ones], dim=1),
+        position_ids=lengths[:, None] + torch.arange(t - 1, device=device)[None, :],
+        past_key_values=cache,
+        use_cache=False,
+    ).logits
+    return torch.cat([first[:, None], rest], dim=1)
+
+
+def _plain_logits(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, t: int) -> Tensor:
+    """Logits `[M, t, V]` predicting rows' response tokens 0..t-1 from one plain forward pass
+    over each row's left-padded prompt and its response tokens 0..t-2."""
+    device = next(model.parameters()).device
+    prompts = [batch.prompt_ids[b] for b in batch.prompt_index[rows].tolist()]
+    ids, mask, positions = left_pad(prompts)
+    lengths = torch.tensor([len(p) for p in prompts])
+    ids = torch.cat([ids, batch.response_ids[rows, : t - 1]], dim=1)
+    mask = torch.cat([mask, torch.ones(len(rows), t - 1, dtype=torch.bool)], dim=1)
+    positions = torch.cat([positions, lengths[:, None] + torch.arange(t - 1)[None, :]], dim=1)
+    return model(input_ids=ids.to(device), attention_mask=mask.long().to(device),
+                 position_ids=positions.to(device), use_cache=False, logits_to_keep=t).logits
 
 
 @torch.no_grad()
@@ -101,14 +129,16 @@ def score_batch(
     device = next(model.parameters()).device
     groups = batch.prompt_index[rows].tolist()
     last = {b: i for i, b in enumerate(groups)}  # each prompt's last position in `rows`
+    shared = shares_prefix(model)
     prefixes: dict[int, Prefix] = {}
     for start in range(0, len(rows), micro_batch_rollouts):
         end = start + micro_batch_rollouts
         index = rows[start:end]
         missing = sorted(set(groups[start:end]) - prefixes.keys())
-        if missing:
+        if missing and shared:
             prefixes.update(prefill_prompts(model, batch, missing, device))
-        logp, _ = response_logprobs(model, batch, index, temperature, prefixes=prefixes)
+        logp, _ = response_logprobs(model, batch, index, temperature,
+                                    prefixes=prefixes if shared else None)
         out[index, : logp.shape[1]] = logp.float().cpu()
         for done in [b for b in prefixes if last[b] < end]:
             del prefixes[done]

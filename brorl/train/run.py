@@ -23,9 +23,11 @@ everything in place. Every stage method takes its inputs and returns its output 
 seconds (`Timed`), so the orchestration's share of a step is the step's wall time minus the
 stages' seconds.
 
-Multi-process (torchrun / deepspeed launcher): rank 0 samples, generates, verifies and
-evaluates; what the other ranks need (the kept groups, evaluation rows, stop decisions) is
-broadcast from rank 0, so every rank takes the same branch at the same step.
+Multi-process (torchrun / deepspeed launcher): every rank draws the same prompts; each generates
+and verifies its share of a draw (all of it on rank 0 with the vllm engine), and the whole draw
+is gathered on every rank, so the filter keeps the same groups everywhere. Rank 0 evaluates;
+what the other ranks need from it (evaluation rows, stop decisions, the step's figures) is
+broadcast, so every rank takes the same branch at the same step.
 
 Deliberately ignored: early stopping on anything but `val/score_mean`; best-checkpoint selection
 (the last state is the run's result; the best validation step is reported in the summary).
@@ -58,7 +60,8 @@ from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.collection import Collected, Collection
 from brorl.train.driver import Direct, Driver, Timed, timed
 from brorl.train.trainer import RewardFn, Trainer, parameter_digest
-from brorl.types import Problem, RolloutBatch
+from brorl.train.verification import ChunkVerifier, Generated
+from brorl.types import Problem
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -236,18 +239,37 @@ class Run:
         return timed(self.trainer.sample_prompts, collection.request())
 
     def generate_rollouts(self, problems: list[Problem],
-                          collection: Collection) -> Timed[RolloutBatch]:
-        """N rollouts per prompt (n0, or 1 per listed prompt, with the adaptive allocation)
-        from the current policy, seeded by (global step, engine call)."""
-        return timed(self.trainer.generate_rollouts, problems, collection.rounds,
-                     collection.rollouts_per_prompt)
-
-    def verify(self, problems: list[Problem], batch: RolloutBatch,
-               collection: Collection) -> Timed[ScoredGroups]:
-        """Rewards from the family verifiers; the draw saved as Parquet if `save_rollouts`."""
+                          collection: Collection) -> Timed[Generated]:
+        """This rank's share of the draw (`Trainer.draw_share`): N rollouts per prompt (n0, or 1
+        per listed prompt, with the adaptive allocation) from the current policy, seeded by
+        (global step, engine call, place in the draw). Each chunk the engine hands over is
+        verified on a background thread while the next one decodes (`ChunkVerifier`)."""
         started = time.perf_counter()
-        groups = self.trainer.verify(problems, batch)
-        if self.config.save_rollouts:
+        lo, hi = self.trainer.draw_share(len(problems))
+        share = Generated(problems[lo:hi], lo)
+        if share.problems:
+            n = collection.rollouts_per_prompt
+            share.verifier = ChunkVerifier(self.trainer.reward_fn, share.problems, n)
+            try:
+                share.batch = self.trainer.generate_rollouts(
+                    share.problems, collection.rounds, n, first_prompt=lo, on_chunk=share.verifier)
+            except BaseException:
+                share.verifier.close()
+                raise
+        return Timed(share, time.perf_counter() - started)
+
+    def verify(self, problems: list[Problem], share: Generated,
+               collection: Collection) -> Timed[ScoredGroups]:
+        """The draw's rewards from the family verifiers: this rank's share waited for (its
+        verification started during generation), then every rank's share gathered (with several
+        ranks the seconds include waiting for the slowest); rank 0 saves the draw as Parquet if
+        `save_rollouts`."""
+        started = time.perf_counter()
+        mine = None
+        if share.batch is not None and share.verifier is not None:
+            mine = self.trainer.verify(share.problems, share.batch, share.verifier.result())
+        groups = self.trainer.gather_groups(mine)
+        if self.config.save_rollouts and self.trainer.rank == 0:
             name = f"step_{self.step_count + 1:06d}_draw{collection.rounds}.parquet"
             save_groups(groups, self.run_dir / "rollouts" / name)
         return Timed(groups, time.perf_counter() - started)
@@ -261,13 +283,14 @@ class Run:
         collection.add(groups, seconds)
         return Timed(collection.done, time.perf_counter() - started)
 
-    def ppo_update(self, collection: Collection | None) -> Timed[dict[str, float]]:
+    def ppo_update(self, collection: Collection) -> Timed[dict[str, float]]:
         """The PPO mini-batches on the kept groups (all ranks), then the step's end. With
         diagnostics, rank 0 scores its probes before and after the update (`diag/*`); their
-        seconds (`time/diagnostics`) are not the stage's, so training time never counts them."""
+        seconds (`time/diagnostics`) are not the stage's, so training time never counts them.
+        Every rank holds the same kept groups; the step's figures are rank 0's."""
         started = time.perf_counter()
-        collected: Collected = self.trainer.broadcast(collection.finish() if collection else None)
-        metrics = dict(collected.metrics)
+        collected: Collected = collection.finish()
+        metrics = dict(self.trainer.broadcast(collected.metrics))
         if collected.groups is not None:  # else the draws found nothing informative: report it
             pending = None
             if self.shrinkage is not None:
@@ -354,16 +377,16 @@ class Run:
             work[name] = work.get(name, 0.0) + out.seconds
             return out
 
-        collection = None
-        if self.trainer.rank == 0:
-            collection = self.trainer.start_collection(self.rollouts_left())
-            done = False
-            while not done:
-                problems = stage("sample_prompts", collection).value
-                batch = stage("generate_rollouts", problems, collection)
-                groups = stage("verify", problems, batch.value, collection)
-                seconds = {"generate": batch.seconds, "verify": groups.seconds}
-                done = stage("filter", collection, groups.value, seconds).value
+        collection = self.trainer.start_collection(self.rollouts_left())
+        done = False
+        while not done:  # every rank, in step: the same prompts, each rank its share of them
+            problems = stage("sample_prompts", collection).value
+            share = stage("generate_rollouts", problems, collection)
+            groups = stage("verify", problems, share.value, collection)
+            verifier = share.value.verifier
+            seconds = {"generate": share.seconds, "verify": groups.seconds,
+                       "verify_work": verifier.work_seconds if verifier else 0.0}
+            done = stage("filter", collection, groups.value, seconds).value
         metrics = stage("ppo_update", collection).value
         s = self.state
         s.rollouts += int(metrics["generate/rollouts"])

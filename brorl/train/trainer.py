@@ -13,11 +13,16 @@ A step's parts are public methods that `brorl.train.run.Run` composes (spec §4.
    optimizer), sync the engine's weights; `save_checkpoint` when the run says so.
 The run (`brorl.train.run`) owns the loop, its stop rules and schedules, and the timings.
 
-Data parallelism: DeepSpeed ZeRO 0-2 over all ranks (gloo on CPU, NCCL on GPU). Rank 0 generates
-and verifies; the scored groups are broadcast, and every rank trains on its share (`rank::world`)
-of each mini-batch, with the same number of backward calls on every rank. The loss is normalised
-by the mini-batch's token count over all ranks and multiplied by the world size, because DeepSpeed
-averages gradients over ranks: the update equals one process on the whole mini-batch.
+Data parallelism: DeepSpeed ZeRO 0-2 over all ranks (gloo on CPU, NCCL on GPU). Every rank draws
+the same prompts from the same cursor; with the hf engine each rank generates and verifies its
+contiguous share of a draw (`draw_share`) with its own engine, seeded as one process would seed
+those rollouts (`SamplingConfig.first_prompt`), and every rank gathers the whole draw
+(`gather_groups`), so the filter, the advantages and the update see what one process sees. The
+vllm engine is one engine on rank 0, which then generates every draw. Every rank trains on its
+share (`rank::world`) of each mini-batch, with the same number of backward calls on every rank.
+The loss is normalised by the mini-batch's token count over all ranks and multiplied by the world
+size, because DeepSpeed averages gradients over ranks: the update equals one process on the
+whole mini-batch.
 
 Exact resume: every random choice comes from (seed, global step, round) or from the saved cursor,
 and a checkpoint holds weights, optimizer, scheduler, reference, RNG states, cursor, step, step
@@ -26,8 +31,7 @@ of k + m steps. Continuation: a fresh run whose `init_checkpoint` holds a `run.j
 `continue_stream`) takes its global step as `step_offset` and continues its prompt stream
 (`brorl.train.sampler.continue_stream`).
 
-Deliberately ignored: generation sharded over ranks (rank 0 generates: right for one vLLM engine
-per node, wasteful for the hf engine on many ranks), ZeRO-3 (whole parameters are needed for the
+Deliberately ignored: a vLLM engine per rank, ZeRO-3 (whole parameters are needed for the
 engine and HF saves), sequence packing, asynchronous (off-policy) rollouts.
 """
 
@@ -37,7 +41,7 @@ import copy
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -50,20 +54,19 @@ from brorl.algorithm.downsample import max_variance_subset
 from brorl.algorithm.filtering import InformativeCollector
 from brorl.algorithm.schedule import mini_batch_bounds, reset_plan
 from brorl.engines import SamplingConfig, build_engine
+from brorl.engines.base import ChunkCallback
 from brorl.policy import load_policy
 from brorl.prompts import render_prompt
 from brorl.train import checkpoint as ckpt
 from brorl.train.config import TrainerConfig
 from brorl.train.ppo import accumulate_mini_batch, score_batch
 from brorl.train.collection import Collection
-from brorl.train.rollouts import ScoredGroups, response_mask
+from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, read_run_record
+from brorl.train.verification import RewardFn
 from brorl.types import Problem, RolloutBatch
 from brorl.verifiers import Verdict, verify_batch
 from brorl.verifiers.sandbox import SandboxLimits
-
-RewardFn = Callable[[Sequence[Problem], Sequence[str]], list[Verdict]]
-"""(problems, responses) -> one verdict per pair, in order (`verify_batch` by default)."""
 
 
 def init_distributed() -> tuple[int, int]:
@@ -138,6 +141,8 @@ class Trainer:
         self.rank, self.world = init_distributed()
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
             if torch.cuda.is_available() else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL's object collectives use the current device
         self.reward_fn = reward_fn or partial(
             verify_batch, workers=config.verify_workers, timeout_s=config.verify_timeout_s,
             limits=SandboxLimits(**config.sandbox))
@@ -176,7 +181,7 @@ class Trainer:
             self.step_offset, sampler_state = continue_stream(record, config.seed, len(problems))
         self.sampler = PromptSampler(problems, config.seed, sampler_state)
         self.rollout_engine = None
-        if self.rank == 0:  # rank 0 generates for everyone
+        if self.rank < self.generating_ranks:
             self.rollout_engine = build_engine(
                 config.engine, model=self.engine.module, tokenizer=self.tokenizer,
                 model_path=start, max_concurrent_rollouts=config.max_concurrent_rollouts,
@@ -201,25 +206,56 @@ class Trainer:
         """The next `count` problems from the seeded cursor."""
         return self.sampler.take(count)
 
-    def generate_rollouts(self, problems: Sequence[Problem], draw: int,
-                          n: int | None = None) -> RolloutBatch:
-        """`n` (default N) rollouts per problem from the current policy (rank 0), seeded by
-        (step, draw)."""
+    @property
+    def generating_ranks(self) -> int:
+        """Ranks that generate: all of them with the hf engine, rank 0 alone with vllm."""
+        return self.world if self.config.engine == "hf" else 1
+
+    def draw_share(self, count: int) -> tuple[int, int]:
+        """This rank's prompts `[lo, hi)` of a draw of `count`: contiguous shares in rank order,
+        their sizes differing by at most one (empty on a rank that does not generate)."""
+        ranks = self.generating_ranks
+        if self.rank >= ranks:
+            return count, count
+        base, extra = divmod(count, ranks)
+        lo = self.rank * base + min(self.rank, extra)
+        return lo, lo + base + (self.rank < extra)
+
+    def generate_rollouts(self, problems: Sequence[Problem], draw: int, n: int | None = None, *,
+                          first_prompt: int = 0, on_chunk: ChunkCallback | None = None
+                          ) -> RolloutBatch:
+        """`n` (default N) rollouts per problem from the current policy, seeded by (step, draw)
+        and, for a rank's share, its first prompt's place in the draw; `on_chunk` hears of
+        finished rows (`brorl.train.verification.ChunkVerifier`)."""
         if self.rollout_engine is None:
-            raise RuntimeError("only rank 0 generates; other ranks receive the groups by broadcast.")
+            raise RuntimeError(f"rank {self.rank} has no engine: with generate.engine "
+                               f"{self.config.engine!r} only rank 0 generates.")
         sampling = SamplingConfig(
             temperature=self.config.temperature, top_p=self.config.top_p,
             max_response_tokens=self.config.max_response_tokens,
-            seed=draw_seed(self.config.seed, self.global_step, draw))
+            seed=draw_seed(self.config.seed, self.global_step, draw), first_prompt=first_prompt)
         prompts = [render_prompt(p, self.tokenizer) for p in problems]
-        return self.rollout_engine.generate(prompts, n or self.config.rollouts_per_prompt, sampling)
+        return self.rollout_engine.generate(prompts, n or self.config.rollouts_per_prompt,
+                                            sampling, on_chunk=on_chunk)
 
-    def verify(self, problems: Sequence[Problem], batch: RolloutBatch) -> ScoredGroups:
-        """Rewards `[b, N]` of a batch from the reward function (the family verifiers)."""
+    def verify(self, problems: Sequence[Problem], batch: RolloutBatch,
+               verdicts: Sequence[Verdict] | None = None) -> ScoredGroups:
+        """Rewards `[b, N]` of a batch: `verdicts` (one per row, prompt-major) or, without them,
+        the reward function's (the family verifiers)."""
         n = batch.rollouts_per_prompt
-        verdicts = self.reward_fn([p for p in problems for _ in range(n)], batch.texts)
+        if verdicts is None:
+            verdicts = self.reward_fn([p for p in problems for _ in range(n)], batch.texts)
         rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float64).view(-1, n)
         return ScoredGroups(tuple(problems), batch, rewards, tuple(v.reason for v in verdicts))
+
+    def gather_groups(self, groups: ScoredGroups | None) -> ScoredGroups:
+        """The whole draw on every rank: each rank's share (None: it had none), joined in rank
+        order, which is the draw's prompt order (`draw_share`)."""
+        if self.world == 1 and groups is not None:
+            return groups
+        parts: list[ScoredGroups | None] = [None] * self.world
+        dist.all_gather_object(parts, groups)
+        return concat([p for p in parts if p is not None])
 
     def start_collection(self, max_rollouts: int | None = None) -> Collection:
         """An empty dynamic-sampling collection for this step (see `Collection`). With
