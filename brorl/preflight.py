@@ -274,8 +274,9 @@ def check_inputs(params: ExperimentParams, stage: str, root: str | Path = ".", *
     to show the user (a resume that falls back past a broken `latest` pointer).
 
     Stages: `data`, `simulate`, `study` (params only, or files that earlier stages of the same
-    pipeline write), `compare` (each arm's params file: a `ParamsError` names it; its length),
-    `base` (the splits), `train` (the splits, the length, the run's folders writable, the start
+    pipeline write), `model` (its source: `brorl.model.check_source`), `compare` (each arm's
+    params file: a `ParamsError` names it; its length), `base` (the splits and the model stage's
+    checkpoint), `train` (the splits, the length, the run's folders writable, the start
     checkpoint and, with `resume`, the checkpoint it resumes, written by the same run unless
     `allow_changed_params`), `evaluate` (the test split and `checkpoint`, else the run's policy,
     `run_files.policy_to_evaluate`).
@@ -288,9 +289,17 @@ def check_inputs(params: ExperimentParams, stage: str, root: str | Path = ".", *
 
         for path in params.compare.arms.values():
             check_run_length(load_params(root / path))  # a ParamsError names the arm's file
+    elif stage == "model":
+        from brorl.model import ModelConfig, ModelSourceError, check_source
+
+        try:
+            check_source(ModelConfig.from_params(params.model), root)
+        except ModelSourceError as err:
+            raise InputError(str(err)) from None
     elif stage == "base":
         for split in ("train", "validation", "test"):
             check_split(data, split)
+        check_checkpoint(root / params.model.checkpoint, "model.path (the model stage's output)")
     elif stage == "train":
         t = params.train
         check_run_length(params)

@@ -33,6 +33,20 @@ costs, and the supervised warm-up on `render_target` teaches the format."""
 PLAIN_TEMPLATE = "Q: {prompt}\nA: "
 """The plain template for tokenizers without a chat template (or none at all)."""
 
+CHAT_EXAMPLES: dict[Family, tuple[str, str]] = {
+    "math": ("Compute 12 + 30.", "12 + 30 = 42.\n<answer>42</answer>"),
+    "reasoning": ("Spell this word backward (example: sun -> nus): stone",
+                  "stone backward is enots.\n<answer>enots</answer>"),
+    "code": ("Write a Python function double_all(xs) that returns a list with every item of xs "
+             "doubled.", "```python\ndef double_all(xs):\n    return [2 * x for x in xs]\n```"),
+}
+"""One worked example per family, shown before the problem as a user turn and the assistant's
+reply when a problem carries `metadata["chat_example"]` (the data stage's `data.chat_example`):
+a small instruct model follows a format it is shown far more often than one it is told
+(SmolLM2-135M-Instruct never wrote an answer tag when only told to). Each lies outside the
+generated sets (operands up to 9, three-letter words, other code templates), so it gives no
+held-out answer away. Our choice; the paper's prompts are not stated (spec §7.1)."""
+
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _BOXED = "\\boxed"
@@ -41,15 +55,27 @@ _BOXED = "\\boxed"
 def render_prompt(problem: Problem, tokenizer: Any = None) -> str:
     """The prompt text for `problem`; deterministic.
 
-    With a tokenizer that has a `chat_template`, one user turn (the problem text plus
-    `ANSWER_FORMAT[family]`) through `apply_chat_template(add_generation_prompt=True)`;
-    otherwise `PLAIN_TEMPLATE` around the bare problem text.
+    With a tokenizer that has a `chat_template`, `chat_messages` (the problem text plus
+    `ANSWER_FORMAT[family]`, after a worked example if the problem asks for one) through the
+    checkpoint's own `apply_chat_template(add_generation_prompt=True)`; otherwise
+    `PLAIN_TEMPLATE` around the bare problem text.
     """
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return PLAIN_TEMPLATE.format(prompt=problem.prompt)
-    content = f"{problem.prompt}\n{ANSWER_FORMAT[problem.family]}"
-    messages = [{"role": "user", "content": content}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(chat_messages(problem), tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def chat_messages(problem: Problem) -> list[dict[str, str]]:
+    """The chat turns of `problem`: the user's problem with the family's answer format, after
+    the family's worked example (`CHAT_EXAMPLES`) when the problem carries `chat_example`."""
+    instruction = ANSWER_FORMAT[problem.family]
+    messages = []
+    if problem.metadata.get("chat_example"):
+        question, answer = CHAT_EXAMPLES[problem.family]
+        messages += [{"role": "user", "content": f"{question}\n{instruction}"},
+                     {"role": "assistant", "content": answer}]
+    return messages + [{"role": "user", "content": f"{problem.prompt}\n{instruction}"}]
 
 
 def render_target(problem: Problem) -> str:

@@ -24,7 +24,7 @@ from tasks.base import log_base, train_base
 
 @flow(name="base")
 def base(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Warm the tiny policy of the `model` section up with the `base` section's knobs."""
+    """Warm the model stage's checkpoint up with the `base` section's knobs."""
     params = load_params(params_path, overrides or [])
     metrics_path = tracking.ROOT / params.tracking.metrics_dir / f"{params.base_label}.json"
     result = train_base(params, str(metrics_path))

@@ -1,4 +1,4 @@
-"""The `brorl` command: `brorl run | simulate | train | compare | evaluate | serve`.
+"""The `brorl` command: `brorl run | simulate | model | train | compare | evaluate | serve`.
 
 Each command takes `--params FILE` and repeated `-S key=value` (`--set`), checks them against the
 schema, and the files its stage reads, before anything starts (`flows.entry.check`: a bad key,
@@ -117,6 +117,13 @@ def run(stages: Annotated[list[str] | None, typer.Argument(
 def simulate(params: Params, overrides: Sets = None) -> None:
     """The paper's token-level simulator sweep (BroRL §4.1)."""
     _run_flow("simulate", params, overrides)
+
+
+@app.command()
+def model(params: Params, overrides: Sets = None) -> None:
+    """The starting checkpoint from the params' `model` source (a GGUF file, a local HF folder,
+    or the tiny model built from config)."""
+    _run_flow("model", params, overrides)
 
 
 @app.command()

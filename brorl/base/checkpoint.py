@@ -1,7 +1,8 @@
 """The base checkpoint: the tiny policy warmed up until it is middling, not solved.
 
 The paper continues RL from a checkpoint that plateaued under ProRLv2 (spec §5.1 baseline row,
-§7.2). On CPU our stand-in is a tiny Qwen2 warmed up by teacher forcing
+§7.2). On CPU our stand-in is the tiny Qwen2 of the model stage (`brorl.model`), warmed up by
+teacher forcing
 (`brorl.base.supervised.warm_up`). Validation scores each family with the RL reward's own
 verifiers, one sample per problem at the test's temperature and top-p, so the stopping rule and
 the reported band measure the same thing; training stops once every family's pass@1 reaches
@@ -16,13 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from brorl.base.supervised import warm_up
 from brorl.evaluate import evaluate_policy
-from brorl.policy import build_policy, build_tokenizer
+from brorl.policy import load_policy
 from brorl.types import Problem
 
 if TYPE_CHECKING:
@@ -45,9 +46,10 @@ def sample_per_family(problems: Sequence[Problem], per_family: int, seed: int) -
 @dataclass(frozen=True)
 class BaseConfig:
     """The base stage's settings, no defaults (the schema has them): the `base` section's fields
-    but `path` (`brorl.params.BaseParams` documents each), and `model`, the policy's sizes."""
+    but `path` (`brorl.params.BaseParams` documents each), and `start`, the model stage's
+    checkpoint the warm-up begins from (`model.checkpoint`)."""
 
-    model: dict[str, Any]
+    start: str
     max_steps: int
     eval_every: int
     batch_size: int
@@ -69,15 +71,15 @@ class BaseConfig:
 
     @classmethod
     def from_params(cls, params: ExperimentParams) -> BaseConfig:
-        """`model` = the `model` section (`build_policy`'s keywords); the rest from `base` by name,
-        so a field on one side only is a TypeError. Where to save is the caller's (`base.path`)."""
-        return cls(model=params.model.model_dump(), **params.base.model_dump(exclude={"path"}))
+        """`start` = `model.checkpoint`; the rest from `base` by name, so a field on one side
+        only is a TypeError. Where to save is the caller's (`base.path`)."""
+        return cls(start=params.model.checkpoint, **params.base.model_dump(exclude={"path"}))
 
 
 def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem],
                          test: Sequence[Problem], config: BaseConfig, *,
                          workers: int | None = None) -> tuple[object, object, dict]:
-    """Build the tiny policy of `config.model`, warm it up, score it.
+    """Load the model stage's checkpoint `config.start`, warm it up, score it.
 
     The warm-up stops and selects on validation with the band [target_pass_low,
     target_pass_high] narrowed by `band_margin` at each end: room for validation noise, so the
@@ -89,8 +91,7 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
     §5.2 protocol) and the seconds of warm-up (validation checks included) and of the test.
     """
     c = config
-    tokenizer = build_tokenizer()
-    model = build_policy(vocab_size=len(tokenizer), **c.model)
+    model, tokenizer = load_policy(c.start)
     started = time.perf_counter()
     history = warm_up(model, tokenizer, train, sample_per_family(validation, c.eval_per_family, c.seed),
                       max_steps=c.max_steps, eval_every=c.eval_every, batch_size=c.batch_size,

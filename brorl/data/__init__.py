@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,7 @@ class DataConfig:
     reasoning_tasks: dict[str, dict[str, Any]] | None
     math_jsonl: tuple[str, ...]
     code_jsonl: tuple[str, ...]
+    chat_example: bool
     validation_fraction: float
     test_fraction: float
 
@@ -73,7 +74,8 @@ class DataConfig:
                    code_per_task=p.code_per_task, code_max_constant=p.code_max_constant,
                    reasoning_per_task=p.reasoning_per_task,
                    reasoning_tasks=p.reasoning_tasks, math_jsonl=tuple(p.math_jsonl),
-                   code_jsonl=tuple(p.code_jsonl), validation_fraction=p.validation_fraction,
+                   code_jsonl=tuple(p.code_jsonl), chat_example=p.chat_example,
+                   validation_fraction=p.validation_fraction,
                    test_fraction=p.test_fraction)
 
 
@@ -87,6 +89,8 @@ def make_splits(config: DataConfig) -> dict[str, list[Problem]]:
                               math_max_operand=c.math_max_operand,
                               reasoning_tasks=c.reasoning_tasks, math_jsonl=c.math_jsonl,
                               code_jsonl=c.code_jsonl)
+    if c.chat_example:
+        problems = [replace(p, metadata={**p.metadata, "chat_example": True}) for p in problems]
     return split_problems(problems, seed=c.seed, validation_fraction=c.validation_fraction,
                           test_fraction=c.test_fraction)
 

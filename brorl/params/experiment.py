@@ -63,6 +63,11 @@ class ExperimentParams(Section):
         return self.output_label(str(PurePosixPath(self.data.path).parent))
 
     @property
+    def model_label(self) -> str:
+        """The model stage's label: `output_label` of the folder holding `model.path`."""
+        return self.output_label(str(PurePosixPath(self.model.path).parent))
+
+    @property
     def base_label(self) -> str:
         """The base stage's label: `output_label` of the folder holding `base.path`."""
         return self.output_label(str(PurePosixPath(self.base.path).parent))

@@ -211,8 +211,9 @@ class GenerateParams(Section):
     max_concurrent_rollouts: PositiveInt = 256
     """Most rollouts decoded at once (hf: chunk size; vllm: `max_num_seqs`), so memory does not
     grow with N. vLLM's own default is 256 (anchors §8)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """vLLM weight/activation dtype; float32 on CPU (trainer log-probs then match within 1e-4)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """vLLM weight/activation dtype; float32 on CPU (trainer log-probs then match within 1e-4).
+    `auto`: bfloat16 on CUDA, float32 on CPU (one params file for both)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vLLM on GPU: share of GPU memory for weights + KV cache (the trainer needs the rest)."""
     cpu_kv_cache_gib: PositiveInt = 1

@@ -30,8 +30,9 @@ class TrainParams(Section):
     zero_stage: Literal[0, 1, 2] = 2
     """DeepSpeed ZeRO stage. Our choice: 2 (optimizer states and gradients partitioned). Stage 3
     is not offered: the rollout engine and the HF checkpoint need whole parameters."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Training precision; bfloat16 is for GPUs (about 20x slower on this CPU, platform notes)."""
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    """Training precision; bfloat16 is for GPUs (about 20x slower on this CPU, platform notes).
+    `auto`: bfloat16 on CUDA, float32 on CPU (one params file for both)."""
     weight_decay: float = Field(0.01, ge=0)
     """AdamW weight decay. UNCONFIRMED (spec §7.1 gives only AdamW): torch's default, our choice."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)

@@ -74,11 +74,13 @@ def build_policy(
     return model.to(torch.float32).eval()
 
 
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> None:
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str | Path, *,
+                extra_files: dict[str, str] | None = None) -> None:
     """Write model and tokenizer to `path` as one HF folder: a temp sibling, then a rename.
 
     An existing folder at `path` is replaced only once the new one is complete, so a crash never
-    leaves a half-written checkpoint under `path`.
+    leaves a half-written checkpoint under `path`. `extra_files` (name -> text) are written into
+    the folder with the rest.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +88,8 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
             path.rename(old / "ckpt")

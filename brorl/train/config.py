@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from brorl.params import ExperimentParams, UpdateParams
 
 
+def resolve_dtype(name: str) -> str:
+    """A params dtype with `auto` resolved: bfloat16 where CUDA is present, else float32."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
 @dataclass(frozen=True)
 class LossConfig:
     """Arguments of `brorl.algorithm.losses.policy_loss` besides the tensors."""
@@ -163,14 +172,15 @@ class TrainerConfig:
             correct_reward=f.correct_reward, wrong_reward=f.wrong_reward,
             engine=g.engine, temperature=g.temperature, top_p=g.top_p,
             max_response_tokens=g.max_response_tokens,
-            max_concurrent_rollouts=g.max_concurrent_rollouts, generate_dtype=g.dtype,
+            max_concurrent_rollouts=g.max_concurrent_rollouts,
+            generate_dtype=resolve_dtype(g.dtype),
             gpu_memory_utilization=g.gpu_memory_utilization, cpu_kv_cache_gib=g.cpu_kv_cache_gib,
             enforce_eager=g.enforce_eager,
             verify_workers=v.workers, verify_timeout_s=v.timeout_s,
             sandbox={"cpu_s": v.cpu_s, "memory_bytes": v.memory_mib * 2**20,
                      "open_files": v.open_files, "file_bytes": v.file_bytes,
                      "output_bytes": v.output_bytes},
-            zero_stage=t.zero_stage, dtype=t.dtype, weight_decay=t.weight_decay,
+            zero_stage=t.zero_stage, dtype=resolve_dtype(t.dtype), weight_decay=t.weight_decay,
             adam_betas=(t.adam_beta1, t.adam_beta2), adam_eps=t.adam_eps,
             max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps,
             keep_checkpoints=t.keep_checkpoints,

@@ -1,0 +1,34 @@
+"""Flow `model`: the starting checkpoint (`python -m flows.model --params FILE`).
+
+Composition only: load params, call the `model` task (a Hugging Face folder at `model.path`
+converted from a GGUF file, built from config, or the card of a local HF folder; its headline at
+`<tracking.metrics_dir>/<model_label>.json` for DVC), record it in one MLflow run, return the
+summary.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
+    from flows.entry import main
+
+    main("model")
+
+from typing import Any
+
+from prefect import flow
+
+from brorl.params import load_params
+from tasks import tracking
+from tasks.model import log_model, make_model
+
+
+@flow(name="model")
+def model(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Make the checkpoint the `model` section names."""
+    params = load_params(params_path, overrides or [])
+    metrics_path = tracking.ROOT / params.tracking.metrics_dir / f"{params.model_label}.json"
+    result = make_model(params, str(metrics_path))
+    uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
+    logged = {"name": params.name, **params.model_dump(mode="json", include={"model"})}
+    run_id = log_model(logged, result, params.tracking.experiment, uri)
+    return {**result, "mlflow_run_id": run_id}
