@@ -87,6 +87,7 @@ def write_params(case: Path, **sections) -> Path:
     """A params file over params/prorl_ci.yaml reading the case's data and policy."""
     tree = {"extends": str(ROOT / CI), "name": "bad-input-case",
             "data": {"path": str(case / "data")},
+            "model": {"path": str(case / "policy")},  # as if the model stage had written it
             "train": {"init_checkpoint": str(case / "policy"), "run_dir": str(case / "run"),
                       "checkpoint_dir": str(case / "run" / "checkpoints"),
                       "eval_splits": ["test"]}}

@@ -223,6 +223,7 @@ def sandbox(c, payload, spaced, may_setuid):
             pass
 
     limits, uid = payload["limits"], payload["uid"]
+    os.setsid()  # a process group of its own: killpg(0) is not confined by the PID namespace
     if spaced:
         jailed = jail(c, limits, uid if may_setuid else None)
         pid = os.fork()
