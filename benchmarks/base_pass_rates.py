@@ -24,12 +24,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))  # brorl and benchmarks.record
 
 import numpy as np  # noqa: E402
 
-from record import Table, save  # noqa: E402
+from benchmarks.record import Table, save, show  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,11 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                "mean response tokens", "cut at the limit"], families),
         Table("pass@1 per task at the evaluation protocol (temperature 0.6, top-p 0.95)",
               ["task", "problems", "pass@1"], tasks)]
-    for table in tables:
-        print(f"\n{table.title}")
-        print(" | ".join(table.columns))
-        for row in table.rows:
-            print(" | ".join(str(v) for v in row))
+    show(tables)
     save("base_pass_rates", tables)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import Table, save, show  # noqa: E402
 from brorl.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
@@ -64,31 +65,35 @@ def main(argv: list[str] | None = None) -> int:
 
     load = Path("/proc/loadavg").read_text().strip()
     print(f"torch threads {torch.get_num_threads()}, load {load}")
-    worst = 0.0
+    worst, per_step, pooled_rows = 0.0, [], []
     with tempfile.TemporaryDirectory() as tmp:
         for arm in args.arms:
             history = run_arm(arm, args.steps, args.data, args.init, args.decompose, Path(tmp))
-            rows = [m for m in history if "time/diagnostics" in m]
-            print(f"\n{arm}: {len(history)} steps, {len(rows)} with an update")
-            print("step | step without diagnostics s | diagnostics s | ratio | probes h/s/u")
             ratios, diag_total, rest_total = [], 0.0, 0.0
-            for m in rows:
+            for m in (m for m in history if "time/diagnostics" in m):
                 diag = m["time/diagnostics"]
                 rest = m["time/iteration"] - diag
                 ratios.append(diag / rest)
                 diag_total, rest_total = diag_total + diag, rest_total + rest
                 probes = "/".join(str(int(m.get(f"diag/{s}/probes", 0)))
                                   for s in ("heldout", "solved", "unsolved"))
-                print(f"{int(m['train/step']):4d} | {rest:26.2f} | {diag:13.3f} | "
-                      f"{100 * ratios[-1]:5.1f}% | {probes}")
+                per_step.append([arm, int(m["train/step"]), round(rest, 2), round(diag, 3),
+                                 f"{100 * ratios[-1]:.1f}%", probes])
             if ratios:
                 pooled = diag_total / rest_total
                 worst = max(worst, pooled)
-                print(f"{arm}: diagnostics / step without them, pooled over steps "
-                      f"{100 * pooled:.1f}% (per step: median "
-                      f"{100 * statistics.median(ratios):.1f}%, min {100 * min(ratios):.1f}%, "
-                      f"max {100 * max(ratios):.1f}%)")
-    print(f"\nworst arm, pooled: {100 * worst:.1f}% (target <= 10%)")
+                pooled_rows.append([arm, len(history), len(ratios), f"{100 * pooled:.1f}%",
+                                    f"{100 * statistics.median(ratios):.1f}%",
+                                    f"{100 * min(ratios):.1f}%", f"{100 * max(ratios):.1f}%"])
+    tables = [Table("Per step with an update: the diagnostics' seconds against the rest of the "
+                    "step", ["arm", "step", "step without diagnostics s", "diagnostics s",
+                             "ratio", "probes held-out/solved/unsolved"], per_step),
+              Table("Per arm: diagnostics / step without them" +
+                    (" (with the first-order decomposition)" if args.decompose else ""),
+                    ["arm", "steps", "with an update", "pooled", "median", "min", "max"],
+                    pooled_rows, [f"worst arm, pooled: {100 * worst:.1f}% (target <= 10%)"])]
+    show(tables)
+    save("diagnostics_cost_decompose" if args.decompose else "diagnostics_cost", tables)
     return 0
 
 

@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import RESULTS  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.record import RESULTS  # noqa: E402
 
 DOC = RESULTS.parents[1] / "docs" / "benchmarks.md"
 HEADER = """# Benchmarks

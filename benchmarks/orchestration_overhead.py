@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import Table, save, show  # noqa: E402
 from brorl.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
@@ -108,14 +109,6 @@ def stage_costs(tmp: Path, api_url: str | None) -> dict[str, float]:
             "fixed": stage_s - import_s - work_s}
 
 
-def summary_line(name: str, values: list[float], unit: str = "s") -> str:
-    if not values:
-        return f"{name}: -"
-    fmt = (lambda v: f"{100 * v:.1f}%") if unit == "%" else (lambda v: f"{v:.3f}")
-    return (f"{name} min {fmt(min(values))} / median {fmt(statistics.median(values))} / "
-            f"max {fmt(max(values))}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="training steps per arm and mode "
@@ -150,20 +143,30 @@ def main(argv: list[str] | None = None) -> int:
             shared = None if args.skip_stage else stage_costs(tmp / "shared", url)
         os.environ.pop("PREFECT_API_URL")
         temporary = None if args.skip_stage else stage_costs(tmp / "temporary", None)
-    for arm, modes in results.items():
-        print(f"\n{arm}: {args.steps} steps per mode (first step included)")
-        for mode, figures in modes.items():
-            print(f"  {mode:4s} " + summary_line("step", figures["wall"]))
-            print(f"       " + summary_line("orchestration", figures["orchestration"]))
-            print(f"       " + summary_line("share", figures["share"], "%"))
-            print(f"       " + summary_line("of which observing the step", figures["on_step"]))
-        extra = statistics.median(modes["flow"]["wall"]) - statistics.median(modes["bare"]["wall"])
-        print(f"  flow - bare, median step: {extra:+.3f} s")
-    for name, costs in (("shared server", shared), ("temporary server", temporary)):
-        if costs:
-            print(f"\nDVC stage `data` (CI size), {name}: process {costs['stage']:.2f} s = imports "
-                  f"{costs['imports']:.2f} s + work {costs['work']:.2f} s + fixed "
-                  f"{costs['fixed']:.2f} s")
+    def spread(values: list[float], percent: bool = False) -> str:
+        scale, unit = (100, "%") if percent else (1, "")
+        return " / ".join(f"{scale * v:.{1 if percent else 3}f}{unit}"
+                          for v in (min(values), statistics.median(values), max(values)))
+
+    steps = Table(f"Per training step, bare (brorl's loop alone) and as the Prefect flow with "
+                  f"MLflow logging ({args.steps} steps each, first included): min / median / max",
+                  ["arm", "mode", "step s", "orchestration s", "orchestration share",
+                   "observing the step s"],
+                  [[arm, mode, spread(f["wall"]), spread(f["orchestration"]),
+                    spread(f["share"], percent=True), spread(f["on_step"])]
+                   for arm, modes in results.items() for mode, f in modes.items()],
+                  [f"{arm}: flow - bare, median step "
+                   f"{statistics.median(m['flow']['wall']) - statistics.median(m['bare']['wall']):+.3f} s"
+                   for arm, m in results.items()])
+    tables = [steps]
+    stages = [[name, round(c["stage"], 2), round(c["imports"], 2), round(c["work"], 2),
+               round(c["fixed"], 2)] for name, c in (("shared server", shared),
+                                                      ("temporary server", temporary)) if c]
+    if stages:
+        tables.append(Table("A DVC stage (`data`, CI size): the process's seconds",
+                            ["Prefect server", "process", "imports", "work", "fixed"], stages))
+    show(tables)
+    save("orchestration_overhead", tables)
     return 0
 
 

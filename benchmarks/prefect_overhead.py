@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import Table, save, show  # noqa: E402
 from brorl.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
@@ -229,11 +230,6 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def summary(values: list[float]) -> str:
-    return (f"{min(values):6.3f} {statistics.median(values):6.3f} {max(values):6.3f}"
-            if values else "     -      -      -")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-k", "--iterations", type=int, default=20,
@@ -261,20 +257,27 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results[name] = json.loads(lines[-1].removeprefix("RESULT "))
     expected = args.iterations * TASKS
-    print(f"\n{'seconds per iteration':22s} {'min':>6s} {'median':>6s} {'max':>6s}   locked  "
-          f"flow runs  task runs  task logs  server start")
-    for name, r in results.items():
-        print(f"{name:22s} {summary(r['subflow'])}   {r['locked']:6d}  "
-              f"{r['flow_runs']:4d}/{args.iterations:<4d} {r['task_runs']:5d}/{expected:<4d} "
-              f"{r['task_logs']:5d}/{expected:<4d} {r['server_start_s']:8.1f} s")
-    for name, r in results.items():
-        print(f"{'7 tasks, no subflow':22s} {summary(r['tasks'])}   ({name})")
+
+    def spread(values: list[float]) -> str:
+        return " / ".join(f"{v:.3f}" for v in (min(values), statistics.median(values),
+                                               max(values))) if values else "-"
+
+    tables = [Table(f"Seconds per iteration (min / median / max over {args.iterations}): a "
+                    f"subflow of {TASKS} trivial tasks, and the {TASKS} tasks without a subflow",
+                    ["configuration", "subflow", "tasks alone", "locked", "flow runs",
+                     "task runs", "task logs", "server start s"],
+                    [[name, spread(r["subflow"]), spread(r["tasks"]), r["locked"],
+                      f"{r['flow_runs']}/{args.iterations}", f"{r['task_runs']}/{expected}",
+                      f"{r['task_logs']}/{expected}", round(r["server_start_s"], 1)]
+                     for name, r in results.items()])]
     if args.stage:
         with tempfile.TemporaryDirectory() as tmp:
             stages = stage_seconds(args.stage, Path(tmp))
-        print(f"\n{'data stage process, s':48s} {'min':>6s} {'median':>6s} {'max':>6s}")
-        for name, values in stages.items():
-            print(f"{name:48s} {summary(values)}")
+        tables.append(Table(f"The data stage's process, seconds (min / median / max over "
+                            f"{args.stage})", ["way", "seconds"],
+                            [[name, spread(values)] for name, values in stages.items()]))
+    show(tables)
+    save("prefect_overhead", tables)
     print(f"loadavg after: {loadavg()}")
     return 0
 

@@ -1,11 +1,11 @@
 """Where benchmark figures live: one JSON file per benchmark, the latest run per machine.
 
-Every benchmark script ends with `save(name, tables)`: the tables it printed, with the command
-that produced them, the machine (CPU model, cores, GPU if any) and the date, written atomically
-to `benchmarks/results/<name>.json` under the machine's key, replacing that machine's previous
-run. `python benchmarks/docs.py` renders every results file into `docs/benchmarks.md`, so a
-figure in the docs always stands beside the command, machine and date that gave it; older runs
-live in git history only.
+Every benchmark script ends with `show(tables)` (printed as Markdown) and `save(name, tables)`:
+the tables, with the command that produced them, the machine (CPU model, cores, GPU if any) and
+the date, written atomically to `benchmarks/results/<name>.json` under the machine's key,
+replacing that machine's previous run. `python benchmarks/docs.py` renders every results file
+into `docs/benchmarks.md`, so a figure in the docs always stands beside the command, machine and
+date that gave it; older runs live in git history only.
 
 Deliberately ignored: keeping several runs per machine (rerun the benchmark to update its row),
 statistics across machines.
@@ -37,6 +37,16 @@ class Table:
     rows: list[list[Any]]
     notes: list[str] = field(default_factory=list)
     """Lines printed under the table (what a figure means, the load while it ran)."""
+
+
+def show(tables: list[Table]) -> None:
+    """Print tables as Markdown, each with its title above and its notes below."""
+    for table in tables:
+        print(f"\n{table.title}\n| " + " | ".join(table.columns) + " |")
+        print("|" + "|".join("---" for _ in table.columns) + "|")
+        print("\n".join("| " + " | ".join(str(v) for v in row) + " |" for row in table.rows))
+        for note in table.notes:
+            print(note)
 
 
 def cpu_model() -> str:

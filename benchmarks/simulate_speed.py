@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from brorl.params import load_params
-from brorl.theory.simulator import SimConfig, simulate
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # brorl and benchmarks.record
+from benchmarks.record import Table, save, show  # noqa: E402
+from brorl.params import load_params  # noqa: E402
+from brorl.theory.simulator import SimConfig, simulate  # noqa: E402
 
 
 def numpy_simulate(cfg: SimConfig, rollouts: int, seed: int) -> tuple[float, float]:
@@ -91,22 +95,27 @@ def main() -> None:
         ok_q = _within(q_np, q)
         ok_i = _within(imp_np, imp)
         agree &= ok_q and ok_i
-        rows.append(f"| {n} | {q.mean():.6f} ± {q.std():.6f} | {q_np:.6f} {'ok' if ok_q else 'OUT'} | "
-                    f"{imp.mean():.1f} ± {imp.std():.1f} | {imp_np:.1f} {'ok' if ok_i else 'OUT'} | "
-                    f"{ours_s[n]:.1f} | {numpy_s[n]:.1f} |")
+        rows.append([n, f"{q.mean():.6f} ± {q.std():.6f}", f"{q_np:.6f} {'ok' if ok_q else 'OUT'}",
+                     f"{imp.mean():.1f} ± {imp.std():.1f}", f"{imp_np:.1f} {'ok' if ok_i else 'OUT'}",
+                     round(ours_s[n], 2), round(numpy_s[n], 2)])
     sweep_s, numpy_total = sum(ours_s.values()), sum(numpy_s.values())
     runs = len(seeds) * len(ours_s)
     per_run_ours = sweep_s / runs
     per_run_numpy = numpy_total / len(numpy_s)
-    print(f"\n| N | brorl Q_pos | numpy Q_pos | brorl % improved | numpy % improved | "
-          f"brorl s ({len(seeds)} seeds) | numpy s/run |")
-    print("|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
-    print(f"\nbrorl sweep: {runs} runs ({len(ours_s)} N x {len(seeds)} seeds) in {sweep_s:.1f} s "
-          f"= {per_run_ours:.2f} s/run")
-    print(f"numpy: {len(numpy_s)} runs (1 seed per N) in {numpy_total:.1f} s = {per_run_numpy:.2f} s/run")
-    print(f"speed-up per run: {per_run_numpy / per_run_ours:.1f}x")
-    print(f"numpy within brorl's seed spread for every N: {agree}")
+    per_n = Table(f"Final Q_pos and % correct tokens improved per N (brorl: mean ± std over "
+                  f"{len(seeds)} seeds; numpy: seed {sim.seed}, 'ok' when inside brorl's seed "
+                  "spread)", ["N", "brorl Q_pos", "numpy Q_pos", "brorl % improved",
+                              "numpy % improved", f"brorl s ({len(seeds)} seeds)", "numpy s/run"],
+                  rows)
+    summary = Table("The sweep (every N, every seed) against the plain numpy version",
+                    ["runs", "brorl sweep s", "brorl s/run", "numpy s/run", "speed-up per run",
+                     "numpy within brorl's spread"],
+                    [[runs, round(sweep_s, 1), round(per_run_ours, 3), round(per_run_numpy, 2),
+                      f"{per_run_numpy / per_run_ours:.1f}x", agree]],
+                    [f"threads {torch.get_num_threads()}; V = {cfg.vocab_size}, |P| = "
+                     f"{cfg.num_correct}, {cfg.steps} steps, N = {sim.rollouts_per_prompt}"])
+    show([per_n, summary])
+    save("simulate_speed", [per_n, summary])
 
 
 def _within(value: float, samples: torch.Tensor) -> bool:

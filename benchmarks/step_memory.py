@@ -56,6 +56,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import Table, save, show  # noqa: E402
+
 PARAMS = ROOT / "params" / "brorl_ci.yaml"
 """The CI BroRL arm: tiny model, CI data; B, N and sizes are overridden from the command line."""
 
@@ -131,7 +133,7 @@ def prepare(workdir: Path, shape: Path | None = None, vocab_size: int | None = N
     save_splits(make_splits(DataConfig.from_params(params.data)), workdir / "data")
     tokenizer = build_tokenizer()
     model_params = load_params(shape).model if shape else params.model
-    model = build_policy(vocab_size=vocab_size or len(tokenizer), **model_params.model_dump())
+    model = build_policy(vocab_size=vocab_size or len(tokenizer), **model_params.tiny_sizes)
     save_policy(model, tokenizer, workdir / "policy")
 
 
@@ -215,30 +217,33 @@ def run_child(args: argparse.Namespace, n: int, workdir: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(rows: list[dict]) -> None:
-    print(f"\n{'N':>5} {'B':>3} {'rollouts':>8} {'trained':>7} {'s':>6} {'rollouts/s':>10} "
-          f"{'process MiB':>11} {'before MiB':>10} {'step peak':>9} {'step +MiB':>9} "
-          f"{'children MiB':>12}")
-    for r in rows:
-        print(f"{r['n']:5d} {r['prompts']:3d} {r['rollouts']:8d} {r['trained']:7d} "
-              f"{r['seconds']:6.1f} {r['rollouts_per_s']:10.1f} {r['process_peak_mib']:11.1f} "
-              f"{r['rss_before_mib']:10.1f} {r['step_peak_mib']:9.1f} "
-              f"{r['step_increment_mib']:9.1f} {r['children_peak_mib']:12.1f}"
-              f"{'' if r['children_peak_in_step'] else ' (setup)'}"
-              + (f"  CUDA peak {r['cuda_peak_mib']:.0f} MiB" if r["cuda_peak_mib"] else ""))
-        print(f"      split (s): {r['stage_seconds']}")
+def report(rows: list[dict]) -> list[Table]:
+    """Per N: the step's size, seconds, memory and split; then each N against N = 512."""
+    step = Table("One whole RL step per N, each in a fresh process",
+                 ["N", "B", "rollouts", "trained", "s", "rollouts/s", "process MiB", "before MiB",
+                  "step peak MiB", "step +MiB", "children MiB", "CUDA peak MiB", "split (s)"],
+                 [[r["n"], r["prompts"], r["rollouts"], r["trained"], round(r["seconds"], 1),
+                   round(r["rollouts_per_s"], 1), round(r["process_peak_mib"], 1),
+                   round(r["rss_before_mib"], 1), round(r["step_peak_mib"], 1),
+                   round(r["step_increment_mib"], 1),
+                   f"{r['children_peak_mib']:.1f}" + ("" if r["children_peak_in_step"] else
+                                                      " (setup)"),
+                   round(r["cuda_peak_mib"]) if r["cuda_peak_mib"] else "-",
+                   ", ".join(f"{k} {v:.2f}" for k, v in r["stage_seconds"].items())]
+                  for r in rows])
     base = next((r for r in rows if r["n"] == 512), rows[0])
 
     def ratio(row: dict, key: str) -> str:
         return f"{row[key] / base[key]:.2f}" if base[key] else "n/a"
 
-    for r in rows:
-        if r is not base:
-            print(f"N={r['n']}/{base['n']}: process peak {ratio(r, 'process_peak_mib')}  "
-                  f"step increment {ratio(r, 'step_increment_mib')}  "
-                  f"children peak {ratio(r, 'children_peak_mib')}  "
-                  f"rollouts/s {ratio(r, 'rollouts_per_s')}"
-                  + (f"  CUDA peak {ratio(r, 'cuda_peak_mib')}" if base["cuda_peak_mib"] else ""))
+    against = Table(f"Each N against N = {base['n']}",
+                    ["N", "process peak", "step increment", "children peak", "rollouts/s",
+                     "CUDA peak"],
+                    [[r["n"], ratio(r, "process_peak_mib"), ratio(r, "step_increment_mib"),
+                      ratio(r, "children_peak_mib"), ratio(r, "rollouts_per_s"),
+                      ratio(r, "cuda_peak_mib") if base["cuda_peak_mib"] else "-"]
+                     for r in rows if r is not base])
+    return [step, against]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -259,7 +264,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append(run_child(args, n, Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
     print("loadavg after:", Path("/proc/loadavg").read_text().strip())
-    report(rows)
+    tables = report(rows)
+    show(tables)
+    save("step_memory", tables)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

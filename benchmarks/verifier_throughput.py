@@ -46,8 +46,8 @@ from brorl.types import Problem
 from brorl.verifiers import verify_batch
 from brorl.verifiers.workers import default_workers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import Table, save  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # brorl and benchmarks.record
+from benchmarks.record import Table, save  # noqa: E402
 
 GYM_TASKS = ("chain_sum", "spell_backward", "leg_counting")
 TARGETS = {"code": 1.2}

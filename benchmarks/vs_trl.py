@@ -111,6 +111,7 @@ sys.path.insert(0, str(ROOT))
 from brorl.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
+from benchmarks.record import Table, save, show  # noqa: E402
 from benchmarks.step_memory import PARAMS, prepare  # noqa: E402
 
 DEFAULT_PROMPTS = {16: 8, 64: 4, 512: 2}
@@ -311,38 +312,42 @@ def run_child(args: argparse.Namespace, side: str, n: int, p: int, workdir: Path
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(rows: list[dict], prompt_tokens: float) -> None:
-    print(f"\n{'N':>5} {'P':>3} {'side':>5} {'rollouts/s':>10} {'gen s':>7} {'verify s':>8} "
-          f"{'score s':>7} {'update s':>8} {'other s':>7} {'step s':>7} {'trained':>7} "
-          f"{'resp tok':>8} {'reward':>6} {'loss':>9}")
-    for r in rows:
-        print(f"{r['n']:5d} {r['prompts']:3d} {r['side']:>5} {r['rollouts_per_s']:10.1f} "
-              f"{r['generation_s']:7.2f} {r['verification_s']:8.2f} {r['scoring_s']:7.2f} "
-              f"{r['update_s']:8.2f} {r['other_s']:7.2f} {r['step_s']:7.2f} "
-              f"{r['trained']:7.0f} {r['response_tokens']:8.1f} {r['reward_mean']:6.3f} "
-              f"{r['loss']:9.2e}")
+def report(rows: list[dict], prompt_tokens: float) -> list[Table]:
+    """The runs' tables: each side's stage seconds per N, brorl/TRL per N, and the sharing table."""
+    steps = Table("One RL step per side and N (median over the timed steps)",
+                  ["N", "P", "side", "rollouts/s", "gen s", "verify s", "score s", "update s",
+                   "other s", "step s", "trained", "resp tok", "reward", "loss"],
+                  [[r["n"], r["prompts"], r["side"], round(r["rollouts_per_s"], 1),
+                    round(r["generation_s"], 2), round(r["verification_s"], 2),
+                    round(r["scoring_s"], 2), round(r["update_s"], 2), round(r["other_s"], 2),
+                    round(r["step_s"], 2), int(r["trained"]), round(r["response_tokens"], 1),
+                    round(r["reward_mean"], 3), f"{r['loss']:.2e}"] for r in rows])
+    ratios = []
     for n in dict.fromkeys(r["n"] for r in rows):
         side = {r["side"]: r for r in rows if r["n"] == n}
         if set(side) == set(SIDES):
             ratio = side["brorl"]["rollouts_per_s"] / side["trl"]["rollouts_per_s"]
-            print(f"N={n}: brorl/TRL rollouts/s = {ratio:.2f}x")
-    sharing(rows, prompt_tokens)
+            ratios.append([n, side["brorl"]["prompts"], f"{ratio:.2f}x"])
+    versus = Table("brorl / TRL rollouts per second of the whole step", ["N", "P", "brorl / TRL"],
+                   ratios)
+    return [steps, versus, *sharing(rows, prompt_tokens)]
 
 
 STAGES = {"generation": "generation_s", "scoring": "scoring_s", "update": "update_s"}
 
 
-def sharing(rows: list[dict], prompt_tokens: float) -> None:
+def sharing(rows: list[dict], prompt_tokens: float) -> list[Table]:
     """Per side and stage: seconds per rollout at each N against the smallest N, beside the
     limit of sharing the prompt. A stage that runs each prompt once per group costs about
     P/N + T token passes per rollout (P prompt tokens, T response tokens), so the most N can gain
     over N0 is (P/N0 + T) / (P/N + T); `% of limit` is the measured gain over that."""
     n_values = sorted(dict.fromkeys(r["n"] for r in rows))
     if len(n_values) < 2:
-        return
+        return []
     n0 = n_values[0]
-    print(f"\nPrompt sharing: gain per rollout over N={n0}, P = {prompt_tokens:.1f} prompt tokens")
-    print(f"{'side':>5} {'stage':>10} " + " ".join(f"{'N=' + str(n):>22}" for n in n_values[1:]))
+    table = Table(f"Prompt sharing: gain per rollout over N={n0} against its limit (P = "
+                  f"{prompt_tokens:.1f} prompt tokens)",
+                  ["side", "stage", *(f"N={n}" for n in n_values[1:])], [])
     for side in SIDES:
         by_n = {r["n"]: r for r in rows if r["side"] == side}
         if n0 not in by_n:
@@ -351,18 +356,19 @@ def sharing(rows: list[dict], prompt_tokens: float) -> None:
             cells = []
             for n in n_values[1:]:
                 if n not in by_n:
-                    cells.append(f"{'-':>22}")
+                    cells.append("-")
                     continue
                 base, row = by_n[n0], by_n[n]
                 per = [r[key] / (r["n"] * r["prompts"]) for r in (base, row)]
                 t = (base["response_tokens"] + row["response_tokens"]) / 2
                 limit = (prompt_tokens / n0 + t) / (prompt_tokens / n + t)
                 gain = per[0] / per[1] if per[1] > 0 else float("nan")
-                cells.append(f"{gain:5.2f}x of {limit:4.2f}x ={100 * gain / limit:4.0f}%")
-            print(f"{side:>5} {stage:>10} " + " ".join(f"{c:>22}" for c in cells))
-        whole = [f"N={n}/N={n0} {by_n[n]['rollouts_per_s'] / by_n[n0]['rollouts_per_s']:.2f}x"
-                 for n in n_values[1:] if n in by_n]
-        print(f"{side:>5} whole step rollouts/s: " + ", ".join(whole))
+                cells.append(f"{gain:.2f}x of {limit:.2f}x = {100 * gain / limit:.0f}%")
+            table.rows.append([side, stage, *cells])
+        table.rows.append([side, "whole step", *(
+            f"{by_n[n]['rollouts_per_s'] / by_n[n0]['rollouts_per_s']:.2f}x" if n in by_n else "-"
+            for n in n_values[1:])])
+    return [table]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -398,7 +404,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows.append(run_child(args, side, n, p, workdir))
                 print(json.dumps(rows[-1]), flush=True)
     print("loadavg after:", Path("/proc/loadavg").read_text().strip())
-    report(rows, mean)
+    tables = report(rows, mean)
+    show(tables)
+    save("vs_trl" if args.prompt_tokens is None else f"vs_trl_prompt{args.prompt_tokens}", tables)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

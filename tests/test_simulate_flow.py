@@ -34,7 +34,7 @@ def test_simulate_flow_leaves_parent_and_child_runs_metrics_figure_and_files(
     big, small = summary["N=4096"]["step_60"], summary["N=4"]["step_60"]
     assert big["q_pos"]["mean"] > small["q_pos"]["mean"]
     headline = json.loads((tmp_path / "m" / "simulate.json").read_text())  # DVC's metrics
-    assert headline == {"delta": round(big["q_pos"]["mean"] - small["q_pos"]["mean"], 4)}
+    assert headline == {"q_pos_gain": round(big["q_pos"]["mean"] - small["q_pos"]["mean"], 4)}
     png = (tmp_path / "out" / "simulate" / "simulate.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (tmp_path / "plots" / "simulate" / "curves.csv").read_text().startswith("rollouts,step,")

@@ -40,12 +40,13 @@ def summary_metrics(results: Sequence[SimulationResult], steps: Sequence[int]) -
 
 
 def headline(results: Sequence[SimulationResult]) -> dict[str, float]:
-    """`delta`: Q_pos at the last step, largest N minus smallest N (mean over seeds): how much
-    broader sampling keeps of the correct mass (BroRL §4.1, Fig. 3 left)."""
+    """`q_pos_gain`: Q_pos at the last step, largest N minus smallest N (mean over seeds): how
+    much broader sampling keeps of the correct mass (BroRL §4.1, Fig. 3 left). Named apart from
+    the comparison's `delta` (a score difference), so `dvc metrics show` gives each its column."""
     ordered = sorted(results, key=lambda r: r.rollouts)
     last = int(ordered[0].steps[-1])
     small, large = (_at_step(r, "q_pos", last)[0] for r in (ordered[0], ordered[-1]))
-    return {"delta": round(float(large - small), 4)}
+    return {"q_pos_gain": round(float(large - small), 4)}
 
 
 def results_table(results: Sequence[SimulationResult], steps: Sequence[int]) -> str:
