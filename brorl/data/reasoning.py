@@ -15,9 +15,9 @@ characters), each answer depending on the prompt, no single answer right for mor
 - basic_arithmetic, two one-digit terms, + and -, "natural" phrasings (Compute, What is,
   Evaluate, ...): arithmetic facts asked in wordings the policy may not have seen for that fact.
 
-Measured (params/tiny.yaml, 2026-11-22): the two equation/arithmetic tasks stay near 0.1-0.25
-held-out pass@1 and rise slowly, spell_backward rises from 0 to 0.3-0.55 once learned, so the
-family lands in the 20-60% band. Tried and left out: chain_sum (the same facts as
+With params/tiny.yaml the two equation/arithmetic tasks stay near 0.1-0.25 held-out pass@1 and
+rise slowly, spell_backward rises from 0 to 0.3-0.55 once learned, so the family lands in the
+20-60% band (`dvc repro base`, metrics/base.json). Left out: chain_sum (the same facts as
 basic_arithmetic behind a 60-character preamble), leg_counting and word_sequence_reversal
 (100-130-character preambles; 0-0.1 after 1000 steps), calendar_arithmetic weekday_offset
 (about 115-character prompts, 0.12), products (0-0.14), caesar_cipher (one word: few distinct

@@ -123,9 +123,8 @@ def grad_from_weights(p: Tensor, draws: Tensor, weighted: Tensor, tau: float,
     overwritten).
 
     With s_i the summed centred reward of token i's draws and M = sum_k s_k p_k,
-    dL/dz_i = -(p_i / (N tau))(s_i - M): the dense part M p plus a scatter over the draws (also at
-    N = 51,200: on the Intel Xeon of 2026-11-25, 1.1 ms against 1.7 ms for per-token counts and
-    dense arithmetic, 8 x 128,000). Written into `out` if given (the weights' dtype; a new tensor
+    dL/dz_i = -(p_i / (N tau))(s_i - M): the dense part M p plus a scatter over the draws (faster than per-token counts and dense
+    arithmetic also at N = 51,200: `benchmarks/simulate_speed.py`). Written into `out` if given (the weights' dtype; a new tensor
     otherwise).
     """
     scale = 1.0 / (draws.shape[-1] * tau)
