@@ -100,7 +100,8 @@ def test_the_command_block_runs(block, ci_pipeline, prefect_harness):
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
            "BRORL_PYTHON": sys.executable, "PREFECT_API_URL": PREFECT_API_URL.value(),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{ci_pipeline / 'mlflow.db'}"}
+           "MLFLOW_TRACKING_URI": f"sqlite:///{ci_pipeline / 'mlflow.db'}",
+           "PYTHONPATH": str(ci_pipeline)}  # `brorl` runs the clone's code, as in a user's clone
     for command in block.commands():
         if block.lang == "python":
             done = subprocess.run([sys.executable, "-c", command], cwd=ci_pipeline, env=env,
