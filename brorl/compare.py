@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from brorl.evaluate import HEADLINE
+from brorl.scoring import HEADLINE
 from brorl.stats import Interval, PairedTest, bootstrap_mean, paired_test
 from brorl.evals import read_run
 

@@ -14,7 +14,7 @@ from brorl.base import (BaseConfig, band_distance, batch_loss_backward, collate,
                         round_shares, warm_up)
 from brorl.data import generate_code, make_problem, split_problems
 from brorl.data.math import generate_math
-from brorl.evaluate import evaluate_policy
+from brorl.scoring import evaluate_policy
 from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, load_params
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
 from brorl.prompts import render_prompt, render_target

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from brorl.base import BaseConfig
 from brorl.data import DataConfig
+from brorl.evals import EvalProtocol
 from brorl.model import ModelConfig
 from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
@@ -142,7 +143,7 @@ NOT_THE_TRAINERS = {f"train.{f}" for f in (
     "plateau_patience", "eval_every", "checkpoint_every", "eval_splits", "eval_per_family",
     "eval_seed", "eval_samples", "eval_temperature", "eval_top_p")}
 """`train` fields the run loop reads (budgets, schedules, evaluation, outputs), not
-`TrainerConfig`: `RunConfig` takes them (`Run.open` reads `eval_per_family`, `algorithm` is
+`TrainerConfig`: `RunConfig` takes them (the evaluation's in its `EvalProtocol`; `algorithm` is
 the MLflow tag)."""
 BASE = ExperimentParams(train=TrainParams(eval_splits=["validation", "test"]))
 """The defaults with both evaluation splits, so that `plateau_patience` can change alone."""
@@ -290,14 +291,17 @@ def test_model_sources_need_their_keys(model, fragment):
 def test_run_config_takes_every_field_from_its_params_field():
     changed, unused = _changed_by(lambda p: RunConfig.from_params(p, Path("/r")),
                                   ("train", "generate", "verify", "data", "diagnostics"), BASE)
-    renamed = {"name": set(), "eval_max_response_tokens": {"generate.max_response_tokens"},
+    renamed = {"name": set(), "eval_protocol.max_response_tokens": {"generate.max_response_tokens"},
                "eval_workers": {"verify.workers"}, "data_path": {"data.path"}}
-    owner = {key: {key} if key.startswith("diagnostics.") else {f"train.{key}"} for key in changed}
+    owner = {key: {key} if key.startswith("diagnostics.") else
+             {f"train.eval_{key.removeprefix('eval_protocol.')}"}
+             if key.startswith("eval_protocol.") else {f"train.{key}"} for key in changed}
     assert changed == {key: renamed.get(key, owner[key]) for key in changed}
     assert {f"diagnostics.{f}" for f in DiagnosticsParams.model_fields}.isdisjoint(unused)
     assert {f"train.{f}" for f in ("run_dir", "steps", "max_rollouts", "max_seconds",
                                    "plateau_patience", "eval_every", "checkpoint_every",
-                                   "eval_splits", "eval_seed")}.isdisjoint(unused)
+                                   "eval_splits", "eval_seed", "eval_per_family")
+            }.isdisjoint(unused)
     assert "train.seed" in unused  # the evaluation never depends on the training seed
     assert RunConfig.from_params(ExperimentParams(name="x"), Path("/r")).name == "x"
 
@@ -332,7 +336,7 @@ def test_the_warm_up_selects_on_validation_and_the_arms_report_test():
 
 
 @pytest.mark.parametrize("config", [TrainerConfig, LossConfig, SimConfig, DataConfig, BaseConfig,
-                                    RunConfig],
+                                    RunConfig, EvalProtocol],
                          ids=lambda c: c.__name__)
 def test_mirror_configs_have_no_defaults_of_their_own(config):
     """Defaults live in the schema only: a field `from_params` forgets is a TypeError."""

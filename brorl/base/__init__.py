@@ -7,7 +7,7 @@ schedule, the validation stopping rule and selection).
 
 from __future__ import annotations
 
-from brorl.base.checkpoint import BaseConfig, make_base_checkpoint, sample_per_family
+from brorl.base.checkpoint import BaseConfig, make_base_checkpoint
 from brorl.base.supervised import (
     IGNORE,
     WarmUpState,
@@ -37,7 +37,6 @@ __all__ = [
     "lr_at",
     "make_base_checkpoint",
     "round_shares",
-    "sample_per_family",
     "start_warm_up",
     "train_steps",
     "warm_up",

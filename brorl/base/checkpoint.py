@@ -19,28 +19,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
 
 from brorl.base.supervised import warm_up
-from brorl.evaluate import evaluate_policy
+from brorl.evals import sample_per_family
+from brorl.scoring import evaluate_policy
 from brorl.policy import load_policy
 from brorl.types import Problem
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
-
-
-def sample_per_family(problems: Sequence[Problem], per_family: int, seed: int) -> list[Problem]:
-    """Up to `per_family` problems of each family, drawn by `seed`, in id order."""
-    groups: dict[str, list[Problem]] = {}
-    for p in sorted(problems, key=lambda p: p.id):
-        groups.setdefault(p.family, []).append(p)
-    gen = torch.Generator().manual_seed(seed)
-    out: list[Problem] = []
-    for family in sorted(groups):
-        order = torch.randperm(len(groups[family]), generator=gen)[:per_family].tolist()
-        out += [groups[family][i] for i in sorted(order)]
-    return out
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The policy is trained by teacher forcing on (prompt, ideal response) pairs:
 `render_prompt(problem, tokenizer)` then `render_target(problem)` + EOS, loss on the response
 tokens only. Training runs in rounds of `eval_every` steps; after each round the policy is scored
-on a validation sample per family (`brorl.evaluate.evaluate_policy`) and `warm_up` stops once
+on a validation sample per family (`brorl.scoring.evaluate_policy`) and `warm_up` stops once
 every family's pass@1 reaches `target_pass_low`, or at `max_steps`.
 
 Batches draw problems by family share (`family_shares`, equal by default; then uniform within
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from brorl.evaluate import evaluate_policy
+from brorl.scoring import evaluate_policy
 from brorl.prompts import render_prompt, render_target
 from brorl.types import Problem
 

@@ -1,4 +1,8 @@
-"""Evaluation primitives: unbiased pass@k, per-task and per-family scores, per-instance scores.
+"""Scoring a policy: unbiased pass@k, per-task and per-family scores, per-instance scores.
+
+The primitives every evaluation uses (the run's, the `evaluate` stage's, the base stage's); how a
+run evaluates (which instances, how many samples, the sampling) and the row it records are
+`brorl.evals`'.
 
 - `pass_at_k(n, c, k)`: the unbiased estimator of Chen et al. (2021, Codex) from n samples with c
   correct, 1 - C(n-c, k) / C(n, k), computed as a stable product (no huge binomials).
