@@ -86,7 +86,7 @@ def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | Non
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
     client = MlflowClient(uri)
     if run_id is None:
-        run_id = open_run(params)
+        run_id = create_mlflow_run(params)
     tracking.log_params(uri, run_id, p.model_dump(mode="json", include={"name", "compare"}))
     metrics = {k: [v] for k, v in compare_metrics(result).items()}
     tracking.log_metric_series(uri, run_id, [0], metrics)
@@ -97,8 +97,8 @@ def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | Non
     return run_id
 
 
-@task(name="open-compare-run", **_TASK)
-def open_run(params: dict[str, Any]) -> str:
+@task(name="create-compare-run", **_TASK)
+def create_mlflow_run(params: dict[str, Any]) -> str:
     """A new MLflow run for the comparison (status RUNNING until the report is logged)."""
     p = ExperimentParams.model_validate(params)
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)

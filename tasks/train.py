@@ -26,8 +26,8 @@ from prefect.exceptions import MissingContextError
 from brorl.evals import eval_metrics
 from brorl.params import ExperimentParams
 from brorl.train import Run
-from brorl.train.report import dvc_files
-from brorl.train.driver import Timed, progress_line
+from brorl.train.report import dvc_files, step_line
+from brorl.types import Timed
 from brorl.train.collection import Collection
 from tasks import tracking
 
@@ -176,7 +176,7 @@ def log_step(tracker: Tracker, step: int, metrics: dict[str, float], name: str) 
     if step > tracker.logged_through:
         tracking.log_metric_series(tracker.tracking_uri, tracker.run_id, [step],
                                    {k: [v] for k, v in metrics.items()}, synchronous=False)
-    _logger().info(progress_line(name, step, metrics))
+    _logger().info(step_line(name, step, metrics))
 
 
 @task(name="finish-run", **_TASK)

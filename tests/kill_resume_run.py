@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from brorl.params import load_params  # noqa: E402
 from brorl.train import checkpoint as ckpt  # noqa: E402
 from brorl.train import run as run_module  # noqa: E402
-from brorl.train.driver import Direct  # noqa: E402
+from brorl.train.run import Direct  # noqa: E402
 from tasks import train as t  # noqa: E402
 
 

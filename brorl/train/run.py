@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brorl.data import load_split
 from brorl.evals import (SELECTION_METRIC, EvalProtocol, eval_metrics, evals_jsonl, row_split,
@@ -58,16 +58,43 @@ from brorl.train.diagnostics import (
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.collection import Collected, Collection
-from brorl.train.driver import Direct, Driver, Timed, timed
+from brorl.train.report import step_line
 from brorl.train.trainer import RewardFn, Trainer, parameter_digest
 from brorl.train.verification import ChunkVerifier, Generated
-from brorl.types import Problem
+from brorl.types import Problem, Timed, timed
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
 
 TRAIN_STAGES = ("sample_prompts", "generate_rollouts", "verify", "filter", "ppo_update")
 """The stages whose seconds are training time (`train/seconds`, the `max_seconds` budget)."""
+
+
+class Driver(Protocol):
+    """How the loop's stages and steps are run (see the module docstring)."""
+
+    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]: ...
+
+    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]: ...
+
+    def on_step(self, run: Run, metrics: dict[str, float]) -> None: ...
+
+
+class Direct:
+    """Runs every stage and step in place; `progress` prints one line per step (`step_line`)."""
+
+    def __init__(self, progress: Callable[[str], None] | None = None) -> None:
+        self.progress = progress
+
+    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]:
+        return getattr(run, name)(*args)
+
+    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
+        return body()
+
+    def on_step(self, run: Run, metrics: dict[str, float]) -> None:
+        if self.progress is not None and run.trainer.rank == 0:
+            self.progress(step_line(run.config.name, run.step_count, metrics))
 
 
 @dataclass(frozen=True)

@@ -381,10 +381,6 @@ class Trainer:
         return metrics
 
     # -- checkpoints ------------------------------------------------------------------------
-    def latest_saved_step(self) -> int | None:
-        folder = ckpt.latest_checkpoint(self.config.checkpoint_dir)
-        return ckpt.read_state(folder)["step"] if folder else None
-
     def save_checkpoint(self, run_state: dict[str, Any] | None = None) -> Path:
         """Write `step_<step>/` atomically on all ranks (see `brorl.train.checkpoint`), with
         `run_state` (the run's counters and records, `brorl.train.run.RunState`) inside it."""
@@ -414,11 +410,6 @@ class Trainer:
     def _barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
-
-    def policy_path(self) -> Path | None:
-        """The newest checkpoint's HF policy folder."""
-        folder = ckpt.latest_checkpoint(self.config.checkpoint_dir)
-        return folder / "policy" if folder else None
 
 
 def parameter_digest(model: torch.nn.Module) -> str:
