@@ -18,7 +18,7 @@ from brorl.evals import EvalProtocol
 from brorl.model import ModelConfig
 from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
-from brorl.train.config import LossConfig, TrainerConfig
+from brorl.train.config import EngineConfig, LossConfig, TrainerConfig
 from brorl.train.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,8 @@ TRAINER_RENAMED = {
     "lr": {"update.base_lr", "update.base_samples_per_step", "update.prompts_per_step",
            "update.rollouts_per_prompt", "update.train_subset"},  # the sqrt rule (spec §4.1)
     "filter_enabled": {"filter.enabled"}, "filter_max_draws": {"filter.max_draws"},
-    "filter_oversample": {"filter.oversample"}, "generate_dtype": {"generate.dtype"},
+    "filter_oversample": {"filter.oversample"}, "engine.kind": {"generate.engine"},
+    "engine.dtype": {"generate.dtype"},
     "dtype": {"train.dtype"}, "verify_workers": {"verify.workers"},
     "verify_timeout_s": {"verify.timeout_s"}, "sandbox.memory_bytes": {"verify.memory_mib"},
     "adam_betas": {"train.adam_beta1", "train.adam_beta2"},
@@ -335,8 +336,8 @@ def test_the_warm_up_selects_on_validation_and_the_arms_report_test():
         assert p.train.max_rollouts % p.update.rollouts_per_prompt == 0, name  # ends exactly
 
 
-@pytest.mark.parametrize("config", [TrainerConfig, LossConfig, SimConfig, DataConfig, BaseConfig,
-                                    RunConfig, EvalProtocol],
+@pytest.mark.parametrize("config", [TrainerConfig, LossConfig, EngineConfig, SimConfig, DataConfig,
+                                    BaseConfig, RunConfig, EvalProtocol],
                          ids=lambda c: c.__name__)
 def test_mirror_configs_have_no_defaults_of_their_own(config):
     """Defaults live in the schema only: a field `from_params` forgets is a TypeError."""

@@ -45,10 +45,10 @@ class EngineTrainer:
     start_collection = Trainer.start_collection
 
     def __init__(self, reward_fn) -> None:
-        self.config = replace(
-            TrainerConfig.from_params(load_params(ROOT / "params" / "tiny_ci.yaml")),
-            prompts_per_step=3, rollouts_per_prompt=4, max_concurrent_rollouts=5,
-            max_response_tokens=12, engine="hf")
+        config = TrainerConfig.from_params(load_params(ROOT / "params" / "tiny_ci.yaml"))
+        self.config = replace(config, prompts_per_step=3, rollouts_per_prompt=4,
+                              max_response_tokens=12,
+                              engine=replace(config.engine, kind="hf", max_concurrent_rollouts=5))
         self.rank, self.world, self.step_count, self.step_offset = 0, 1, 0, 0
         self.resumed_state: dict = {}
         self.tokenizer = build_tokenizer()

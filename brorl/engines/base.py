@@ -26,12 +26,13 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How rollouts are sampled. `temperature` 0 is greedy (argmax, raw-model log-probs)."""
+    """How one engine call samples: the `generate` section's temperature, top-p and longest
+    response, and the call's seed. `temperature` 0 is greedy (argmax, raw-model log-probs)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_response_tokens: int = 64
-    seed: int = 0
+    temperature: float
+    top_p: float
+    max_response_tokens: int
+    seed: int
     first_prompt: int = 0
     """Index of the call's first prompt in its draw: rollout k of the call's prompt b is sampled
     as rollout k of prompt `first_prompt + b`, so a rank that generates a slice of a draw's
