@@ -49,6 +49,27 @@ class SamplingConfig:
             raise ValueError(f"first_prompt {self.first_prompt} must be >= 0 (a prompt index).")
 
 
+def assemble_batch(prompt_ids: Sequence[tuple[int, ...]], n: int, tokens: torch.Tensor,
+                   logprobs: torch.Tensor, lengths: torch.Tensor, texts: Sequence[str],
+                   stopped: Sequence[bool], pad_id: int) -> RolloutBatch:
+    """An engine call's `RolloutBatch` (on the CPU) from its rows, prompt-major: B = len(prompt_ids)
+    prompts x `n` rollouts; `tokens` and `logprobs` `[B*n, >= T]` cut to the longest response T
+    (at least 1), `lengths` `[B*n]`, `stopped[r]` True where row r ended on a stop token (else it
+    reached the length limit)."""
+    t = max(int(lengths.max()), 1)
+    return RolloutBatch(
+        prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
+        prompt_ids=tuple(prompt_ids),
+        response_ids=tokens[:, :t].cpu(),
+        response_lengths=lengths.cpu(),
+        logprobs=logprobs[:, :t].cpu(),
+        texts=tuple(texts),
+        finish_reasons=tuple("stop" if s else "length" for s in stopped),
+        rollouts_per_prompt=n,
+        pad_id=pad_id,
+    )
+
+
 ChunkCallback = Callable[[int, int, Sequence[str]], None]
 """`on_chunk(start, stop, texts)`: rows `start..stop-1` of the call (prompt-major) are finished,
 `texts` their responses. Engines call it in row order, each row once, before `generate` returns."""

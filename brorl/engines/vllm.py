@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-from brorl.engines.base import ChunkCallback, SamplingConfig
+from brorl.engines.base import ChunkCallback, SamplingConfig, assemble_batch
 from brorl.policy.model import load_tokenizer
 from brorl.policy.tokens import decode_responses, encode_prompts, pad_id, stop_ids
-from brorl.types import FinishReason, RolloutBatch
+from brorl.types import RolloutBatch
 
 if TYPE_CHECKING:
     from brorl.train.config import EngineConfig
@@ -166,7 +166,6 @@ class VllmEngine:
         tokens = torch.full((rows, t), self.pad_id, dtype=torch.long)
         logprobs = torch.zeros((rows, t), dtype=torch.float32)
         lengths = torch.zeros(rows, dtype=torch.long)
-        reasons: list[FinishReason] = []
         for i, c in enumerate(completions):
             ids = list(c.token_ids)
             lengths[i] = len(ids)
@@ -174,17 +173,7 @@ class VllmEngine:
             logprobs[i, : len(ids)] = torch.tensor(
                 [step[tok].logprob for step, tok in zip(c.logprobs, ids)], dtype=torch.float32
             )
-            reasons.append("length" if c.finish_reason == "length" else "stop")
         texts = decode_responses(
             self.tokenizer, [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())])
-        return RolloutBatch(
-            prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
-            prompt_ids=tuple(prompt_ids),
-            response_ids=tokens,
-            response_lengths=lengths,
-            logprobs=logprobs,
-            texts=tuple(texts),
-            finish_reasons=tuple(reasons),
-            rollouts_per_prompt=n,
-            pad_id=self.pad_id,
-        )
+        return assemble_batch(prompt_ids, n, tokens, logprobs, lengths, texts,
+                              [c.finish_reason != "length" for c in completions], self.pad_id)
