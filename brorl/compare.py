@@ -3,7 +3,7 @@
 Inputs are each arm's run outputs: `summary.json` (per-step metrics, training / evaluation /
 checkpoint seconds) and `evals.jsonl` (one row per (step, split): training seconds and rollouts so
 far, per-family scores, per-instance scores over the same problem ids). Only TEST rows are
-reported (rows without "split" are old files and count as test); validation rows choose
+reported (rows without "split" count as test, `brorl.legacy`); validation rows choose
 checkpoints and never score an arm.
 
 - Table 1 (spec §5.1): per evaluation, step, rollouts, each family's headline score (pass@1 =
@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from brorl.legacy import family_key, instance_scores, row_families
 from brorl.scoring import HEADLINE
 from brorl.stats import Interval, PairedTest, bootstrap_mean, paired_test
 from brorl.evals import read_run
@@ -86,9 +87,7 @@ def pooled_throughput(history: list[dict[str, float]]) -> float:
 def family_value(record: dict[str, Any], family: str, quantity: str = "score") -> float:
     """A family's `quantity` in an evaluation row; "score" is its headline (spec §7.1)."""
     row = record["scores"]["family"].get(family, {})
-    if quantity == "score" and "score" not in row:  # rows written before "score" existed
-        quantity = HEADLINE[family]
-    return float(row.get(quantity, math.nan))
+    return float(row.get(family_key(row, quantity, HEADLINE[family]), math.nan))
 
 
 def _label(family: str, quantity: str) -> str:
@@ -137,9 +136,8 @@ def table2(arms: list[ArmResult]) -> str:
 
 def family_scores(record: dict[str, Any], family: str) -> dict[str, float]:
     """Problem id -> headline score of the instances of `family` in an eval row."""
-    families = record.get("families") or [None] * len(record["problem_ids"])
-    return {i: v for i, v, f in zip(record["problem_ids"], record.get("score", record["pass_at_1"]),
-                                    families, strict=True) if f == family}
+    return {i: v for i, v, f in zip(record["problem_ids"], instance_scores(record),
+                                    row_families(record), strict=True) if f == family}
 
 
 def _cell(interval: Interval) -> str:
@@ -195,9 +193,8 @@ def start_and_end_table(summary: dict[str, Any], arms: list[ArmResult]) -> str:
 
 
 def _instance_scores(record: dict[str, Any]) -> dict[str, float]:
-    """Problem id -> its headline score ("score"; rows before it carry only "pass_at_1")."""
-    values = record.get("score", record["pass_at_1"])
-    return dict(zip(record["problem_ids"], values, strict=True))
+    """Problem id -> its headline score."""
+    return dict(zip(record["problem_ids"], instance_scores(record), strict=True))
 
 
 def paired(baseline: ArmResult, arm: ArmResult, *, alpha: float = ALPHA) -> dict[str, Any]:

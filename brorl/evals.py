@@ -12,8 +12,8 @@ evaluation, and in every run with that seed), `samples` samples of each at `temp
 checkpoints excluded), "rollouts" (generated so far), "scores" (`brorl.scoring.score_rewards`
 with k_values (1, k), k = samples per instance), "problem_ids", "families", "pass_at_1" (per
 instance: the share of its k samples that are correct, avg@k), "score" (per instance: the
-family's headline quantity, `brorl.scoring.HEADLINE`, spec §7.1)}. Rows without "split" (older
-files) count as test rows.
+family's headline quantity, `brorl.scoring.HEADLINE`, spec §7.1)}. Rows without "split" count
+as test rows (`brorl.legacy.eval_split`).
 
 `eval_metrics` names a row's figures: test rows `eval/<q>_<family>` (q: pass_at_1, pass_at_<k>,
 reward_mean, score), `eval/score_mean` (the mean over families of the family score) and
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from brorl.legacy import eval_split
 from brorl.scoring import evaluate_policy, instance_scores
 from brorl.types import Problem
 
@@ -46,8 +47,8 @@ SELECTION_METRIC = "val/score_mean"
 
 
 def row_split(row: dict[str, Any]) -> str:
-    """The split of an eval row; rows written before splits existed are test rows."""
-    return row.get("split", "test")
+    """The split of an eval row ("test" or "validation")."""
+    return eval_split(row)
 
 
 def rows_by_step(rows: Sequence[dict[str, Any]], split: str = "test") -> list[dict[str, Any]]:

@@ -183,3 +183,14 @@ def test_paired_matches_instances_by_id_across_shuffled_partly_overlapping_rows(
     assert result["families"]["code"]["delta"] == pytest.approx(((0.4 - 0.3) + (0.8 - 0.4)) / 2)
     flipped = paired(brorl, prorl)
     assert flipped["delta"] == pytest.approx(-result["delta"]) and flipped["t"] < 0
+
+
+def test_table1_reads_a_family_without_score_by_its_headline_quantity(tmp_path):
+    """Family scores written before "score" existed (`brorl.legacy.family_key`): reasoning's
+    headline is its mean reward (0.35), not its pass@1 (0.25)."""
+    family = {"math": {"pass_at_1": 0.3, "reward_mean": 0.3},
+              "code": {"pass_at_1": 0.5, "reward_mean": 0.7},
+              "reasoning": {"pass_at_1": 0.25, "reward_mean": 0.35}}
+    arm = _arm(tmp_path, "prorl", [_row(4, 256, BASE, seconds=12.5, family=family)])
+    line = table1([arm]).splitlines()[-1]
+    assert line == "| prorl | 4 | 256 | 30.00 | 50.00 | 35.00 | 25.00 | 12.5 |"
