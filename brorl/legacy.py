@@ -14,7 +14,8 @@ Every writer in brorl writes the current format; only the readers below accept t
 Removal: once no kept run folder or DVC-cached output holds such a file, delete this module and
 its callers' fallbacks: `evals.row_split` reads `row["split"]`, `brorl.compare` reads
 `row["score"]`, `row["families"]` and the family's `quantity`, and `preflight` refuses a
-checkpoint without a params record (`run_files.recorded_params`). The study's reader (`brorl.study.results`) has fallbacks of its own for the same rows.
+checkpoint without a params record (`run_files.recorded_params`). The study's reader
+(`brorl.study.results`) has fallbacks of its own for the same rows.
 """
 
 from __future__ import annotations
