@@ -349,6 +349,25 @@ DVC_METRICS = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p": 
 the baseline), the paper's test (spec §5.3); the report's wording uses the two-sided p."""
 
 
+PAIRED_METRICS = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p": "p_one_tailed",
+                  "p_two_sided": "p_two_sided", "dz": "effect_size_dz",
+                  "wilcoxon_p": "wilcoxon_p", "mde": "mde"}
+"""`compare/paired_<name>` metric -> the paired test's key in report.json."""
+
+
+def report_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """Flat `compare/...` metrics of a report: final score and pass@1 per family and arm, the
+    pooled pass rate and generation throughput per arm, and the first non-baseline arm's paired
+    test against the baseline as `compare/paired_<q>` (report.json holds every arm's)."""
+    metrics = {f"compare/{q}_{fam}_{arm}": v for q in ("score", "pass_at_1")
+               for arm, row in report[f"final_{q}"].items() for fam, v in row.items()}
+    metrics.update({f"compare/pass_rate_{a}": v for a, v in report["pass_rate"].items()})
+    metrics.update({f"compare/rollouts_per_s_{a}": v for a, v in report["rollouts_per_s"].items()})
+    test = report.get("paired_test") or {}
+    metrics.update({f"compare/paired_{q}": test[k] for q, k in PAIRED_METRICS.items() if test})
+    return metrics
+
+
 def headline(report: dict[str, Any]) -> dict[str, float]:
     """The few numbers `dvc metrics show` prints: the first paired test, rounded; NaN without."""
     test = report.get("paired_test") or {}
