@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-task", type=int, default=150, help="generated problems per task")
     args = ap.parse_args(argv)
 
-    from brorl.base import sample_per_family
+    from brorl.evals import sample_per_family
     from brorl.data import DataConfig, make_splits
-    from brorl.evaluate import sample_responses
+    from brorl.scoring import sample_responses
     from brorl.params import load_params
     from brorl.policy import load_policy
     from brorl.prompts import render_prompt

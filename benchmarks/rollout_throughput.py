@@ -56,6 +56,7 @@ from brorl.engines.hf import HfEngine  # noqa: E402
 from brorl.policy import build_policy, build_tokenizer, save_policy  # noqa: E402
 from brorl.policy.prefix import left_pad  # noqa: E402
 from brorl.policy.tokens import encode_prompts, model_stop_ids, pad_id  # noqa: E402
+from brorl.train.config import EngineConfig  # noqa: E402
 
 SHAPES = {
     # name: (hidden, layers, heads, kv_heads, intermediate, vocab or None = tokenizer's)
@@ -236,13 +237,12 @@ def make_engine(name: str, model, tokenizer, args: argparse.Namespace, folder: P
         return FixedChunkHf(model, tokenizer, max_concurrent_rollouts=args.max_concurrent_rollouts)
     if name == "vllm":
         save_policy(model, tokenizer, folder)
-    return build_engine(
-        name, model=model, tokenizer=tokenizer, model_path=folder,
-        max_concurrent_rollouts=args.max_concurrent_rollouts, seed=args.seed, dtype=args.dtype,
-        max_model_len=max_len,
+    config = EngineConfig(
+        kind=name, max_concurrent_rollouts=args.max_concurrent_rollouts, dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
-        enforce_eager=args.enforce_eager, cpu_threads=args.cpu_threads,
-    )
+        enforce_eager=args.enforce_eager, seed=args.seed)
+    return build_engine(config, model=model, tokenizer=tokenizer, model_path=folder,
+                        max_model_len=max_len, cpu_threads=args.cpu_threads)
 
 
 def rows_per_call(engine, name: str, prompts: list[str], n: int, args, device: str) -> int:
@@ -359,7 +359,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 warm = max(1, min(len(prompts), args.max_concurrent_rollouts // 16))
                 for engine in engines.values():
                     engine.generate(prompts[:warm], 16,
-                                    SamplingConfig(max_response_tokens=args.max_response_tokens))
+                                    SamplingConfig(temperature=1.0, top_p=1.0, seed=0,
+                                                   max_response_tokens=args.max_response_tokens))
                 for n in args.n_values:
                     cells = measure(engines, prompts[: args.total_rollouts // n], n, args, device)
                     for cell in cells:

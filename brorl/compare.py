@@ -3,7 +3,7 @@
 Inputs are each arm's run outputs: `summary.json` (per-step metrics, training / evaluation /
 checkpoint seconds) and `evals.jsonl` (one row per (step, split): training seconds and rollouts so
 far, per-family scores, per-instance scores over the same problem ids). Only TEST rows are
-reported (rows without "split" are old files and count as test); validation rows choose
+reported (rows without "split" count as test, `brorl.legacy`); validation rows choose
 checkpoints and never score an arm.
 
 - Table 1 (spec §5.1): per evaluation, step, rollouts, each family's headline score (pass@1 =
@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from brorl.evaluate import HEADLINE
+from brorl.legacy import family_key, instance_scores, row_families
+from brorl.scoring import HEADLINE
 from brorl.stats import Interval, PairedTest, bootstrap_mean, paired_test
 from brorl.evals import read_run
 
@@ -86,9 +87,7 @@ def pooled_throughput(history: list[dict[str, float]]) -> float:
 def family_value(record: dict[str, Any], family: str, quantity: str = "score") -> float:
     """A family's `quantity` in an evaluation row; "score" is its headline (spec §7.1)."""
     row = record["scores"]["family"].get(family, {})
-    if quantity == "score" and "score" not in row:  # rows written before "score" existed
-        quantity = HEADLINE[family]
-    return float(row.get(quantity, math.nan))
+    return float(row.get(family_key(row, quantity, HEADLINE[family]), math.nan))
 
 
 def _label(family: str, quantity: str) -> str:
@@ -137,9 +136,8 @@ def table2(arms: list[ArmResult]) -> str:
 
 def family_scores(record: dict[str, Any], family: str) -> dict[str, float]:
     """Problem id -> headline score of the instances of `family` in an eval row."""
-    families = record.get("families") or [None] * len(record["problem_ids"])
-    return {i: v for i, v, f in zip(record["problem_ids"], record.get("score", record["pass_at_1"]),
-                                    families, strict=True) if f == family}
+    return {i: v for i, v, f in zip(record["problem_ids"], instance_scores(record),
+                                    row_families(record), strict=True) if f == family}
 
 
 def _cell(interval: Interval) -> str:
@@ -195,9 +193,8 @@ def start_and_end_table(summary: dict[str, Any], arms: list[ArmResult]) -> str:
 
 
 def _instance_scores(record: dict[str, Any]) -> dict[str, float]:
-    """Problem id -> its headline score ("score"; rows before it carry only "pass_at_1")."""
-    values = record.get("score", record["pass_at_1"])
-    return dict(zip(record["problem_ids"], values, strict=True))
+    """Problem id -> its headline score."""
+    return dict(zip(record["problem_ids"], instance_scores(record), strict=True))
 
 
 def paired(baseline: ArmResult, arm: ArmResult, *, alpha: float = ALPHA) -> dict[str, Any]:
@@ -350,6 +347,25 @@ DVC_METRICS = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p": 
                "p_two_sided": "p_two_sided", "mde": "mde"}
 """The DVC metrics of a comparison -> their key in the paired test. `p` is one-tailed (arm above
 the baseline), the paper's test (spec §5.3); the report's wording uses the two-sided p."""
+
+
+PAIRED_METRICS = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p": "p_one_tailed",
+                  "p_two_sided": "p_two_sided", "dz": "effect_size_dz",
+                  "wilcoxon_p": "wilcoxon_p", "mde": "mde"}
+"""`compare/paired_<name>` metric -> the paired test's key in report.json."""
+
+
+def report_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """Flat `compare/...` metrics of a report: final score and pass@1 per family and arm, the
+    pooled pass rate and generation throughput per arm, and the first non-baseline arm's paired
+    test against the baseline as `compare/paired_<q>` (report.json holds every arm's)."""
+    metrics = {f"compare/{q}_{fam}_{arm}": v for q in ("score", "pass_at_1")
+               for arm, row in report[f"final_{q}"].items() for fam, v in row.items()}
+    metrics.update({f"compare/pass_rate_{a}": v for a, v in report["pass_rate"].items()})
+    metrics.update({f"compare/rollouts_per_s_{a}": v for a, v in report["rollouts_per_s"].items()})
+    test = report.get("paired_test") or {}
+    metrics.update({f"compare/paired_{q}": test[k] for q, k in PAIRED_METRICS.items() if test})
+    return metrics
 
 
 def headline(report: dict[str, Any]) -> dict[str, float]:

@@ -1,12 +1,19 @@
-"""The eval record: one row per (step, split) of a run's held-out evaluations, and its metrics.
+"""A run's evaluations: the protocol (which instances, how they are sampled), the eval record (one
+row per (step, split)), and its metrics.
+
+`EvalProtocol` is how a policy is evaluated, built once from the params (`from_params`): each
+family's `per_family` instances drawn by `seed` (`sample_per_family`: the same instances at every
+evaluation, and in every run with that seed), `samples` samples of each at `temperature` and
+`top_p`, at most `max_response_tokens` tokens, sampled under `seed`. The run's evaluations
+(`brorl.train.Run`) and the `evaluate` stage (`tasks/evaluate.py`) score through `score`.
 
 `RunState.evals` and `<run_dir>/evals.jsonl` hold these rows (`eval_record`):
 {"step", "split" ("test" | "validation"), "seconds" (training seconds so far, evaluation and
-checkpoints excluded), "rollouts" (generated so far), "scores" (`brorl.evaluate.score_rewards`
+checkpoints excluded), "rollouts" (generated so far), "scores" (`brorl.scoring.score_rewards`
 with k_values (1, k), k = samples per instance), "problem_ids", "families", "pass_at_1" (per
 instance: the share of its k samples that are correct, avg@k), "score" (per instance: the
-family's headline quantity, `brorl.evaluate.HEADLINE`, spec §7.1)}. Rows without "split" (older
-files) count as test rows.
+family's headline quantity, `brorl.scoring.HEADLINE`, spec §7.1)}. Rows without "split" count
+as test rows (`brorl.legacy.eval_split`).
 
 `eval_metrics` names a row's figures: test rows `eval/<q>_<family>` (q: pass_at_1, pass_at_<k>,
 reward_mean, score), `eval/score_mean` (the mean over families of the family score) and
@@ -19,13 +26,19 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
-from brorl.evaluate import evaluate_policy, instance_scores
+from brorl.legacy import eval_split
+from brorl.scoring import evaluate_policy, instance_scores
 from brorl.types import Problem
+
+if TYPE_CHECKING:
+    from brorl.params import ExperimentParams
 
 PREFIX = {"test": "eval", "validation": "val"}
 """Metric prefix of each evaluated split."""
@@ -34,8 +47,8 @@ SELECTION_METRIC = "val/score_mean"
 
 
 def row_split(row: dict[str, Any]) -> str:
-    """The split of an eval row; rows written before splits existed are test rows."""
-    return row.get("split", "test")
+    """The split of an eval row ("test" or "validation")."""
+    return eval_split(row)
 
 
 def rows_by_step(rows: Sequence[dict[str, Any]], split: str = "test") -> list[dict[str, Any]]:
@@ -78,17 +91,57 @@ def eval_record(step: int, split: str, seconds: float, rollouts: int,
             "score": per["score"]}
 
 
-def score_policy(model, tokenizer, problems: Sequence[Problem], *, split: str, samples: int,
-                 temperature: float, top_p: float, max_new_tokens: int, seed: int,
-                 workers: int | None, step: int = 0, seconds: float = 0.0,
-                 rollouts: int = 0) -> dict[str, Any]:
-    """The eval row of a policy: `samples` samples of each instance (avg@k, pass@k beside pass@1)
-    under one seed; the run's evaluations and the `evaluate` flow both score through here."""
-    scores, rewards = evaluate_policy(
-        model, tokenizer, problems, n=samples, k_values=sorted({1, samples}),
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-        workers=workers)
-    return eval_record(step, split, seconds, rollouts, problems, scores, rewards)
+def sample_per_family(problems: Sequence[Problem], per_family: int, seed: int) -> list[Problem]:
+    """Up to `per_family` problems of each family, drawn by `seed`, in id order."""
+    groups: dict[str, list[Problem]] = {}
+    for p in sorted(problems, key=lambda p: p.id):
+        groups.setdefault(p.family, []).append(p)
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Problem] = []
+    for family in sorted(groups):
+        order = torch.randperm(len(groups[family]), generator=gen)[:per_family].tolist()
+        out += [groups[family][i] for i in sorted(order)]
+    return out
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """How a policy is evaluated (see the module docstring); no defaults: the schema has them
+    (`train.eval_*`, `generate.max_response_tokens`)."""
+
+    per_family: int
+    samples: int
+    temperature: float
+    top_p: float
+    max_response_tokens: int
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: ExperimentParams) -> EvalProtocol:
+        t = params.train
+        return cls(per_family=t.eval_per_family, samples=t.eval_samples,
+                   temperature=t.eval_temperature, top_p=t.eval_top_p,
+                   max_response_tokens=params.generate.max_response_tokens, seed=t.eval_seed)
+
+    def instances(self, problems: Sequence[Problem]) -> list[Problem]:
+        """The instances of a split that are scored: `per_family` of each family, by `seed`."""
+        return sample_per_family(problems, self.per_family, self.seed)
+
+    def sampling(self) -> dict[str, Any]:
+        """What the scores depend on besides the policy and the instances."""
+        return {"samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
+                "max_response_tokens": self.max_response_tokens, "seed": self.seed}
+
+    def score(self, model, tokenizer, problems: Sequence[Problem], *, split: str,
+              workers: int | None, step: int = 0, seconds: float = 0.0,
+              rollouts: int = 0) -> dict[str, Any]:
+        """The eval row of a policy on `problems`: `samples` samples of each instance (avg@k,
+        pass@k beside pass@1) under one seed."""
+        scores, rewards = evaluate_policy(
+            model, tokenizer, problems, n=self.samples, k_values=sorted({1, self.samples}),
+            max_new_tokens=self.max_response_tokens, temperature=self.temperature,
+            top_p=self.top_p, seed=self.seed, workers=workers)
+        return eval_record(step, split, seconds, rollouts, problems, scores, rewards)
 
 
 def read_start(path: str | Path) -> dict[str, Any]:

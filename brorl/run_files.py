@@ -14,8 +14,8 @@ keys whose values differ between a checkpoint's record and the new params, excep
 records, none of which changes what a step does. Keys that only one side has (a knob added to or
 removed from the schema since the checkpoint was written) are not compared.
 
-Deliberately ignored: checkpoints written before the params record existed (no `params.json`:
-nothing to compare, they resume as before).
+A checkpoint without `params.json` has nothing to compare and resumes as before
+(`brorl.legacy.params_unrecorded`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from brorl.files import atomic_write_text
+from brorl.legacy import params_unrecorded
 
 STATE_FILE = "trainer_state.json"
 LATEST_FILE = "latest"
@@ -114,10 +115,10 @@ def record_params(checkpoint_dir: str | Path, params: Mapping[str, Any]) -> None
 
 
 def recorded_params(folder: Path) -> dict[str, Any] | None:
-    """The params record of a checkpoint folder (None: written before records existed);
+    """The params record of a checkpoint folder (None: it has none, `brorl.legacy`);
     CheckpointError when the file is not a JSON mapping."""
     path = folder / PARAMS_FILE
-    if not path.is_file():
+    if params_unrecorded(path):
         return None
     try:
         record = json.loads(path.read_text())

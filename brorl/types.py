@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 if TYPE_CHECKING:
     import torch
+
+T = TypeVar("T")
 
 Family = Literal["math", "code", "reasoning"]
 """The paper's three scored families (spec §5): Math, Code, Reasoning Gym."""
@@ -89,3 +93,19 @@ class RolloutBatch:
     def num_rollouts(self) -> int:
         """B*N, the number of rows."""
         return len(self.texts)
+
+
+@dataclass(frozen=True)
+class Timed(Generic[T]):
+    """A stage's output and the seconds its brorl work took (`brorl.train.Run`'s stage methods
+    return these, so orchestration's share of a step is its wall time minus the stages')."""
+
+    value: T
+    seconds: float
+
+
+def timed(fn: Callable[..., T], *args: Any) -> Timed[T]:
+    """`fn(*args)` with its seconds."""
+    started = time.perf_counter()
+    value = fn(*args)
+    return Timed(value, time.perf_counter() - started)

@@ -31,7 +31,7 @@ def compare(params_path: str, overrides: list[str] | None = None) -> dict[str, A
     arms = c.resolve_arms(dumped)
     run_id = None
     if params.compare.train_arms:
-        run_id = c.open_run(dumped)
+        run_id = c.create_mlflow_run(dumped)
         for name, arm in arms.items():
             train_arm(arm, arm["name"], parent_run_id=run_id)
     metrics_path = f"{params.tracking.metrics_dir}/{params.compare_label}.json"

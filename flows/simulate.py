@@ -14,8 +14,6 @@ if __name__ == "__main__":  # arguments and inputs checked before prefect and to
 
     main("simulate")
 
-from pathlib import Path
-
 from prefect import flow
 
 from brorl.params import load_params

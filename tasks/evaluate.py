@@ -10,12 +10,11 @@ from mlflow.tracking import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from brorl.base import sample_per_family
 from brorl.data import load_split
+from brorl.evals import EvalProtocol
 from brorl.params import ExperimentParams
 from brorl.policy import load_policy
 from brorl.run_files import policy_to_evaluate
-from brorl.evals import score_policy
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -23,18 +22,16 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
 @task(name="evaluate-checkpoint", **_TASK)
 def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[str, Any]:
-    """Held-out pass@1 per task and family of `checkpoint` (HF folder) on the test split."""
+    """Held-out pass@1 per task and family of `checkpoint` (HF folder) on the test split, under
+    the run's evaluation protocol (the instances and sampling of its own evaluations)."""
     p = ExperimentParams.model_validate(params)
     root = tracking.ROOT
     path = Path(checkpoint) if checkpoint else policy_to_evaluate(
         root / p.train.run_dir, root / p.train.checkpoint_dir, root / p.train.init_checkpoint)
     model, tokenizer = load_policy(path)
-    problems = sample_per_family(load_split(tracking.ROOT / p.data.path, "test"),
-                                 p.train.eval_per_family, p.train.eval_seed)
-    row = score_policy(model, tokenizer, problems, split="test", samples=p.train.eval_samples,
-                       temperature=p.train.eval_temperature, top_p=p.train.eval_top_p,
-                       max_new_tokens=p.generate.max_response_tokens, seed=p.train.eval_seed,
-                       workers=p.verify.workers)
+    protocol = EvalProtocol.from_params(p)
+    problems = protocol.instances(load_split(root / p.data.path, "test"))
+    row = protocol.score(model, tokenizer, problems, split="test", workers=p.verify.workers)
     return {"checkpoint": str(path), **{k: row[k] for k in
                                         ("scores", "problem_ids", "families", "pass_at_1", "score")}}
 

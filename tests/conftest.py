@@ -154,7 +154,27 @@ def easy_split() -> EasySplit:
 
 
 @pytest.fixture(scope="session")
-def easy_base(tmp_path_factory, easy_split) -> Path:
+def warm_up_config():
+    """`make(**knobs)`: a `BaseConfig` for `brorl.base.warm_up` in tests: greedy validation checks
+    (64 tokens), a constant LR after 20 warm-up steps, one micro-batch, equal family shares, the
+    band [target_pass_low, 1] with no margin; `knobs` on top (the schema's defaults elsewhere)."""
+    from dataclasses import replace
+
+    from brorl.base import BaseConfig
+    from brorl.params import ExperimentParams
+
+    plain = dict(warmup_steps=20, min_lr_ratio=1.0, micro_batches=1, family_shares=None,
+                 reached_share=1.0, target_pass_high=1.0, band_margin=0.0, eval_temperature=0.0,
+                 eval_top_p=1.0, max_response_tokens=64)
+
+    def make(**knobs) -> BaseConfig:
+        return replace(BaseConfig.from_params(ExperimentParams()), **{**plain, **knobs})
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def easy_base(tmp_path_factory, easy_split, warm_up_config) -> Path:
     """An HF folder: the tiny policy warmed up on `compare` until 8 held-out problems reach
     greedy pass@1 0.25 (checked every 100 steps, at most 2000; about 10-30 s): a policy that
     solves some problems, so RL has rewards to work with. A fixed step count is fragile: the
@@ -166,9 +186,9 @@ def easy_base(tmp_path_factory, easy_split) -> Path:
     tokenizer = build_tokenizer()
     model = build_policy(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, num_heads=2,
                          num_kv_heads=1, intermediate_size=128, max_position_embeddings=256)
-    history = warm_up(model, tokenizer, easy_split.warm_up, easy_split.held_out[:8],
-                      max_steps=2000, eval_every=100, batch_size=16, lr=3e-3, seed=0,
-                      target_pass_low=0.25, max_new_tokens=24)
+    config = warm_up_config(max_steps=2000, eval_every=100, batch_size=16, lr=3e-3, seed=0,
+                            target_pass_low=0.25, max_response_tokens=24)
+    history = warm_up(model, tokenizer, easy_split.warm_up, easy_split.held_out[:8], config)
     assert max(h["pass_at_1"]["math"] for h in history) >= 0.25, history
     path = tmp_path_factory.mktemp("easy") / "base"
     save_policy(model, tokenizer, path)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from brorl.evals import EvalProtocol  # noqa: E402
 from brorl.params import load_params  # noqa: E402
 from brorl.train import checkpoint as ckpt  # noqa: E402
-from brorl.train import run as run_module  # noqa: E402
-from brorl.train.driver import Direct  # noqa: E402
+from brorl.train.run import Direct  # noqa: E402
 from tasks import train as t  # noqa: E402
 
 
@@ -110,14 +110,14 @@ def install(point: str, run, step: int) -> None:
             return real_write(path, text)
         ckpt.atomic_write_text = atomic_write_text
     elif point == "evaluate":
-        real_score = run_module.score_policy
+        real_score = EvalProtocol.score
 
-        def score_policy(*args, **kwargs):
+        def score(*args, **kwargs):
             out = real_score(*args, **kwargs)
             if kwargs.get("step") == step:
                 die()
             return out
-        run_module.score_policy = score_policy
+        EvalProtocol.score = score
     elif point != "none":
         raise SystemExit(f"unknown kill point {point!r}")
 

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 import torch
 
 import brorl.base.supervised
-from brorl.base import (BaseConfig, band_distance, batch_loss_backward, collate, encode_pairs,
-                        family_weights, length_sorted_chunks, lr_at, make_base_checkpoint,
-                        round_shares, warm_up)
+from brorl.base import (band_distance, batch_loss_backward, collate, encode_pairs, family_weights,
+                        length_sorted_chunks, lr_at, make_base_checkpoint, round_shares, warm_up)
 from brorl.data import generate_code, make_problem, split_problems
 from brorl.data.math import generate_math
-from brorl.evaluate import evaluate_policy
-from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, load_params
+from brorl.scoring import evaluate_policy
+from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
 from brorl.prompts import render_prompt, render_target
 
@@ -101,7 +99,7 @@ def test_band_distance_sums_how_far_each_family_is_outside_the_band():
     assert band_distance({"math": 0.2, "code": 0.6}, 0.2, 0.6) == 0.0  # the ends are inside
 
 
-def test_warm_up_keeps_the_weights_of_the_check_closest_to_the_band(monkeypatch):
+def test_warm_up_keeps_the_weights_of_the_check_closest_to_the_band(monkeypatch, warm_up_config):
     # scripted validation pass@1 at steps 0, 2, 4; band [0.2, 0.6]:
     #   step 0: math 0.0, code 0.0 -> distance 0.2 + 0.2 = 0.4
     #   step 2: math 0.3, code 0.1 -> distance 0.1            (the best)
@@ -119,8 +117,9 @@ def test_warm_up_keeps_the_weights_of_the_check_closest_to_the_band(monkeypatch)
     model = build_policy(vocab_size=len(tok), **TINY)
     problems = generate_code(4, seed=0, tasks=("add",)) + [
         make_problem("math", "t", f"Compute {i} + 1.", answer=str(i + 1)) for i in range(4)]
-    history = warm_up(model, tok, problems, problems, max_steps=10, eval_every=2, batch_size=4,
-                      lr=1e-2, seed=0, target_pass_low=0.2, target_pass_high=0.6)
+    config = warm_up_config(max_steps=10, eval_every=2, batch_size=4, lr=1e-2, seed=0,
+                            target_pass_low=0.2, target_pass_high=0.6)
+    history = warm_up(model, tok, problems, problems, config)
     assert [h["step"] for h in history] == [0, 2, 4]
     assert [h["band_distance"] for h in history] == pytest.approx([0.4, 0.1, 0.3])
     assert [h["selected"] for h in history] == [False, True, False]
@@ -135,19 +134,20 @@ def _code_splits():
                           validation_fraction=0.15, test_fraction=0.25)
 
 
-def test_warm_up_is_deterministic_for_a_seed():
+def test_warm_up_is_deterministic_for_a_seed(warm_up_config):
     splits = _code_splits()
     tok = build_tokenizer()
+    config = warm_up_config(max_steps=3, eval_every=3, batch_size=4, lr=1e-3, seed=5,
+                            target_pass_low=1.0, max_response_tokens=4)
     runs = []
     for _ in range(2):
         model = build_policy(vocab_size=len(tok), **TINY)
-        warm_up(model, tok, splits["train"], splits["validation"][:4], max_steps=3, eval_every=3,
-                batch_size=4, lr=1e-3, seed=5, target_pass_low=1.0, max_new_tokens=4)
+        warm_up(model, tok, splits["train"], splits["validation"][:4], config)
         runs.append(model.model.embed_tokens.weight.detach().clone())
     assert torch.equal(runs[0], runs[1])
 
 
-def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
+def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path, warm_up_config):
     """The base stage (`make_base_checkpoint`) from random weights on the `compare` task (the
     larger of two numbers): greedy pass@1 on ~100 unseen test problems rises from 0 to >= 0.3.
 
@@ -160,15 +160,13 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path):
     test = splits["test"]
     tok = build_tokenizer()
     untrained = build_policy(vocab_size=len(tok), **TINY)
-    before, _ = evaluate_policy(untrained, tok, test, max_new_tokens=48, workers=2)
+    before, _ = evaluate_policy(untrained, tok, test, n=1, max_new_tokens=48, temperature=0.0,
+                                top_p=1.0, seed=0, workers=2)
     # CI sizes and a greedy test; no band top or margin, no LR decay, no family shares
     save_policy(untrained, tok, tmp_path / "model")  # what the model stage writes
-    config = replace(
-        BaseConfig.from_params(load_params("params/tiny_ci.yaml")), start=str(tmp_path / "model"),
-        max_steps=1500, eval_every=100, batch_size=16, lr=1e-2, seed=0, target_pass_low=0.8,
-        eval_per_family=12, test_samples=1, eval_temperature=0.0, eval_top_p=1.0,
-        max_response_tokens=48, target_pass_high=1.0, band_margin=0.0, warmup_steps=20,
-        min_lr_ratio=1.0, micro_batches=1, family_shares=None, reached_share=1.0)
+    config = warm_up_config(start=str(tmp_path / "model"), max_steps=1500, eval_every=100,
+                            batch_size=16, lr=1e-2, seed=0, target_pass_low=0.8,
+                            eval_per_family=12, test_samples=1, max_response_tokens=48)
     model, tok, report = make_base_checkpoint(splits["train"], splits["validation"], test, config,
                                               workers=2)
     after = report["test"]["family"]["math"]["pass_at_1"]

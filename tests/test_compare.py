@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from brorl.compare import ArmResult, build_report, headline, paired, table1, table2
-from brorl.params import ParamsError, load_params
+from brorl.compare import (
+    ArmResult, build_report, headline, paired, report_metrics, table1, table2,
+)
+from brorl.params import ParamsError, compare_arms, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,3 +185,41 @@ def test_paired_matches_instances_by_id_across_shuffled_partly_overlapping_rows(
     assert result["families"]["code"]["delta"] == pytest.approx(((0.4 - 0.3) + (0.8 - 0.4)) / 2)
     flipped = paired(brorl, prorl)
     assert flipped["delta"] == pytest.approx(-result["delta"]) and flipped["t"] < 0
+
+
+def test_table1_reads_a_family_without_score_by_its_headline_quantity(tmp_path):
+    """Family scores written before "score" existed (`brorl.legacy.family_key`): reasoning's
+    headline is its mean reward (0.35), not its pass@1 (0.25)."""
+    family = {"math": {"pass_at_1": 0.3, "reward_mean": 0.3},
+              "code": {"pass_at_1": 0.5, "reward_mean": 0.7},
+              "reasoning": {"pass_at_1": 0.25, "reward_mean": 0.35}}
+    arm = _arm(tmp_path, "prorl", [_row(4, 256, BASE, seconds=12.5, family=family)])
+    line = table1([arm]).splitlines()[-1]
+    assert line == "| prorl | 4 | 256 | 30.00 | 50.00 | 35.00 | 25.00 | 12.5 |"
+
+
+def test_arms_scored_under_different_protocols_are_refused_by_name(tmp_path):
+    """`compare_arms`: the paired test needs the same instances scored the same way."""
+    (tmp_path / "other.yaml").write_text(
+        f"extends: {ROOT / 'params/brorl_ci.yaml'}\ntrain:\n  eval_samples: 3\n")
+    (tmp_path / "same.yaml").write_text(f"extends: {ROOT / 'params/brorl_ci.yaml'}\n")
+    compare = load_params(ROOT / "params/compare_ci.yaml", ["compare.budget_rollouts=128"])
+    same = compare_arms(compare.model_copy(update={"compare": compare.compare.model_copy(
+        update={"arms": {"prorl": "params/prorl_ci.yaml", "brorl": str(tmp_path / "same.yaml")}})}),
+        ROOT)
+    assert {p.train.max_rollouts for p in same.values()} == {128}  # the shared budget applied
+    other = compare.model_copy(update={"compare": compare.compare.model_copy(
+        update={"arms": {"prorl": "params/prorl_ci.yaml", "brorl": str(tmp_path / "other.yaml")}})})
+    with pytest.raises(ValueError, match=r"arms differ in train.eval_samples .*'brorl': 3"):
+        compare_arms(other, ROOT)
+
+
+def test_report_metrics_name_each_arm_family_and_the_paired_test(tmp_path):
+    prorl = _arm(tmp_path, "prorl", [_row(4, 512, BASE)])
+    brorl = _arm(tmp_path, "brorl", [_row(1, 512, [0.25, 0.5, 0.5, 1.0, 0.6, 0.4])])
+    report = build_report([prorl, brorl], tmp_path / "out", "prorl")
+    metrics = report_metrics(report)
+    assert metrics["compare/paired_delta"] == pytest.approx(1.05 / 6)  # as in the test above
+    assert metrics["compare/paired_p"] == report["paired_test"]["p_one_tailed"]
+    assert {"compare/score_math_prorl", "compare/pass_at_1_reasoning_brorl",
+            "compare/pass_rate_brorl", "compare/rollouts_per_s_prorl"} <= set(metrics)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from brorl.data import (
     split_counts,
     split_problems,
 )
-from brorl.params import ParamsError, load_params
+from brorl.params import DataParams, ParamsError, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,8 +110,14 @@ def test_reasoning_gym_items_keep_the_scorer_metadata():
         reasoning_problems("not_a_task", size=1, seed=0)
 
 
+NO_SOURCE = replace(DataConfig.from_params(DataParams()), math_per_task=0, code_per_task=0,
+                    reasoning_per_task=0)
+"""The schema's data settings with no generated source: each test names the ones it wants."""
+
+
 def _mixed():
-    return build_problems(seed=0, math_per_task=40, code_per_task=10, reasoning_per_task=40)
+    return build_problems(replace(NO_SOURCE, math_per_task=40, code_per_task=10,
+                                  reasoning_per_task=40))
 
 
 def test_splits_are_deterministic_disjoint_and_cover_every_task():
@@ -165,9 +172,9 @@ def test_a_typo_or_impossible_fractions_in_the_data_section_fail(tmp_path):
 
 def test_code_max_constant_bounds_the_generated_constants():
     # 400 draws per template from k in 1..2 and 4 names: every one of 7 x 2 x 4 = 56 prompts
-    problems = build_problems(seed=0, code_per_task=400, code_max_constant=2)
+    problems = build_problems(replace(NO_SOURCE, code_per_task=400, code_max_constant=2))
     assert len(dedupe(problems)) == 56
-    assert len(dedupe(build_problems(seed=0, code_per_task=400))) == 7 * 9 * 4  # default k <= 9
+    assert len(dedupe(build_problems(replace(NO_SOURCE, code_per_task=400)))) == 7 * 9 * 4  # k <= 9
 
 
 def test_the_tiny_params_hold_100_test_instances_per_family():

@@ -173,7 +173,7 @@ def test_collection_records_every_drawn_prompt_with_whether_it_was_solved(easy_b
     batch = _batch(model, tokenizer, problems, n=4, seed=1)
     rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]],
                            dtype=torch.float64)
-    collection = Collection(InformativeCollector(3, 1), 4)
+    collection = Collection(InformativeCollector(3, 1), 4, None)
     collection.add(ScoredGroups(tuple(problems), batch, rewards, tuple("x" for _ in range(12))))
     collected = collection.finish()
     assert collected.groups is not None and collected.groups.num_groups == 1  # only the mixed one

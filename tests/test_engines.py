@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,7 +22,9 @@ from brorl.engines.base import (
 )
 from brorl.engines import build_engine
 from brorl.engines.hf import HfEngine, decode_row_bytes, fitting_rows
+from brorl.params import ExperimentParams
 from brorl.policy import build_policy, build_tokenizer
+from brorl.train.config import EngineConfig
 from brorl.types import RolloutBatch
 from tests.devices import DEVICES
 from tests.tiny_models import ARCHITECTURES, tiny_model
@@ -115,7 +118,7 @@ def test_greedy_rollouts_equal_transformers_generate(each_architecture):
     """Chunks of 5 rows cut the groups of 3 (a prompt's rows span two chunks); every row's
     greedy response is the one `generate` gives its prompt alone, EOS and length alike."""
     _, model, tokenizer = each_architecture
-    greedy = SamplingConfig(temperature=0, max_response_tokens=16)
+    greedy = SamplingConfig(temperature=0, top_p=1.0, max_response_tokens=16, seed=0)
     batch = HfEngine(model, tokenizer, max_concurrent_rollouts=5).generate(PROMPTS, 3, greedy)
     for b, prompt in enumerate(PROMPTS):
         ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
@@ -139,7 +142,7 @@ def test_logprobs_equal_a_teacher_forced_recomputation(each_architecture):
 
 def test_finish_reasons_match_eos_and_length(policy):
     model, tokenizer = policy
-    sampling = SamplingConfig(temperature=1.5, max_response_tokens=24, seed=1)
+    sampling = SamplingConfig(temperature=1.5, top_p=1.0, max_response_tokens=24, seed=1)
     batch = HfEngine(model, tokenizer, max_concurrent_rollouts=64).generate(PROMPTS, 32, sampling)
     eos = tokenizer.eos_token_id
     assert {"stop", "length"} == set(batch.finish_reasons)  # 128 rollouts x 24 tokens, V=100
@@ -196,7 +199,7 @@ def test_rollout_batch_rejects_mismatched_rows():
 def test_invalid_settings_fail_with_a_fix(policy):
     model, tokenizer = policy
     with pytest.raises(ValueError, match="top_p"):
-        SamplingConfig(top_p=0.0)
+        SamplingConfig(temperature=1.0, top_p=0.0, max_response_tokens=16, seed=0)
     with pytest.raises(ValueError, match="max_concurrent_rollouts"):
         HfEngine(model, tokenizer, max_concurrent_rollouts=0)
     with pytest.raises(ValueError, match="prompts \\[1\\] tokenize to no tokens"):
@@ -221,16 +224,16 @@ def test_generate_restores_the_trainers_mode(policy):
 
 def test_build_engine_maps_the_choice_and_explains_bad_ones(policy):
     model, tokenizer = policy
-    engine = build_engine("hf", model=model, tokenizer=tokenizer, model_path=None,
-                          max_concurrent_rollouts=4, max_model_len=64)
+    hf = replace(EngineConfig.from_params(ExperimentParams()), kind="hf", max_concurrent_rollouts=4)
+    engine = build_engine(hf, model=model, tokenizer=tokenizer, model_path=None, max_model_len=64)
     assert isinstance(engine, HfEngine) and engine.max_concurrent_rollouts == 4
     with pytest.raises(ValueError, match="model_path"):
-        build_engine("vllm", model=model, tokenizer=tokenizer, model_path=None,
-                     max_concurrent_rollouts=4, max_model_len=64)
+        build_engine(replace(hf, kind="vllm"), model=model, tokenizer=tokenizer, model_path=None,
+                     max_model_len=64)
     with pytest.raises(ValueError, match="'hf' or 'vllm'"):
         kind: Any = "sglang"
-        build_engine(kind, model=model, tokenizer=tokenizer, model_path=None,
-                     max_concurrent_rollouts=4, max_model_len=64)
+        build_engine(replace(hf, kind=kind), model=model, tokenizer=tokenizer, model_path=None,
+                     max_model_len=64)
 
 
 @pytest.mark.parametrize("length", [1, 3])  # one decode token; several new tokens (causal)
@@ -304,7 +307,7 @@ def test_an_uncovered_architecture_falls_back_to_plain_attention_and_says_so_onc
     prefix._warn_plain.cache_clear()  # a warning from an earlier test would hide this one
     engine = HfEngine(model, tokenizer, max_concurrent_rollouts=5)
     # top_p 1: the engine samples from the distribution the trainer scores
-    sampling = SamplingConfig(temperature=1.2, max_response_tokens=16, seed=7)
+    sampling = SamplingConfig(temperature=1.2, top_p=1.0, max_response_tokens=16, seed=7)
     with caplog.at_level("WARNING", logger="brorl.policy.prefix"):
         first = engine.generate(PROMPTS, 3, sampling)
         again = engine.generate(PROMPTS, 3, sampling)

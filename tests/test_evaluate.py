@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from brorl.data import make_problem
-from brorl.evaluate import (
+from brorl.scoring import (
     instance_scores,
     pass_at_k,
     problem_scores,

@@ -14,10 +14,11 @@ from pydantic import BaseModel, ValidationError
 
 from brorl.base import BaseConfig
 from brorl.data import DataConfig
+from brorl.evals import EvalProtocol
 from brorl.model import ModelConfig
 from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
-from brorl.train.config import LossConfig, TrainerConfig
+from brorl.train.config import EngineConfig, LossConfig, TrainerConfig
 from brorl.train.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +130,8 @@ TRAINER_RENAMED = {
     "lr": {"update.base_lr", "update.base_samples_per_step", "update.prompts_per_step",
            "update.rollouts_per_prompt", "update.train_subset"},  # the sqrt rule (spec §4.1)
     "filter_enabled": {"filter.enabled"}, "filter_max_draws": {"filter.max_draws"},
-    "filter_oversample": {"filter.oversample"}, "generate_dtype": {"generate.dtype"},
+    "filter_oversample": {"filter.oversample"}, "engine.kind": {"generate.engine"},
+    "engine.dtype": {"generate.dtype"},
     "dtype": {"train.dtype"}, "verify_workers": {"verify.workers"},
     "verify_timeout_s": {"verify.timeout_s"}, "sandbox.memory_bytes": {"verify.memory_mib"},
     "adam_betas": {"train.adam_beta1", "train.adam_beta2"},
@@ -142,7 +144,7 @@ NOT_THE_TRAINERS = {f"train.{f}" for f in (
     "plateau_patience", "eval_every", "checkpoint_every", "eval_splits", "eval_per_family",
     "eval_seed", "eval_samples", "eval_temperature", "eval_top_p")}
 """`train` fields the run loop reads (budgets, schedules, evaluation, outputs), not
-`TrainerConfig`: `RunConfig` takes them (`Run.open` reads `eval_per_family`, `algorithm` is
+`TrainerConfig`: `RunConfig` takes them (the evaluation's in its `EvalProtocol`; `algorithm` is
 the MLflow tag)."""
 BASE = ExperimentParams(train=TrainParams(eval_splits=["validation", "test"]))
 """The defaults with both evaluation splits, so that `plateau_patience` can change alone."""
@@ -290,14 +292,17 @@ def test_model_sources_need_their_keys(model, fragment):
 def test_run_config_takes_every_field_from_its_params_field():
     changed, unused = _changed_by(lambda p: RunConfig.from_params(p, Path("/r")),
                                   ("train", "generate", "verify", "data", "diagnostics"), BASE)
-    renamed = {"name": set(), "eval_max_response_tokens": {"generate.max_response_tokens"},
+    renamed = {"name": set(), "eval_protocol.max_response_tokens": {"generate.max_response_tokens"},
                "eval_workers": {"verify.workers"}, "data_path": {"data.path"}}
-    owner = {key: {key} if key.startswith("diagnostics.") else {f"train.{key}"} for key in changed}
+    owner = {key: {key} if key.startswith("diagnostics.") else
+             {f"train.eval_{key.removeprefix('eval_protocol.')}"}
+             if key.startswith("eval_protocol.") else {f"train.{key}"} for key in changed}
     assert changed == {key: renamed.get(key, owner[key]) for key in changed}
     assert {f"diagnostics.{f}" for f in DiagnosticsParams.model_fields}.isdisjoint(unused)
     assert {f"train.{f}" for f in ("run_dir", "steps", "max_rollouts", "max_seconds",
                                    "plateau_patience", "eval_every", "checkpoint_every",
-                                   "eval_splits", "eval_seed")}.isdisjoint(unused)
+                                   "eval_splits", "eval_seed", "eval_per_family")
+            }.isdisjoint(unused)
     assert "train.seed" in unused  # the evaluation never depends on the training seed
     assert RunConfig.from_params(ExperimentParams(name="x"), Path("/r")).name == "x"
 
@@ -331,8 +336,8 @@ def test_the_warm_up_selects_on_validation_and_the_arms_report_test():
         assert p.train.max_rollouts % p.update.rollouts_per_prompt == 0, name  # ends exactly
 
 
-@pytest.mark.parametrize("config", [TrainerConfig, LossConfig, SimConfig, DataConfig, BaseConfig,
-                                    RunConfig],
+@pytest.mark.parametrize("config", [TrainerConfig, LossConfig, EngineConfig, SimConfig, DataConfig,
+                                    BaseConfig, RunConfig, EvalProtocol],
                          ids=lambda c: c.__name__)
 def test_mirror_configs_have_no_defaults_of_their_own(config):
     """Defaults live in the schema only: a field `from_params` forgets is a TypeError."""

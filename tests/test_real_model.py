@@ -129,7 +129,7 @@ def test_hf_engine_at_temperature_zero_equals_transformers_generate_token_for_to
     problems = load_split(CI / "data" / "problems", "test")[:3]
     prompts = [render_prompt(p, tokenizer) for p in problems]
     batch = HfEngine(model, tokenizer, max_concurrent_rollouts=8).generate(
-        prompts, 1, SamplingConfig(temperature=0.0, max_response_tokens=24))
+        prompts, 1, SamplingConfig(temperature=0.0, top_p=1.0, max_response_tokens=24, seed=0))
     for row, ids in enumerate(encode_prompts(tokenizer, prompts)):
         out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=2)
@@ -218,15 +218,21 @@ def test_a_killed_run_resumes_to_the_uninterrupted_runs_weights(real, tmp_path):
 
 
 def test_vllm_engine_on_the_real_model_matches_the_trainers_logprobs(real):
+    from dataclasses import replace
+
     from brorl.engines import SamplingConfig, build_engine, score_rollouts
+    from brorl.params import ExperimentParams
+    from brorl.train.config import EngineConfig
 
     model, tokenizer = load_policy(real["folder"])
     problems = load_split(CI / "data" / "problems", "test")[:2]
-    engine = build_engine("vllm", model=model, tokenizer=tokenizer, model_path=real["folder"],
-                          max_concurrent_rollouts=8, max_model_len=512, seed=0,
-                          enforce_eager=True, cpu_threads=1)
+    config = replace(EngineConfig.from_params(ExperimentParams()), kind="vllm",
+                     max_concurrent_rollouts=8, dtype="float32", seed=0, enforce_eager=True)
+    engine = build_engine(config, model=model, tokenizer=tokenizer, model_path=real["folder"],
+                          max_model_len=512, cpu_threads=1)
     batch = engine.generate([render_prompt(p, tokenizer) for p in problems], 4,
-                            SamplingConfig(temperature=1.0, max_response_tokens=16, seed=3))
+                            SamplingConfig(temperature=1.0, top_p=1.0, max_response_tokens=16,
+                                           seed=3))
     with torch.no_grad():
         trainer = score_rollouts(model, batch, 1.0, 1.0)
     assert batch.num_rollouts == 8 and int(batch.response_lengths.sum()) > 8

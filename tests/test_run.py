@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from brorl.evaluate import score_rewards
+from brorl.evals import EvalProtocol
+from brorl.scoring import score_rewards
 from brorl.params import load_params
 from brorl.policy import load_policy
 from brorl.servers import free_port
@@ -43,12 +44,16 @@ from brorl.verifiers import Verdict
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _protocol(**changes) -> EvalProtocol:
+    return EvalProtocol(**{**dict(per_family=1, samples=1, temperature=0.6, top_p=0.95,
+                                  max_response_tokens=8, seed=0), **changes})
+
+
 def _config(**changes) -> RunConfig:
     values = dict(name="t", run_dir="/nonexistent", data_path="data/problems", steps=100,
                   max_rollouts=None, max_seconds=None, plateau_patience=None, eval_every=4,
-                  checkpoint_every=5, save_rollouts=False, eval_splits=("test",), eval_samples=1,
-                  eval_temperature=0.6, eval_top_p=0.95, eval_max_response_tokens=8, eval_seed=0,
-                  eval_workers=1, diagnostics=DiagnosticsConfig(
+                  checkpoint_every=5, save_rollouts=False, eval_splits=("test",),
+                  eval_protocol=_protocol(), eval_workers=1, diagnostics=DiagnosticsConfig(
                       enabled=False, probes_per_family=1, step_probes=0, decompose=False, seed=0))
     return RunConfig(**{**values, **changes})
 
@@ -165,7 +170,7 @@ def _fake_run(tmp_path, monkeypatch, rewards, *, eval_sleep: float = 0.0, traine
     monkeypatch.setattr("brorl.policy.save_policy", fake_save_policy)
     fake = FakeTrainer(config, iter(rewards), trainer_sleep, step_offset, clock)
     changes = {"run_dir": str(tmp_path / "run"), "eval_every": 1, "checkpoint_every": 1,
-               "eval_samples": 4, **run_changes}
+               "eval_protocol": _protocol(samples=4), **run_changes}
     return Run(fake, _config(**changes), eval_problems or {"test": [_problem(0)]})
 
 
@@ -275,7 +280,7 @@ def test_an_evaluation_writes_one_row_per_split_with_per_instance_scores(tmp_pat
                 "validation": [_problem(0, prefix="v")]}
     row = {"p0": [1, 1, 0, 0], "p1": [1, 0.5, 0.5, 0], "v0": [0, 0, 0, 1]}
     _evaluate_from(monkeypatch, {key: [value] * 2 for key, value in row.items()})
-    run = _stub_run(3, problems, run_dir=str(tmp_path), eval_samples=4,
+    run = _stub_run(3, problems, run_dir=str(tmp_path), eval_protocol=_protocol(samples=4),
                     eval_splits=("test", "validation"))
     run.state.rollouts, run.state.train_seconds = 640, 12.5
     metrics = run.evaluate().value
@@ -309,8 +314,8 @@ def test_the_plateau_rule_follows_validation_scores_and_ignores_test_scores(
 
     _evaluate_from(monkeypatch, {"v0": rows(validation), "p0": rows(test)})
     run = _stub_run(0, {"test": [_problem(0)], "validation": [_problem(0, prefix="v")]},
-                    run_dir=str(tmp_path), eval_samples=4, eval_splits=("test", "validation"),
-                    plateau_patience=2)
+                    run_dir=str(tmp_path), eval_protocol=_protocol(samples=4),
+                    eval_splits=("test", "validation"), plateau_patience=2)
     seen = []
     for step in range(4):
         run.trainer.step_count = step
@@ -354,7 +359,7 @@ def test_a_shared_start_evaluation_is_recorded_as_scored_and_refused_under_anoth
     assert json.loads((tmp_path / "reused" / "run" / "evals.jsonl").read_text().splitlines()[0]) \
         == start["rows"][0]
 
-    other = fake("other", eval_seed=1)
+    other = fake("other", eval_protocol=_protocol(samples=4, seed=1))
     with pytest.raises(ValueError, match="scored under another policy, instances or sampling"):
         other.train(start=start)
 

@@ -76,3 +76,12 @@ def test_atomic_write_leaves_the_old_file_when_the_write_fails(tmp_path):
         atomic_write_text(path, None)  # type: ignore[arg-type]
     assert path.read_text() == "old\n" and [p.name for p in path.parent.iterdir()] == ["file.json"]
     assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_checkpoint_without_a_params_record_has_none_to_compare(tmp_path):
+    """A checkpoint written before the record existed (`brorl.legacy.params_unrecorded`)."""
+    folder = tmp_path / "step_000001"
+    folder.mkdir()
+    assert run_files.recorded_params(folder) is None
+    (folder / run_files.PARAMS_FILE).write_text('{"name": "first"}')
+    assert run_files.recorded_params(folder) == {"name": "first"}

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from brorl.data.math import generate_math
-from brorl.evaluate import evaluate_policy
+from brorl.scoring import evaluate_policy
 from brorl.params import load_params
 from brorl.policy import load_policy
 from brorl.servers import free_port
@@ -113,16 +113,15 @@ def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, easy_split, 
     run = _run(_config(easy_base, tmp_path / "ck", prompts_per_step=8, rollouts_per_prompt=16,
                        reference_reset_every=None), easy_split.train, tmp_path / "run",
                checkpoint_every=100)
-    trainer, protocol = run.trainer, run.config
+    trainer, protocol = run.trainer, run.config.eval_protocol
     _, tokenizer = load_policy(easy_base)
     held_out = _held_out(easy_split, 1000)
 
     def held_out_rewards(model) -> list[float]:
         _, rewards = evaluate_policy(
-            model, tokenizer, held_out, n=protocol.eval_samples,
-            max_new_tokens=trainer.config.max_response_tokens,
-            temperature=protocol.eval_temperature, top_p=protocol.eval_top_p,
-            seed=protocol.eval_seed, workers=1)
+            model, tokenizer, held_out, n=protocol.samples,
+            max_new_tokens=trainer.config.max_response_tokens, temperature=protocol.temperature,
+            top_p=protocol.top_p, seed=protocol.seed, workers=1)
         return rewards.mean(axis=1).tolist()
 
     before = held_out_rewards(trainer.reference)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from brorl.engines import SamplingConfig
 from brorl.engines.hf import HfEngine
-from brorl.params import load_params
+from brorl.params import UpdateParams, load_params
 from brorl.policy import build_policy, build_tokenizer
 from brorl.train import checkpoint as ckpt
-from brorl.train.config import TrainerConfig
+from brorl.train.config import LossConfig, TrainerConfig
 from brorl.train.ppo import accumulate_mini_batch, response_logprobs, score_batch
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, run_record
@@ -22,6 +23,8 @@ from tests.tiny_models import ARCHITECTURES, tiny_model
 
 PROBLEMS = [Problem(id=f"p{i}", family="math", task="t", prompt=f"{i}+{i}=", answer=str(2 * i))
             for i in range(10)]
+LOSS = LossConfig.from_params(UpdateParams())
+"""The schema's loss options (clip band 0.2 / 0.28, truncated TIS at 5, k2 KL)."""
 
 
 @pytest.fixture(scope="module", params=DEVICES)
@@ -38,7 +41,8 @@ def groups(policy):
     model, tokenizer = policy
     engine = HfEngine(model, tokenizer, max_concurrent_rollouts=5)
     batch = engine.generate([p.prompt for p in PROBLEMS[:3]], 4,
-                            SamplingConfig(temperature=1.0, max_response_tokens=12, seed=3))
+                            SamplingConfig(temperature=1.0, top_p=1.0, max_response_tokens=12,
+                                           seed=3))
     rewards = torch.tensor([[1.0, 0, 0, 1], [0, 0, 0, 0], [0.5, 1, 0, 0]], dtype=torch.float64)
     reasons = tuple(f"r{i}" for i in range(12))
     return ScoredGroups(tuple(PROBLEMS[:3]), batch, rewards, reasons)
@@ -171,7 +175,7 @@ def _grads_after(model, groups, micro: int, count: int | None = None) -> list[to
         model, lambda loss: loss.backward(), batch, rows, advantages=adv, old_logp=old,
         engine_logp=old + 0.1 * mask, ref_logp=old, temperature=1.0, micro_batch_rollouts=micro,
         normaliser=float(mask[rows].sum()), num_micro_batches=count,
-        loss_options=dict(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.1, tis_cap=1.05))
+        loss=replace(LOSS, kl_coef=0.1, tis_cap=1.05))
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -218,7 +222,7 @@ def test_micro_batches_take_a_mini_batchs_rows_grouped_by_prompt(policy, groups,
     metrics = accumulate_mini_batch(
         model, lambda loss: None, batch, rows, advantages=zeros, old_logp=zeros,
         engine_logp=None, ref_logp=None, temperature=1.0, micro_batch_rollouts=4,
-        normaliser=1.0, loss_options={})
+        normaliser=1.0, loss=LOSS)
     assert calls == [1, 1, 1] and metrics == {"n": 3.0}
     assert sorted(r for micro in seen for r in micro) == list(range(12))
     assert all(len({int(batch.prompt_index[r]) for r in micro}) == 1 for micro in seen)
@@ -237,8 +241,7 @@ def test_a_positive_advantage_raises_its_responses_log_probability(policy, group
     rows = torch.arange(12)
     accumulate_mini_batch(model, lambda loss: loss.backward(), batch, rows, advantages=adv,
                           old_logp=old, engine_logp=None, ref_logp=None, temperature=1.0,
-                          micro_batch_rollouts=4, normaliser=float(mask.sum()),
-                          loss_options={})
+                          micro_batch_rollouts=4, normaliser=float(mask.sum()), loss=LOSS)
     with torch.no_grad():
         for p in model.parameters():
             p -= 0.05 * p.grad
@@ -319,7 +322,7 @@ def test_shared_prompt_scoring_equals_one_forward_per_row_and_runs_each_prompt_o
     model = tiny_model(architecture, len(tokenizer))
     prompts = ["7+8=", "12+30+5=", "1="]
     batch = HfEngine(model, tokenizer, max_concurrent_rollouts=4).generate(
-        prompts, 3, SamplingConfig(temperature=1.0, max_response_tokens=9, seed=5))
+        prompts, 3, SamplingConfig(temperature=1.0, top_p=1.0, max_response_tokens=9, seed=5))
     rows = torch.tensor([4, 0, 8, 2, 6, 1])  # groups 1, 0, 2, 0, 2, 0
     prefills = []
     real = ppo.prefill

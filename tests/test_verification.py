@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from brorl.engines.hf import HfEngine
+from brorl.evals import EvalProtocol
 from brorl.params import load_params
 from brorl.policy import build_tokenizer
 from brorl.train import Run, RunConfig, Trainer, TrainerConfig
@@ -44,10 +45,10 @@ class EngineTrainer:
     start_collection = Trainer.start_collection
 
     def __init__(self, reward_fn) -> None:
-        self.config = replace(
-            TrainerConfig.from_params(load_params(ROOT / "params" / "tiny_ci.yaml")),
-            prompts_per_step=3, rollouts_per_prompt=4, max_concurrent_rollouts=5,
-            max_response_tokens=12, engine="hf")
+        config = TrainerConfig.from_params(load_params(ROOT / "params" / "tiny_ci.yaml"))
+        self.config = replace(config, prompts_per_step=3, rollouts_per_prompt=4,
+                              max_response_tokens=12,
+                              engine=replace(config.engine, kind="hf", max_concurrent_rollouts=5))
         self.rank, self.world, self.step_count, self.step_offset = 0, 1, 0, 0
         self.resumed_state: dict = {}
         self.tokenizer = build_tokenizer()
@@ -60,8 +61,9 @@ def _run(trainer: EngineTrainer, tmp_path: Path) -> Run:
     config = RunConfig(
         name="t", run_dir=str(tmp_path), data_path="-", steps=1, max_rollouts=None,
         max_seconds=None, plateau_patience=None, eval_every=1, checkpoint_every=1,
-        save_rollouts=False, eval_splits=("test",), eval_samples=1, eval_temperature=1.0,
-        eval_top_p=1.0, eval_max_response_tokens=8, eval_seed=0, eval_workers=1,
+        save_rollouts=False, eval_splits=("test",), eval_protocol=EvalProtocol(
+            per_family=1, samples=1, temperature=1.0, top_p=1.0, max_response_tokens=8, seed=0),
+        eval_workers=1,
         diagnostics=DiagnosticsConfig(enabled=False, probes_per_family=1, step_probes=0,
                                       decompose=False, seed=0))
     return Run(trainer, config, {})

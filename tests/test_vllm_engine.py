@@ -30,7 +30,7 @@ from brorl.verifiers import Verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["1+2=", "spell cat backwards:", "x", "count the bits of 13"]
-GREEDY = SamplingConfig(temperature=0.0, max_response_tokens=16)
+GREEDY = SamplingConfig(temperature=0.0, top_p=1.0, max_response_tokens=16, seed=0)
 SAMPLING = SamplingConfig(temperature=1.2, top_p=0.9, max_response_tokens=16, seed=5)
 PLAIN = SamplingConfig(temperature=1.0, top_p=1.0, max_response_tokens=16, seed=9)
 """The trainer's own sampling distribution (no top-p): what TIS compares."""
@@ -63,7 +63,7 @@ def trainer(tmp_path_factory) -> Trainer:
                      verify_workers=1, reference_reset_every=None, lr=1e-2, warmup_steps=0,
                      zero_stage=0)  # the tests move the weights outside DeepSpeed's optimizer
 
-    assert config.engine == "vllm" and config.loss.tis_mode == "truncate"  # the schema's TIS
+    assert config.engine.kind == "vllm" and config.loss.tis_mode == "truncate"  # the schema's TIS
     return Trainer(config, generate_math(4, seed=0), reward_fn=_reward, resume=False)
 
 

@@ -154,7 +154,7 @@ class FilterStats:
 
 
 @dataclass
-class Collected(Generic[G]):
+class KeptGroups(Generic[G]):
     """The informative groups kept, in draw order, one piece per round, and the stats."""
 
     pieces: list[G] = field(default_factory=list)
@@ -201,7 +201,7 @@ class InformativeCollector(Generic[G]):
         self.target_groups, self.max_draws, self.oversample = target_groups, max_draws, oversample
         self.correct_reward, self.wrong_reward = correct_reward, wrong_reward
         self.keep_uniform, self.max_groups = keep_uniform, max_groups
-        self.out: Collected[G] = Collected(stats=FilterStats(keep_rule=keep_rule))
+        self.out: KeptGroups[G] = KeptGroups(stats=FilterStats(keep_rule=keep_rule))
 
     @property
     def stats(self) -> FilterStats:
@@ -264,7 +264,7 @@ class InformativeCollector(Generic[G]):
         if self.max_groups is not None and stats.groups_generated >= self.max_groups:
             stats.rollout_cap_reached = True
 
-    def result(self) -> Collected[G]:
+    def result(self) -> KeptGroups[G]:
         """The kept groups and stats (`budget_exhausted` set when the draw budget ran out
         before the target; not when the source or the rollout cap ended the loop)."""
         stats = self.out.stats
@@ -283,7 +283,7 @@ def collect_informative(
     keep_uniform: bool = False,
     keep_rule: KeepRule = "binary",
     max_groups: int | None = None,
-) -> Collected[G]:
+) -> KeptGroups[G]:
     """Draw groups until `target_groups` pass `keep_rule`, `max_draws` draws are made, or
     `max_groups` groups were generated.
 

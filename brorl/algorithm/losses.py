@@ -16,10 +16,13 @@ KL in the reward (NeMo-RL `use_kl_in_reward: false`), an entropy bonus by defaul
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from brorl.train.config import LossConfig
 
 KLEstimator = Literal["k1", "k2", "k3"]
 """k1 = log(pi/ref); k2 = 0.5 log(pi/ref)^2 (ProRLv2, spec §7.2); k3 = ref/pi - 1 - log(ref/pi)."""
@@ -37,8 +40,8 @@ def kl_penalty(
     logp: Tensor,
     ref_logp: Tensor,
     estimator: KLEstimator,
-    input_clamp: float | None = 20.0,
-    output_clamp: float | None = 10.0,
+    input_clamp: float | None,
+    output_clamp: float | None,
 ) -> Tensor:
     """Per-token KL(pi || ref) estimate `[M, T]` from log-probs `[M, T]` of the sampled tokens.
 
@@ -63,7 +66,7 @@ def kl_penalty(
 
 
 def importance_weights(
-    old_logp: Tensor, engine_logp: Tensor, mode: TISMode, cap: float = 5.0, tis_min: float = 0.5
+    old_logp: Tensor, engine_logp: Tensor, mode: TISMode, cap: float, tis_min: float
 ) -> tuple[Tensor, Tensor]:
     """Engine->trainer correction: (weights `[M, T]`, detached; bool `[M, T]` where it acted).
 
@@ -107,55 +110,50 @@ def policy_loss(
     old_logp: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
+    config: LossConfig,
     *,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.28,
     normaliser: float | None = None,
     engine_logp: Tensor | None = None,
-    tis_mode: TISMode = "truncate",
-    tis_cap: float = 5.0,
-    tis_min: float = 0.5,
     ref_logp: Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k2",
-    kl_input_clamp: float | None = 20.0,
-    kl_output_clamp: float | None = 10.0,
     entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """Scalar loss and `update/*` metrics for one micro-batch; all tensors `[M, T]`.
 
-    `advantages` are per token (see `advantages.token_advantages`); `normaliser` defaults to this
-    micro-batch's valid-token count; pass the mini-batch's for gradient accumulation.
-    `engine_logp` None skips TIS; `ref_logp` None skips the KL; `entropy` (from `token_entropy`)
-    is logged and, with `entropy_coef` > 0, rewarded.
+    `config` holds the `update` section's loss options (clip band, TIS, KL, entropy:
+    `brorl.train.config.LossConfig`). `advantages` are per token (see
+    `advantages.token_advantages`); `normaliser` defaults to this micro-batch's valid-token
+    count; pass the mini-batch's for gradient accumulation. `engine_logp` None skips TIS;
+    `ref_logp` None skips the KL; `entropy` (from `token_entropy`) is logged and, with
+    `config.entropy_coef` > 0, rewarded.
     """
     mask = response_mask.to(logp.dtype)
     norm = float(mask.sum().clamp(min=1)) if normaliser is None else float(normaliser)
     if norm <= 0:
         raise ValueError(f"normaliser must be a positive token count, got {normaliser}.")
+    c = config
     pg, clip_low, clip_high = clipped_policy_objective(
-        logp, old_logp, advantages, clip_eps_low, clip_eps_high
+        logp, old_logp, advantages, c.clip_eps_low, c.clip_eps_high
     )
     metrics: dict[str, float] = {
         "update/clip_frac_low": float(_token_sum(clip_low.to(mask.dtype), mask, norm)),
         "update/clip_frac_high": float(_token_sum(clip_high.to(mask.dtype), mask, norm)),
     }
     if engine_logp is not None:
-        weights, acted = importance_weights(old_logp, engine_logp, tis_mode, tis_cap, tis_min)
+        weights, acted = importance_weights(old_logp, engine_logp, c.tis_mode, c.tis_cap, c.tis_min)
         pg = pg * weights
         metrics["update/tis_weight_mean"] = float(_token_sum(weights, mask, norm))
         metrics["update/tis_clip_frac"] = float(_token_sum(acted.to(mask.dtype), mask, norm))
     loss = _token_sum(pg, mask, norm)
     metrics["update/pg_loss"] = float(loss.detach())
     if ref_logp is not None:
-        per_token = kl_penalty(logp, ref_logp, kl_estimator, kl_input_clamp, kl_output_clamp)
+        per_token = kl_penalty(logp, ref_logp, c.kl_estimator, c.kl_input_clamp,
+                               c.kl_output_clamp)
         kl = _token_sum(per_token, mask, norm)
-        loss = loss + kl_coef * kl
+        loss = loss + c.kl_coef * kl
         metrics["update/kl"] = float(kl.detach())
     if entropy is not None:
         mean_entropy = _token_sum(entropy, mask, norm)
-        loss = loss - entropy_coef * mean_entropy
+        loss = loss - c.entropy_coef * mean_entropy
         metrics["update/entropy"] = float(mean_entropy.detach())
     metrics["update/loss"] = float(loss.detach())
     return loss, metrics

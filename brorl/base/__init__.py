@@ -1,13 +1,14 @@
 """The base stage: supervised warm-up of the tiny policy to a middling checkpoint (spec §5.1, §7.2).
 
-`checkpoint` builds, warms up and scores the policy of one experiment (`BaseConfig`,
-`make_base_checkpoint`); `supervised` holds the warm-up itself (batches, micro-batches, the LR
-schedule, the validation stopping rule and selection).
+`config` holds the stage's settings (`BaseConfig`); `checkpoint` builds, warms up and scores the
+policy of one experiment (`make_base_checkpoint`); `supervised` holds the warm-up itself (batches,
+micro-batches, the LR schedule, the validation stopping rule and selection).
 """
 
 from __future__ import annotations
 
-from brorl.base.checkpoint import BaseConfig, make_base_checkpoint, sample_per_family
+from brorl.base.checkpoint import make_base_checkpoint
+from brorl.base.config import BaseConfig
 from brorl.base.supervised import (
     IGNORE,
     WarmUpState,
@@ -37,7 +38,6 @@ __all__ = [
     "lr_at",
     "make_base_checkpoint",
     "round_shares",
-    "sample_per_family",
     "start_warm_up",
     "train_steps",
     "warm_up",

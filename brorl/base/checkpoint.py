@@ -16,64 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import torch
-
+from brorl.base.config import BaseConfig
 from brorl.base.supervised import warm_up
-from brorl.evaluate import evaluate_policy
+from brorl.evals import sample_per_family
+from brorl.scoring import evaluate_policy
 from brorl.policy import load_policy
 from brorl.types import Problem
-
-if TYPE_CHECKING:
-    from brorl.params import ExperimentParams
-
-
-def sample_per_family(problems: Sequence[Problem], per_family: int, seed: int) -> list[Problem]:
-    """Up to `per_family` problems of each family, drawn by `seed`, in id order."""
-    groups: dict[str, list[Problem]] = {}
-    for p in sorted(problems, key=lambda p: p.id):
-        groups.setdefault(p.family, []).append(p)
-    gen = torch.Generator().manual_seed(seed)
-    out: list[Problem] = []
-    for family in sorted(groups):
-        order = torch.randperm(len(groups[family]), generator=gen)[:per_family].tolist()
-        out += [groups[family][i] for i in sorted(order)]
-    return out
-
-
-@dataclass(frozen=True)
-class BaseConfig:
-    """The base stage's settings, no defaults (the schema has them): the `base` section's fields
-    but `path` (`brorl.params.BaseParams` documents each), and `start`, the model stage's
-    checkpoint the warm-up begins from (`model.checkpoint`)."""
-
-    start: str
-    max_steps: int
-    eval_every: int
-    batch_size: int
-    micro_batches: int
-    family_shares: dict[str, float] | None
-    reached_share: float
-    lr: float
-    warmup_steps: int
-    min_lr_ratio: float
-    seed: int
-    target_pass_low: float
-    target_pass_high: float
-    band_margin: float
-    eval_per_family: int
-    test_samples: int
-    eval_temperature: float
-    eval_top_p: float
-    max_response_tokens: int
-
-    @classmethod
-    def from_params(cls, params: ExperimentParams) -> BaseConfig:
-        """`start` = `model.checkpoint`; the rest from `base` by name, so a field on one side
-        only is a TypeError. Where to save is the caller's (`base.path`)."""
-        return cls(start=params.model.checkpoint, **params.base.model_dump(exclude={"path"}))
 
 
 def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem],
@@ -81,7 +30,7 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
                          workers: int | None = None) -> tuple[object, object, dict]:
     """Load the model stage's checkpoint `config.start`, warm it up, score it.
 
-    The warm-up stops and selects on validation with the band [target_pass_low,
+    The warm-up (`warm_up`) stops and selects on validation with the band [target_pass_low,
     target_pass_high] narrowed by `band_margin` at each end: room for validation noise, so the
     held-out scores land inside the band itself.
 
@@ -93,15 +42,9 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
     c = config
     model, tokenizer = load_policy(c.start)
     started = time.perf_counter()
-    history = warm_up(model, tokenizer, train, sample_per_family(validation, c.eval_per_family, c.seed),
-                      max_steps=c.max_steps, eval_every=c.eval_every, batch_size=c.batch_size,
-                      lr=c.lr, seed=c.seed, warmup_steps=c.warmup_steps,
-                      min_lr_ratio=c.min_lr_ratio, micro_batches=c.micro_batches,
-                      family_shares=c.family_shares, reached_share=c.reached_share,
-                      target_pass_low=c.target_pass_low + c.band_margin,
-                      target_pass_high=c.target_pass_high - c.band_margin,
-                      max_new_tokens=c.max_response_tokens, eval_temperature=c.eval_temperature,
-                      eval_top_p=c.eval_top_p, workers=workers)
+    history = warm_up(model, tokenizer, train,
+                      sample_per_family(validation, c.eval_per_family, c.seed), c,
+                      workers=workers)
     train_seconds = time.perf_counter() - started
     scores, _ = evaluate_policy(model, tokenizer, test, n=c.test_samples, k_values=(1,),
                                 max_new_tokens=c.max_response_tokens,

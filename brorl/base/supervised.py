@@ -3,7 +3,7 @@
 The policy is trained by teacher forcing on (prompt, ideal response) pairs:
 `render_prompt(problem, tokenizer)` then `render_target(problem)` + EOS, loss on the response
 tokens only. Training runs in rounds of `eval_every` steps; after each round the policy is scored
-on a validation sample per family (`brorl.evaluate.evaluate_policy`) and `warm_up` stops once
+on a validation sample per family (`brorl.scoring.evaluate_policy`) and `warm_up` stops once
 every family's pass@1 reaches `target_pass_low`, or at `max_steps`.
 
 Batches draw problems by family share (`family_shares`, equal by default; then uniform within
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from brorl.evaluate import evaluate_policy
+from brorl.base.config import BaseConfig
 from brorl.prompts import render_prompt, render_target
+from brorl.scoring import evaluate_policy
 from brorl.types import Problem
 
 IGNORE = -100
@@ -106,24 +107,19 @@ def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int,
 
 @dataclass
 class WarmUpState:
-    """Optimizer, batch generator, schedule and step count carried across training rounds."""
+    """Optimizer, batch generator and step count carried across training rounds."""
 
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
-    lr: float
-    total_steps: int
-    warmup_steps: int = 20
-    min_lr_ratio: float = 1.0
     step: int = 0
     losses: list[float] = field(default_factory=list)
 
 
-def start_warm_up(model, *, lr: float, seed: int, total_steps: int, warmup_steps: int = 20,
-                  min_lr_ratio: float = 1.0, weight_decay: float = 0.0) -> WarmUpState:
-    """AdamW over the model's parameters, the `lr_at` schedule and a generator seeded with `seed`."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    return WarmUpState(optimizer, torch.Generator().manual_seed(seed), lr, total_steps,
-                       warmup_steps, min_lr_ratio)
+def start_warm_up(model, config: BaseConfig) -> WarmUpState:
+    """AdamW over the model's parameters (no weight decay) at `config.lr`, and a batch generator
+    seeded with `config.seed`."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+    return WarmUpState(optimizer, torch.Generator().manual_seed(config.seed))
 
 
 def length_sorted_chunks(pairs: Sequence[tuple[list[int], list[int]]],
@@ -136,7 +132,7 @@ def length_sorted_chunks(pairs: Sequence[tuple[list[int], list[int]]],
 
 
 def batch_loss_backward(model, batch: Sequence[tuple[list[int], list[int]]], *, pad_id: int,
-                        micro_batches: int = 1) -> float:
+                        micro_batches: int) -> float:
     """Backpropagate the batch's mean response-token loss through length-sorted micro-batches.
 
     Each micro-batch's mean loss is weighted by its share of the batch's response tokens, so
@@ -154,19 +150,21 @@ def batch_loss_backward(model, batch: Sequence[tuple[list[int], list[int]]], *, 
     return loss_sum
 
 
-def train_steps(model, state: WarmUpState, pairs, weights: torch.Tensor, *, steps: int,
-                batch_size: int, pad_id: int, micro_batches: int = 1) -> None:
-    """`steps` teacher-forced AdamW steps on family-balanced batches of `pairs` (in place)."""
+def train_steps(model, state: WarmUpState, config: BaseConfig, pairs, weights: torch.Tensor, *,
+                steps: int, pad_id: int) -> None:
+    """`steps` teacher-forced AdamW steps on family-balanced batches of `pairs` (in place): batches
+    of `config.batch_size` in `config.micro_batches`, the LR of `lr_at` over `config.max_steps`."""
+    c = config
     model.train()
     for _ in range(steps):
-        rate = lr_at(state.step, lr=state.lr, warmup_steps=state.warmup_steps,
-                     total_steps=state.total_steps, min_lr_ratio=state.min_lr_ratio)
+        rate = lr_at(state.step, lr=c.lr, warmup_steps=c.warmup_steps, total_steps=c.max_steps,
+                     min_lr_ratio=c.min_lr_ratio)
         for group in state.optimizer.param_groups:
             group["lr"] = rate
-        idx = torch.multinomial(weights, batch_size, replacement=True, generator=state.generator)
+        idx = torch.multinomial(weights, c.batch_size, replacement=True, generator=state.generator)
         state.optimizer.zero_grad(set_to_none=True)
         loss = batch_loss_backward(model, [pairs[i] for i in idx.tolist()], pad_id=pad_id,
-                                   micro_batches=micro_batches)
+                                   micro_batches=c.micro_batches)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         state.optimizer.step()
         state.losses.append(loss)
@@ -179,15 +177,12 @@ def band_distance(passes: Mapping[str, float], low: float, high: float) -> float
     return sum(max(0.0, low - v) + max(0.0, v - high) for v in passes.values())
 
 
-def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Problem], *,
-            max_steps: int, eval_every: int, batch_size: int, lr: float, seed: int,
-            warmup_steps: int = 20, min_lr_ratio: float = 1.0, micro_batches: int = 1,
-            family_shares: Mapping[str, float] | None = None, reached_share: float = 1.0,
-            target_pass_low: float = 0.2, target_pass_high: float = 1.0,
-            max_new_tokens: int = 64, eval_temperature: float = 0.0, eval_top_p: float = 1.0,
-            workers: int | None = None) -> list[dict]:
-    """Train in rounds until every family's validation pass@1 >= `target_pass_low`, then keep
-    the weights of the check closest to the band.
+def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Problem],
+            config: BaseConfig, *, workers: int | None = None) -> list[dict]:
+    """Train in rounds of `eval_every` steps until every family's validation pass@1 reaches the
+    band's low end, then keep the weights of the check closest to the band: [target_pass_low,
+    target_pass_high] of `config` narrowed by `band_margin` at each end. Each check samples one
+    response per problem at `eval_temperature` and `eval_top_p` (at most `max_response_tokens`).
 
     Returns the history: one dict per evaluation (step, mean loss of the round's batches,
     seconds, pass@1 per family, `band_distance` to [low, high], the shares of the next round
@@ -197,33 +192,34 @@ def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Pro
     families learn at different speeds, and one may jump past the band (code from 0.2 to 0.8 in
     200 steps) while another is still below it; selection on validation is early stopping.
     """
+    c = config
+    low, high = c.target_pass_low + c.band_margin, c.target_pass_high - c.band_margin
     pairs = encode_pairs(train, tokenizer)
-    state = start_warm_up(model, lr=lr, seed=seed, total_steps=max_steps,
-                          warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
+    state = start_warm_up(model, c)
     round_start, best, best_weights = 0, None, None
     started, history = time.perf_counter(), []
     while True:
-        scores, _ = evaluate_policy(model, tokenizer, validation, n=1, max_new_tokens=max_new_tokens,
-                                    temperature=eval_temperature, top_p=eval_top_p, seed=seed,
-                                    workers=workers)
+        scores, _ = evaluate_policy(model, tokenizer, validation, n=1,
+                                    max_new_tokens=c.max_response_tokens,
+                                    temperature=c.eval_temperature, top_p=c.eval_top_p,
+                                    seed=c.seed, workers=workers)
         passes = {f: s["pass_at_1"] for f, s in scores["family"].items()}
-        shares = round_shares(passes, target_pass_low=target_pass_low,
-                              reached_share=reached_share, family_shares=family_shares)
+        shares = round_shares(passes, target_pass_low=low, reached_share=c.reached_share,
+                              family_shares=c.family_shares)
         losses = state.losses[round_start:]
         history.append({"step": state.step, "seconds": time.perf_counter() - started,
                         "loss": sum(losses) / len(losses) if losses else float("nan"),
                         "pass_at_1": passes, "shares": shares,
-                        "band_distance": band_distance(passes, target_pass_low, target_pass_high),
-                        "selected": False})
+                        "band_distance": band_distance(passes, low, high), "selected": False})
         if best is None or history[-1]["band_distance"] <= history[best]["band_distance"]:
             best = len(history) - 1
             best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if state.step >= max_steps or min(passes.values()) >= target_pass_low:
+        if state.step >= c.max_steps or min(passes.values()) >= low:
             model.load_state_dict(best_weights)
             history[best]["selected"] = True
             return history
         round_start = len(state.losses)
         weights = family_weights(train, shares)
-        train_steps(model, state, pairs, weights, steps=min(eval_every, max_steps - state.step),
-                    batch_size=batch_size, pad_id=tokenizer.pad_token_id,
-                    micro_batches=micro_batches)
+        train_steps(model, state, c, pairs, weights,
+                    steps=min(c.eval_every, c.max_steps - state.step),
+                    pad_id=tokenizer.pad_token_id)

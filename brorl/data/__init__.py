@@ -22,32 +22,6 @@ if TYPE_CHECKING:
     from brorl.params import DataParams
 
 
-def build_problems(*, seed: int, math_per_task: int = 0, code_per_task: int = 0,
-                   reasoning_per_task: int = 0, math_max_operand: int = 9,
-                   code_max_constant: int = 9,
-                   reasoning_tasks: dict[str, dict[str, Any]] | None = None,
-                   math_jsonl: tuple[str | Path, ...] = (),
-                   code_jsonl: tuple[str | Path, ...] = ()) -> list[Problem]:
-    """All problems of one experiment: the generated sets, RG tasks and local JSONL files.
-
-    A count of 0 leaves that generated source out; `reasoning_tasks` None means the default set.
-    """
-    problems: list[Problem] = []
-    if math_per_task:
-        problems += generate_math(math_per_task, seed=seed, max_operand=math_max_operand)
-    if code_per_task:
-        problems += generate_code(code_per_task, seed=seed, max_constant=code_max_constant)
-    if reasoning_per_task:
-        tasks = DEFAULT_REASONING_TASKS if reasoning_tasks is None else reasoning_tasks
-        for name, config in tasks.items():
-            problems += reasoning_problems(name, size=reasoning_per_task, seed=seed, config=config)
-    for path in math_jsonl:
-        problems += load_math_jsonl(path)
-    for path in code_jsonl:
-        problems += load_code_jsonl(path)
-    return problems
-
-
 @dataclass(frozen=True)
 class DataConfig:
     """The sources and split of one experiment's problems, no defaults (the schema has them):
@@ -79,16 +53,33 @@ class DataConfig:
                    test_fraction=p.test_fraction)
 
 
+def build_problems(config: DataConfig) -> list[Problem]:
+    """All problems of one experiment: the generated sets, RG tasks and local JSONL files.
+
+    A count of 0 leaves that generated source out; `reasoning_tasks` None means the default set.
+    """
+    c = config
+    problems: list[Problem] = []
+    if c.math_per_task:
+        problems += generate_math(c.math_per_task, seed=c.seed, max_operand=c.math_max_operand)
+    if c.code_per_task:
+        problems += generate_code(c.code_per_task, seed=c.seed, max_constant=c.code_max_constant)
+    if c.reasoning_per_task:
+        tasks = DEFAULT_REASONING_TASKS if c.reasoning_tasks is None else c.reasoning_tasks
+        for name, options in tasks.items():
+            problems += reasoning_problems(name, size=c.reasoning_per_task, seed=c.seed,
+                                           config=options)
+    for path in c.math_jsonl:
+        problems += load_math_jsonl(path)
+    for path in c.code_jsonl:
+        problems += load_code_jsonl(path)
+    return problems
+
+
 def make_splits(config: DataConfig) -> dict[str, list[Problem]]:
     """`build_problems` of the config's sources, deduped and split by the same seed."""
     c = config
-    problems = build_problems(seed=c.seed, math_per_task=c.math_per_task,
-                              code_per_task=c.code_per_task,
-                              code_max_constant=c.code_max_constant,
-                              reasoning_per_task=c.reasoning_per_task,
-                              math_max_operand=c.math_max_operand,
-                              reasoning_tasks=c.reasoning_tasks, math_jsonl=c.math_jsonl,
-                              code_jsonl=c.code_jsonl)
+    problems = build_problems(c)
     if c.chat_example:
         problems = [replace(p, metadata={**p.metadata, "chat_example": True}) for p in problems]
     return split_problems(problems, seed=c.seed, validation_fraction=c.validation_fraction,

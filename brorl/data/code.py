@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from brorl.data.records import make_problem
+from brorl.data.records import jsonl_rows, make_problem
 from brorl.types import Problem
 from brorl.verifiers.checks import parse_test
 
@@ -96,10 +96,7 @@ def load_code_jsonl(path: str | Path) -> list[Problem]:
     """Read statement + signature + tests rows (or APPS `input_output` rows) into code Problems."""
     path = Path(path)
     problems = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        row, where = json.loads(line), f"{path}:{n}"
+    for row, where in jsonl_rows(path):
         statement = row.get("statement") or row.get("question") or row.get("problem")
         if not statement:
             raise ValueError(f"{where}: no `statement`, `question` or `problem` field.")

@@ -12,12 +12,11 @@ multi-answer problems. Paper: spec §7.1, Math = DeepScaleR, 40k problems, binar
 
 from __future__ import annotations
 
-import json
 import random
 from math import gcd
 from pathlib import Path
 
-from brorl.data.records import make_problem
+from brorl.data.records import jsonl_rows, make_problem
 from brorl.types import Problem
 
 MATH_TASKS = ("compare", "arithmetic", "fractions", "linear_equation")
@@ -53,10 +52,7 @@ def load_math_jsonl(path: str | Path) -> list[Problem]:
     """Read `problem`/`answer` rows (or MATH's `problem`/`solution`) into math Problems."""
     path = Path(path)
     problems = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        row, where = json.loads(line), f"{path}:{n}"
+    for row, where in jsonl_rows(path):
         if "problem" not in row:
             raise ValueError(f"{where}: no `problem` field (keys {sorted(row)}); "
                              "math rows need `problem` and `answer`.")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
@@ -49,6 +49,13 @@ def make_problem(family: Family, task: str, prompt: str, *, answer: str = "",
                          "convert sets and objects to lists, strings or numbers.") from None
     return Problem(id=problem_id(family, task, prompt), family=family, task=task, prompt=prompt,
                    answer=str(answer), tests=tuple(tests), metadata=meta)
+
+
+def jsonl_rows(path: Path) -> Iterator[tuple[dict, str]]:
+    """The rows of a JSON-lines file, blank lines skipped, each with `path:line` for messages."""
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            yield json.loads(line), f"{path}:{n}"
 
 
 def problems_to_dataset(problems: list[Problem]) -> Dataset:

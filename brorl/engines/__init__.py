@@ -7,12 +7,15 @@ only when it is chosen, never at `import brorl.engines`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from brorl.engines.base import RolloutEngine, SamplingConfig, sampling_logprobs, score_rollouts
 from brorl.engines.hf import HfEngine
+
+if TYPE_CHECKING:
+    from brorl.train.config import EngineConfig
 
 __all__ = [
     "HfEngine",
@@ -25,39 +28,32 @@ __all__ = [
 
 
 def build_engine(
-    kind: Literal["hf", "vllm"],
+    config: EngineConfig,
     *,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     model_path: str | Path | None,
-    max_concurrent_rollouts: int,
     max_model_len: int,
-    seed: int = 0,
-    dtype: str = "float32",
-    gpu_memory_utilization: float = 0.5,
-    cpu_kv_cache_gib: int = 1,
-    enforce_eager: bool = False,
     cpu_threads: int | None = None,
 ) -> RolloutEngine:
-    """The engine `kind` for the policy: `hf` runs `model` itself; `vllm` loads `model_path` (an HF
-    folder holding the same weights) and is kept in step with `sync_weights(model)`.
+    """The engine `config.kind` for the policy: `hf` runs `model` itself; `vllm` loads
+    `model_path` (an HF folder holding the same weights) and is kept in step with
+    `sync_weights(model)`. `config` holds the `generate` section's settings
+    (`brorl.train.config.EngineConfig`); `max_model_len` is the model's context.
 
     `cpu_threads` (vLLM on CPU): bind vLLM's threads to cores 0..k-1 (default: vLLM's own, which
     pins to core 0 only). The hf engine uses torch's thread count (`OMP_NUM_THREADS`)."""
-    match kind:
+    match config.kind:
         case "hf":
-            return HfEngine(model, tokenizer, max_concurrent_rollouts=max_concurrent_rollouts)
+            return HfEngine(model, tokenizer, max_concurrent_rollouts=config.max_concurrent_rollouts)
         case "vllm":
             if model_path is None:
                 raise ValueError("the vllm engine loads from an HF folder: pass model_path "
                                  "(save the policy with brorl.policy.save_policy first).")
             from brorl.engines.vllm import VllmEngine
 
-            return VllmEngine(
-                model_path, max_model_len=max_model_len,
-                max_concurrent_rollouts=max_concurrent_rollouts, seed=seed, dtype=dtype,
-                gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
-                enforce_eager=enforce_eager, cpu_threads=cpu_threads,
-            )
+            return VllmEngine(model_path, config, max_model_len=max_model_len,
+                              cpu_threads=cpu_threads)
         case _:
-            raise ValueError(f"unknown engine {kind!r}; choose 'hf' or 'vllm' (generate.engine).")
+            raise ValueError(f"unknown engine {config.kind!r}; choose 'hf' or 'vllm' "
+                             "(generate.engine).")

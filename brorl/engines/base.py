@@ -26,12 +26,13 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How rollouts are sampled. `temperature` 0 is greedy (argmax, raw-model log-probs)."""
+    """How one engine call samples: the `generate` section's temperature, top-p and longest
+    response, and the call's seed. `temperature` 0 is greedy (argmax, raw-model log-probs)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_response_tokens: int = 64
-    seed: int = 0
+    temperature: float
+    top_p: float
+    max_response_tokens: int
+    seed: int
     first_prompt: int = 0
     """Index of the call's first prompt in its draw: rollout k of the call's prompt b is sampled
     as rollout k of prompt `first_prompt + b`, so a rank that generates a slice of a draw's
@@ -46,6 +47,27 @@ class SamplingConfig:
             raise ValueError(f"max_response_tokens {self.max_response_tokens} must be >= 1.")
         if self.first_prompt < 0:
             raise ValueError(f"first_prompt {self.first_prompt} must be >= 0 (a prompt index).")
+
+
+def assemble_batch(prompt_ids: Sequence[tuple[int, ...]], n: int, tokens: torch.Tensor,
+                   logprobs: torch.Tensor, lengths: torch.Tensor, texts: Sequence[str],
+                   stopped: Sequence[bool], pad_id: int) -> RolloutBatch:
+    """An engine call's `RolloutBatch` (on the CPU) from its rows, prompt-major: B = len(prompt_ids)
+    prompts x `n` rollouts; `tokens` and `logprobs` `[B*n, >= T]` cut to the longest response T
+    (at least 1), `lengths` `[B*n]`, `stopped[r]` True where row r ended on a stop token (else it
+    reached the length limit)."""
+    t = max(int(lengths.max()), 1)
+    return RolloutBatch(
+        prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
+        prompt_ids=tuple(prompt_ids),
+        response_ids=tokens[:, :t].cpu(),
+        response_lengths=lengths.cpu(),
+        logprobs=logprobs[:, :t].cpu(),
+        texts=tuple(texts),
+        finish_reasons=tuple("stop" if s else "length" for s in stopped),
+        rollouts_per_prompt=n,
+        pad_id=pad_id,
+    )
 
 
 ChunkCallback = Callable[[int, int, Sequence[str]], None]

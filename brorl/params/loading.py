@@ -166,3 +166,28 @@ def pipeline_params_files(dvc_yaml: str | Path) -> list[Path]:
             if path not in files:
                 files.append(path)
     return files
+
+
+_COMPARED = ("init_checkpoint", "max_rollouts", "max_seconds", "steps", "eval_per_family",
+             "eval_samples", "eval_temperature", "eval_top_p")
+"""`train` fields a comparison's arms must share: start, budget, and the evaluation protocol
+(the paired test scores the same instances the same way)."""
+
+
+def compare_arms(params: ExperimentParams, root: Path) -> dict[str, ExperimentParams]:
+    """Each arm of `params.compare` (its params file under `root`) with the comparison's shared
+    start and budget applied; ValueError naming the arms and values if they would not start from
+    the same checkpoint with the same budget and evaluation protocol (spec §5.1, §8)."""
+    c = params.compare
+    shared = [f"train.{key}={value}" for key, value in (
+        ("init_checkpoint", c.init_checkpoint), ("max_rollouts", c.budget_rollouts),
+        ("max_seconds", c.budget_seconds)) if value is not None]
+    arms = {name: load_params(root / path, shared) for name, path in c.arms.items()}
+    fixes = {"init_checkpoint": "set compare.init_checkpoint", "max_rollouts":
+             "set compare.budget_rollouts", "max_seconds": "set compare.budget_seconds"}
+    for key in _COMPARED:
+        values = {name: getattr(p.train, key) for name, p in arms.items()}
+        if len(set(values.values())) > 1:
+            raise ValueError(f"compare: arms differ in train.{key} {values}; "
+                             f"{fixes.get(key, 'give the arms equal values')}.")
+    return arms

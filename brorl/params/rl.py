@@ -179,7 +179,7 @@ class FilterParams(Section):
     correct_reward: float = 1.0
     """A rollout with at least this reward is correct (the binary rule's M_i = M_correct, spec
     §4.2); a uniform group at or above it counts as all-correct (`filter/groups_all_correct`).
-    1.0: full credit, as the evaluation's pass@1 (`brorl.evaluate`)."""
+    1.0: full credit, as the evaluation's pass@1 (`brorl.scoring`)."""
     wrong_reward: float = 0.0
     """A uniform group at or below this reward counts as all-wrong (`filter/groups_all_wrong`)."""
 

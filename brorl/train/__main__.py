@@ -51,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    from brorl.train.driver import Direct  # torch, deepspeed: after the checks
-    from brorl.train.run import Run
+    from brorl.train.run import Direct, Run  # torch, deepspeed: after the checks
     from brorl.train.trainer import parameter_digest, shutdown_distributed
 
     run = Run.open(params, Path.cwd(), resume=not args.fresh)

@@ -39,7 +39,7 @@ class Collection:
     `rollouts_per_prompt` and `second_round_problems` tell the run what the next call is."""
 
     def __init__(self, collector: InformativeCollector, rollouts_per_prompt: int,
-                 allocation: tuple[int, int] | None = None) -> None:
+                 allocation: tuple[int, int] | None) -> None:
         self.collector = collector
         self.n = rollouts_per_prompt
         self.allocation = allocation

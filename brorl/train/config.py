@@ -1,7 +1,8 @@
 """The trainer's settings as one frozen record of plain values, and its one conversion from params.
 
 `TrainerConfig.from_params` builds it from the `update`, `filter`, `generate`, `verify` and
-`train` sections (`LossConfig.from_params` from `update`); the trainer never sees the pydantic
+`train` sections (`LossConfig.from_params` from `update`, `EngineConfig.from_params` from
+`generate`: the records the loss and the rollout engine take); the trainer never sees the pydantic
 schema. No field has a default: the defaults live in `brorl.params` only, so a field this
 conversion forgets fails with a TypeError instead of taking a stale copy. Field meanings and their
 sources in the paper are documented on the params fields.
@@ -9,7 +10,7 @@ sources in the paper are documented on the params fields.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -49,8 +50,34 @@ class LossConfig:
                    kl_estimator=u.kl_estimator, kl_input_clamp=u.kl_input_clamp,
                    kl_output_clamp=u.kl_output_clamp, entropy_coef=u.entropy_coef)
 
-    def options(self) -> dict[str, Any]:
-        return asdict(self)
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Arguments of `brorl.engines.build_engine` (and `VllmEngine`) that the params set: the
+    `generate` section's engine settings and the run's seed (`train.seed`, vLLM's own seed)."""
+
+    kind: Literal["hf", "vllm"]
+    """generate.engine."""
+    max_concurrent_rollouts: int
+    """generate.max_concurrent_rollouts: most rollouts decoded at once."""
+    dtype: str
+    """generate.dtype (`auto` resolved): the vLLM engine's dtype."""
+    gpu_memory_utilization: float
+    """generate.gpu_memory_utilization: vLLM's share of GPU memory."""
+    cpu_kv_cache_gib: int
+    """generate.cpu_kv_cache_gib: vLLM's KV cache on CPU (GiB)."""
+    enforce_eager: bool
+    """generate.enforce_eager: vLLM without graph capture."""
+    seed: int
+    """train.seed."""
+
+    @classmethod
+    def from_params(cls, params: ExperimentParams) -> EngineConfig:
+        g = params.generate
+        return cls(kind=g.engine, max_concurrent_rollouts=g.max_concurrent_rollouts,
+                   dtype=resolve_dtype(g.dtype), gpu_memory_utilization=g.gpu_memory_utilization,
+                   cpu_kv_cache_gib=g.cpu_kv_cache_gib, enforce_eager=g.enforce_eager,
+                   seed=params.train.seed)
 
 
 @dataclass(frozen=True)
@@ -109,24 +136,14 @@ class TrainerConfig:
     wrong_reward: float
     """filter.wrong_reward: a uniform group at or below it is all-wrong."""
     # generation
-    engine: Literal["hf", "vllm"]
-    """generate.engine."""
+    engine: EngineConfig
+    """The rollout engine's settings (`EngineConfig.from_params`)."""
     temperature: float
     """generate.temperature: rollout sampling temperature."""
     top_p: float
     """generate.top_p: rollout nucleus top-p."""
     max_response_tokens: int
     """generate.max_response_tokens: longest response (tokens)."""
-    max_concurrent_rollouts: int
-    """generate.max_concurrent_rollouts: most rollouts decoded at once."""
-    generate_dtype: str
-    """generate.dtype: the vLLM engine's dtype."""
-    gpu_memory_utilization: float
-    """generate.gpu_memory_utilization: vLLM's share of GPU memory."""
-    cpu_kv_cache_gib: int
-    """generate.cpu_kv_cache_gib: vLLM's KV cache on CPU (GiB)."""
-    enforce_eager: bool
-    """generate.enforce_eager: vLLM without graph capture."""
     # verification
     verify_workers: int | None
     """verify.workers: verifier processes per family (None: every core)."""
@@ -170,12 +187,8 @@ class TrainerConfig:
             filter_enabled=f.enabled, keep_rule=f.keep_rule, filter_max_draws=f.max_draws,
             filter_oversample=f.oversample,
             correct_reward=f.correct_reward, wrong_reward=f.wrong_reward,
-            engine=g.engine, temperature=g.temperature, top_p=g.top_p,
+            engine=EngineConfig.from_params(params), temperature=g.temperature, top_p=g.top_p,
             max_response_tokens=g.max_response_tokens,
-            max_concurrent_rollouts=g.max_concurrent_rollouts,
-            generate_dtype=resolve_dtype(g.dtype),
-            gpu_memory_utilization=g.gpu_memory_utilization, cpu_kv_cache_gib=g.cpu_kv_cache_gib,
-            enforce_eager=g.enforce_eager,
             verify_workers=v.workers, verify_timeout_s=v.timeout_s,
             sandbox={"cpu_s": v.cpu_s, "memory_bytes": v.memory_mib * 2**20,
                      "open_files": v.open_files, "file_bytes": v.file_bytes,

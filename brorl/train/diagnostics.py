@@ -213,7 +213,7 @@ def rollout_parts(model: torch.nn.Module, reference: torch.nn.Module, groups, co
             model, backward, batch, index, advantages=advantages, old_logp=old_logp,
             engine_logp=batch.logprobs, ref_logp=ref_logp, temperature=c.temperature,
             micro_batch_rollouts=c.micro_batch_rollouts, normaliser=float(mask.sum()),
-            loss_options=c.loss.options())
+            loss=c.loss)
 
     return {"correct": partial(run, rows[correct & real]),
             "incorrect": partial(run, rows[~correct & real])}
@@ -276,7 +276,7 @@ class Shrinkage:
         return reference_probs(model, probes, self.temperature, self.micro)
 
     def before(self, model: torch.nn.Module, drawn: Sequence[tuple[Problem, bool]],
-               decompose: Callable[[Callable[[], Tensor]], dict[str, float]] | None = None
+               decompose: Callable[[Callable[[], Tensor]], dict[str, float]] | None
                ) -> Pending:
         """Score the held-out probes and the step's drawn prompts (`(problem, solved)` pairs)
         under the policy before the update; `decompose(objective)` (when configured) gives the

@@ -160,7 +160,7 @@ def accumulate_mini_batch(
     normaliser: float,
     loss_scale: float = 1.0,
     num_micro_batches: int | None = None,
-    loss_options: dict[str, Any],
+    loss: LossConfig,
 ) -> dict[str, float]:
     """Forward/backward `rows` in micro-batches; return the mini-batch's `update/*` metrics.
 
@@ -197,12 +197,11 @@ def accumulate_mini_batch(
             return None if x is None else x[index, :t].to(device)
 
         mask = (torch.arange(t)[None, :] < batch.response_lengths[index][:, None]).to(device)
-        loss, metrics = policy_loss(
-            logp, part(old_logp), part(advantages), mask, normaliser=normaliser,
+        value, metrics = policy_loss(
+            logp, part(old_logp), part(advantages), mask, loss, normaliser=normaliser,
             engine_logp=part(engine_logp), ref_logp=part(ref_logp), entropy=entropy,
-            **loss_options,
         )
-        backward(loss * loss_scale)
+        backward(value * loss_scale)
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
     return totals

@@ -1,4 +1,7 @@
-"""A finished run's small result files for DVC: headline metrics (JSON) and the evaluation curve (CSV).
+"""A run's reports: the one human line per step, and a finished run's small result files for DVC:
+headline metrics (JSON) and the evaluation curve (CSV).
+
+`step_line` is what `python -m brorl.train` prints and the flow logs after each step.
 
 `headline` is what `dvc metrics show` prints for an arm: the last test evaluation's score per
 family (`math`, `code`, `reasoning`), the last validation evaluation's as `val_<family>` (a
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from brorl.files import atomic_write_text
-from brorl.evals import row_split
+from brorl.evals import SELECTION_METRIC, row_split
 
 
 def _rows(evals: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
@@ -59,3 +62,24 @@ def dvc_files(state: Any, metrics_path: Path, plot_path: Path) -> None:
     """Write the headline metrics JSON and the evaluation CSV, atomically."""
     atomic_write_text(metrics_path, json.dumps(headline(state), indent=2, sort_keys=True) + "\n")
     atomic_write_text(plot_path, eval_csv(state.evals))
+
+
+def step_line(name: str, step: int, m: dict[str, float]) -> str:
+    """One human line per step: reward, pass rate, throughput, held-out scores when evaluated
+    (test per family, validation mean)."""
+    parts = [f"{name} step {step}"]
+    if "generate/rollouts" in m:
+        parts.append(f"{m['generate/rollouts_per_s']:.0f} rollouts/s "
+                     f"({int(m['generate/rollouts'])} rollouts, "
+                     f"{int(m['generate/rollouts_total'])} total)")
+        parts.append(f"reward {m['verify/reward_mean']:.3f}")
+        parts.append(f"pass rate {100 * m['filter/pass_rate']:.0f}%")
+    scores = [f"{k.removeprefix('eval/score_')} {v:.2f}" for k, v in sorted(m.items())
+              if k.startswith("eval/score_") and k != "eval/score_mean"]
+    if scores:
+        parts.append("test score " + " ".join(scores))
+    if SELECTION_METRIC in m:
+        parts.append(f"validation score {m[SELECTION_METRIC]:.3f}")
+    if "time/iteration" in m:
+        parts.append(f"{m['time/iteration']:.1f} s")
+    return " | ".join(parts)

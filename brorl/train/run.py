@@ -37,17 +37,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from brorl.base import sample_per_family
 from brorl.data import load_split
+from brorl.evals import (SELECTION_METRIC, EvalProtocol, eval_metrics, evals_jsonl, row_split,
+                         sample_per_family)
 from brorl.run_files import record_params
 from brorl.train import checkpoint as ckpt
-from brorl.evals import SELECTION_METRIC, eval_metrics, evals_jsonl, row_split, score_policy
 from brorl.train.diagnostics import (
     DiagnosticsConfig,
     Shrinkage,
@@ -58,10 +58,10 @@ from brorl.train.diagnostics import (
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.collection import Collected, Collection
-from brorl.train.driver import Direct, Driver, Timed, timed
+from brorl.train.report import step_line
 from brorl.train.trainer import RewardFn, Trainer, parameter_digest
 from brorl.train.verification import ChunkVerifier, Generated
-from brorl.types import Problem
+from brorl.types import Problem, Timed, timed
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -70,9 +70,36 @@ TRAIN_STAGES = ("sample_prompts", "generate_rollouts", "verify", "filter", "ppo_
 """The stages whose seconds are training time (`train/seconds`, the `max_seconds` budget)."""
 
 
+class Driver(Protocol):
+    """How the loop's stages and steps are run (see the module docstring)."""
+
+    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]: ...
+
+    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]: ...
+
+    def on_step(self, run: Run, metrics: dict[str, float]) -> None: ...
+
+
+class Direct:
+    """Runs every stage and step in place; `progress` prints one line per step (`step_line`)."""
+
+    def __init__(self, progress: Callable[[str], None] | None = None) -> None:
+        self.progress = progress
+
+    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]:
+        return getattr(run, name)(*args)
+
+    def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
+        return body()
+
+    def on_step(self, run: Run, metrics: dict[str, float]) -> None:
+        if self.progress is not None and run.trainer.rank == 0:
+            self.progress(step_line(run.config.name, run.step_count, metrics))
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """The run's policy: length, budgets, schedules, evaluation protocol, where outputs go."""
+    """The run's policy: length, budgets, schedules, evaluation, where outputs go."""
 
     name: str
     run_dir: str
@@ -85,11 +112,7 @@ class RunConfig:
     checkpoint_every: int
     save_rollouts: bool
     eval_splits: tuple[str, ...]
-    eval_samples: int
-    eval_temperature: float
-    eval_top_p: float
-    eval_max_response_tokens: int
-    eval_seed: int
+    eval_protocol: EvalProtocol
     eval_workers: int | None
     diagnostics: DiagnosticsConfig
 
@@ -102,10 +125,8 @@ class RunConfig:
             steps=t.steps, max_rollouts=t.max_rollouts, max_seconds=t.max_seconds,
             plateau_patience=t.plateau_patience, eval_every=t.eval_every,
             checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
-            eval_splits=tuple(t.eval_splits), eval_samples=t.eval_samples,
-            eval_temperature=t.eval_temperature, eval_top_p=t.eval_top_p,
-            eval_max_response_tokens=params.generate.max_response_tokens,
-            eval_seed=t.eval_seed, eval_workers=params.verify.workers,
+            eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
+            eval_workers=params.verify.workers,
             diagnostics=DiagnosticsConfig.from_params(params))
 
 
@@ -163,10 +184,10 @@ class Run:
     def open(cls, params: ExperimentParams, root: Path | str = ".", *, resume: bool = True,
              reward_fn: RewardFn | None = None) -> Run:
         """The run of `params` (relative paths taken from `root`), resumed from its newest
-        checkpoint unless `resume` is False. Each split of `train.eval_splits` is scored on
-        `train.eval_per_family` instances per family drawn by `train.eval_seed` (the same
-        instances at every evaluation, and in every run with that seed); the shrinkage probes
-        are `diagnostics.probes_per_family` validation problems drawn by `diagnostics.seed`."""
+        checkpoint unless `resume` is False. Each split of `train.eval_splits` is scored on the
+        instances of the evaluation protocol (`brorl.evals.EvalProtocol.instances`); the
+        shrinkage probes are `diagnostics.probes_per_family` validation problems drawn by
+        `diagnostics.seed`."""
         from dataclasses import replace
 
         from brorl.train.config import TrainerConfig
@@ -175,11 +196,12 @@ class Run:
         config = TrainerConfig.from_params(params)
         config = replace(config, init_checkpoint=str(root / config.init_checkpoint),
                          checkpoint_dir=str(root / config.checkpoint_dir))
+        run_config = RunConfig.from_params(params, root)
         data, t, d = root / params.data.path, params.train, params.diagnostics
         needed = {*t.eval_splits, "validation"} if d.enabled else set(t.eval_splits)
         splits = {split: load_split(data, split) for split in needed}  # each read once
-        eval_problems = {split: sample_per_family(splits[split], t.eval_per_family,
-                                                  t.eval_seed) for split in t.eval_splits}
+        eval_problems = {split: run_config.eval_protocol.instances(splits[split])
+                         for split in t.eval_splits}
         empty = [split for split, problems in eval_problems.items() if not problems]
         if empty:
             raise ValueError(f"{data}: the {empty} split holds no problems; drop it from "
@@ -189,7 +211,7 @@ class Run:
         trainer = Trainer(config, load_split(data, "train"), reward_fn=reward_fn, resume=resume)
         if trainer.rank == 0:  # what a resume compares its params with (brorl.run_files)
             record_params(config.checkpoint_dir, params.model_dump(mode="json"))
-        return cls(trainer, RunConfig.from_params(params, root), eval_problems, probes)
+        return cls(trainer, run_config, eval_problems, probes)
 
     @property
     def step_count(self) -> int:
@@ -315,22 +337,17 @@ class Run:
         """What this run's evaluation rows depend on besides its training: the policy's weights
         now, the instances of each split, the sampling. Runs with equal protocols at step 0 score
         the same rows (a study's runs share one start evaluation, `train(start=)`)."""
-        c = self.config
         return {"policy": parameter_digest(self.trainer.model),
                 "instances": {split: [p.id for p in problems]
                               for split, problems in self.eval_problems.items()},
-                "samples": c.eval_samples, "temperature": c.eval_temperature,
-                "top_p": c.eval_top_p, "max_response_tokens": c.eval_max_response_tokens,
-                "seed": c.eval_seed}
+                **self.config.eval_protocol.sampling()}
 
     def _score(self, split: str, problems: list[Problem]) -> dict[str, Any]:
-        """One eval row: k samples of each instance of `split`, seeded by `eval_seed`."""
-        c = self.config
-        return score_policy(self.trainer.model, self.trainer.tokenizer, problems, split=split,
-                            samples=c.eval_samples, temperature=c.eval_temperature,
-                            top_p=c.eval_top_p, max_new_tokens=c.eval_max_response_tokens,
-                            seed=c.eval_seed, workers=c.eval_workers, step=self.step_count,
-                            seconds=self.state.train_seconds, rollouts=self.state.rollouts)
+        """One eval row of `split` under the evaluation protocol."""
+        return self.config.eval_protocol.score(
+            self.trainer.model, self.trainer.tokenizer, problems, split=split,
+            workers=self.config.eval_workers, step=self.step_count,
+            seconds=self.state.train_seconds, rollouts=self.state.rollouts)
 
     def evaluate(self, rows: list[dict[str, Any]] | None = None) -> Timed[dict[str, float]]:
         """Score every evaluated split (rank 0 samples; all ranks record); evals.jsonl rewritten;

@@ -184,11 +184,7 @@ class Trainer:
         if self.rank < self.generating_ranks:
             self.rollout_engine = build_engine(
                 config.engine, model=self.engine.module, tokenizer=self.tokenizer,
-                model_path=start, max_concurrent_rollouts=config.max_concurrent_rollouts,
-                max_model_len=self.engine.module.config.max_position_embeddings,
-                seed=config.seed, dtype=config.generate_dtype,
-                gpu_memory_utilization=config.gpu_memory_utilization,
-                cpu_kv_cache_gib=config.cpu_kv_cache_gib, enforce_eager=config.enforce_eager)
+                model_path=start, max_model_len=self.engine.module.config.max_position_embeddings)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -209,7 +205,7 @@ class Trainer:
     @property
     def generating_ranks(self) -> int:
         """Ranks that generate: all of them with the hf engine, rank 0 alone with vllm."""
-        return self.world if self.config.engine == "hf" else 1
+        return self.world if self.config.engine.kind == "hf" else 1
 
     def draw_share(self, count: int) -> tuple[int, int]:
         """This rank's prompts `[lo, hi)` of a draw of `count`: contiguous shares in rank order,
@@ -229,7 +225,7 @@ class Trainer:
         finished rows (`brorl.train.verification.ChunkVerifier`)."""
         if self.rollout_engine is None:
             raise RuntimeError(f"rank {self.rank} has no engine: with generate.engine "
-                               f"{self.config.engine!r} only rank 0 generates.")
+                               f"{self.config.engine.kind!r} only rank 0 generates.")
         sampling = SamplingConfig(
             temperature=self.config.temperature, top_p=self.config.top_p,
             max_response_tokens=self.config.max_response_tokens,
@@ -327,7 +323,7 @@ class Trainer:
                     micro_batch_rollouts=config.micro_batch_rollouts,
                     normaliser=float(mask[mb].sum()), loss_scale=float(self.world),
                     num_micro_batches=-(-per_rank // config.micro_batch_rollouts),
-                    loss_options=config.loss.options())
+                    loss=config.loss)
                 self.engine.step()
                 steps += 1
                 grad_norms.append(float(self.engine.get_global_grad_norm() or 0.0))
@@ -381,10 +377,6 @@ class Trainer:
         return metrics
 
     # -- checkpoints ------------------------------------------------------------------------
-    def latest_saved_step(self) -> int | None:
-        folder = ckpt.latest_checkpoint(self.config.checkpoint_dir)
-        return ckpt.read_state(folder)["step"] if folder else None
-
     def save_checkpoint(self, run_state: dict[str, Any] | None = None) -> Path:
         """Write `step_<step>/` atomically on all ranks (see `brorl.train.checkpoint`), with
         `run_state` (the run's counters and records, `brorl.train.run.RunState`) inside it."""
@@ -414,11 +406,6 @@ class Trainer:
     def _barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
-
-    def policy_path(self) -> Path | None:
-        """The newest checkpoint's HF policy folder."""
-        folder = ckpt.latest_checkpoint(self.config.checkpoint_dir)
-        return folder / "policy" if folder else None
 
 
 def parameter_digest(model: torch.nn.Module) -> str:

@@ -1,4 +1,8 @@
-"""Evaluation primitives: unbiased pass@k, per-task and per-family scores, per-instance scores.
+"""Scoring a policy: unbiased pass@k, per-task and per-family scores, per-instance scores.
+
+The primitives every evaluation uses (the run's, the `evaluate` stage's, the base stage's); how a
+run evaluates (which instances, how many samples, the sampling) and the row it records are
+`brorl.evals`'.
 
 - `pass_at_k(n, c, k)`: the unbiased estimator of Chen et al. (2021, Codex) from n samples with c
   correct, 1 - C(n-c, k) / C(n, k), computed as a stable product (no huge binomials).
@@ -101,8 +105,8 @@ def instance_scores(problems: Sequence[Problem], rewards: np.ndarray,
 
 @torch.no_grad()
 def sample_responses(model, tokenizer, prompts: Sequence[str], *, n: int, max_new_tokens: int,
-                     temperature: float, top_p: float = 1.0, seed: int = 0,
-                     batch_size: int = 64) -> list[list[str]]:
+                     temperature: float, top_p: float, seed: int,
+                     rows_per_call: int = 64) -> list[list[str]]:
     """n responses per prompt `[B][n]` by transformers `generate`; temperature 0 is greedy.
 
     Deterministic for a seed (the global RNG is forked, not disturbed). Prompts are encoded as
@@ -115,8 +119,8 @@ def sample_responses(model, tokenizer, prompts: Sequence[str], *, n: int, max_ne
     stops = list(model_stop_ids(model, tokenizer))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        for start in range(0, len(flat), batch_size):
-            enc = tokenizer(flat[start:start + batch_size], return_tensors="pt", padding=True,
+        for start in range(0, len(flat), rows_per_call):
+            enc = tokenizer(flat[start:start + rows_per_call], return_tensors="pt", padding=True,
                             padding_side="left", add_special_tokens=False).to(device)
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                                  temperature=temperature if temperature > 0 else None,
@@ -126,11 +130,12 @@ def sample_responses(model, tokenizer, prompts: Sequence[str], *, n: int, max_ne
     return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
-def evaluate_policy(model, tokenizer, problems: Sequence[Problem], *, n: int = 1,
-                    k_values: Sequence[int] = (1,), max_new_tokens: int = 64,
-                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                    workers: int | None = None) -> tuple[dict, np.ndarray]:
-    """Sample n responses per problem, verify them, score them: (scores, rewards `[B, n]`)."""
+def evaluate_policy(model, tokenizer, problems: Sequence[Problem], *, n: int,
+                    max_new_tokens: int, temperature: float, top_p: float, seed: int,
+                    k_values: Sequence[int] = (1,), workers: int | None = None
+                    ) -> tuple[dict, np.ndarray]:
+    """Sample n responses per problem (at most `max_new_tokens` tokens, `temperature` 0 greedy,
+    nucleus `top_p`, one `seed`), verify them, score them: (scores, rewards `[B, n]`)."""
     prompts = [render_prompt(p, tokenizer) for p in problems]
     responses = sample_responses(model, tokenizer, prompts, n=n, max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_p=top_p, seed=seed)
