@@ -20,10 +20,11 @@ the same interval. Percentile intervals with linear interpolation, as
 no intervals; one run per arm). Zero-variance differences give NaN tests (undefined there).
 
 Seeds as the unit (a study's tests; the paired test above conditions on the seeds drawn):
-- `seed_test(a, b)`: b - a over per-seed values (each seed's mean score): Welch's t for two sets
-  of seeds (`scipy.stats.ttest_ind(equal_var=False)`), the one-sample t of per-seed differences
-  when `paired` (the same seeds scored twice: a run at two points) or when `a` is one value (a
-  fixed start); with its t interval and the TOST p of equivalence within +-margin.
+- `seed_test(a, b, kind=)`: b - a over per-seed values (each seed's mean score): Welch's t for
+  two sets of seeds (`scipy.stats.ttest_ind(equal_var=False)`), the one-sample t of per-seed
+  differences for the same seeds scored twice (`paired`: a run at two points) or against one
+  fixed value (`one_sample`: the start); with its t interval and the TOST p of equivalence
+  within +-margin.
 - `tost_p(delta, se, df, margin)`: two one-sided t tests (Schuirmann 1987): the larger of the
   p of H0 delta <= -margin and of H0 delta >= +margin; below alpha, the difference lies within
   the margin (the (1 - 2 alpha) interval inside (-margin, +margin)).
@@ -253,22 +254,26 @@ def _values(x: Sequence[float], name: str) -> np.ndarray:
     return v
 
 
-def seed_test(a: Sequence[float], b: Sequence[float], *, paired: bool = False,
+def seed_test(a: Sequence[float], b: Sequence[float], *, kind: str = "welch",
               alpha: float = 0.05, margin: float = float("nan")) -> SeedTest:
-    """b - a over per-seed values (see `SeedTest`). `paired`: a[i] and b[i] are the same seed.
-    One value in `a` is a fixed reference (the start policy): the one-sample t of b - a[0].
-    Fewer than 2 seeds on a varying side, or no spread at all, leave t, p and the interval NaN
-    (the TOST p too, unless the difference is exactly known: every seed equal)."""
+    """b - a over per-seed values (see `SeedTest`). `kind`: "welch" (two sets of seeds),
+    "paired" (a[i] and b[i] are the same seed) or "one_sample" (`a` is one fixed value: the
+    start policy's score). Fewer than 2 seeds on a varying side, or no spread at all, leave t, p
+    and the interval NaN (the TOST p too, unless the difference is exactly known: every paired
+    or one-sample difference equal)."""
     xa, xb = _values(a, "a"), _values(b, "b")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}.")
-    if paired and len(xa) != len(xb):
+    if kind == "paired" and len(xa) != len(xb):
         raise ValueError(f"paired seed test needs one value per seed on both sides, got "
                          f"{len(xa)} and {len(xb)}.")
+    if kind == "one_sample" and len(xa) != 1:
+        raise ValueError(f"one-sample seed test needs one fixed value in a, got {len(xa)}.")
+    if kind not in ("welch", "paired", "one_sample"):
+        raise ValueError(f"kind must be welch, paired or one_sample, got {kind!r}.")
     nan = float("nan")
-    if paired or len(xa) == 1:
-        kind = "paired" if paired else "one_sample"
-        d = xb - xa if paired else xb - xa[0]
+    if kind != "welch":
+        d = xb - xa if kind == "paired" else xb - xa[0]
         delta = float(d.mean())
         if len(d) < 2 or np.ptp(d) <= _EQUAL:  # one seed: unknown spread; equal ones: none
             se = nan if len(d) < 2 else 0.0
@@ -277,7 +282,6 @@ def seed_test(a: Sequence[float], b: Sequence[float], *, paired: bool = False,
         result = stats.ttest_1samp(d, 0.0)
         se = float(d.std(ddof=1) / np.sqrt(len(d)))
     else:
-        kind = "welch"
         delta = float(xb.mean() - xa.mean())
         if min(len(xa), len(xb)) < 2 or (np.ptp(xa) <= _EQUAL and np.ptp(xb) <= _EQUAL):
             return SeedTest(kind, len(xa), len(xb), delta, nan, nan, nan, nan, nan, nan, margin,

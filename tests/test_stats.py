@@ -181,7 +181,7 @@ def test_tost_is_the_larger_of_two_one_sided_scipy_tests():
     d = SEEDS_A - 0.40
     low = stats.ttest_1samp(d, -m, alternative="greater").pvalue
     high = stats.ttest_1samp(d, m, alternative="less").pvalue
-    got = seed_test([0.40], SEEDS_A, margin=m)
+    got = seed_test([0.40], SEEDS_A, kind="one_sample", margin=m)
     assert got.kind == "one_sample" and got.p_equivalence == pytest.approx(max(low, high))
     # equivalence at alpha iff the (1 - 2 alpha) interval lies inside (-m, m)
     ci = stats.ttest_1samp(d, 0).confidence_interval(0.90)
@@ -197,21 +197,25 @@ def test_tost_p_by_hand_and_when_the_difference_is_known_exactly():
 
 def test_paired_and_one_sample_seed_tests_match_scipy():
     later = SEEDS_A + np.array([0.010, -0.004, 0.021, 0.003, 0.008])
-    got = seed_test(SEEDS_A, later, paired=True)
+    got = seed_test(SEEDS_A, later, kind="paired")
     ref = stats.ttest_rel(later, SEEDS_A)
     assert got.kind == "paired" and (got.t, got.p_two_sided) == pytest.approx(
         (ref.statistic, ref.pvalue))
-    start = seed_test([0.40], SEEDS_A)
+    start = seed_test([0.40], SEEDS_A, kind="one_sample")
     ref = stats.ttest_1samp(SEEDS_A - 0.40, 0.0)
     assert (start.t, start.p_two_sided, start.df) == pytest.approx((ref.statistic, ref.pvalue, 4))
     with pytest.raises(ValueError, match="one value per seed"):
-        seed_test(SEEDS_A, SEEDS_B, paired=True)
+        seed_test(SEEDS_A, SEEDS_B, kind="paired")
+    with pytest.raises(ValueError, match="one fixed value"):
+        seed_test(SEEDS_A, SEEDS_B, kind="one_sample")
 
 
 def test_a_seed_test_without_spread_is_undefined_but_knows_its_difference():
     one = seed_test(SEEDS_A, [0.40])  # one seed against five: no spread on that side
     assert one.kind == "welch" and math.isnan(one.p_two_sided) and math.isnan(one.ci_low)
-    same = seed_test([0.40], [0.43, 0.43, 0.43], margin=0.05)  # every seed +0.03 exactly
+    lone = seed_test([0.40], SEEDS_A)  # one seed of an arm is no fixed reference: undefined
+    assert lone.kind == "welch" and math.isnan(lone.p_two_sided)
+    same = seed_test([0.40], [0.43, 0.43, 0.43], kind="one_sample", margin=0.05)  # +0.03 each
     assert same.delta == pytest.approx(0.03) and math.isnan(same.p_two_sided)
     assert same.p_equivalence == 0.0
 
