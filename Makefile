@@ -2,7 +2,7 @@
 #   make run   install into .venv, then reproduce the pipeline on the CPU default (dvc repro
 #              simulate compare: every stage but the study's)
 #   make test  install into .venv, then run the test suite
-#   make study install into .venv, then the ProRL-vs-BroRL study (docs/study.md, 114 min measured)
+#   make study install into .venv, then the ProRL-vs-BroRL study (docs/study.md, under 2 h)
 #   make real  install into .venv, then SmolLM2-135M-Instruct through every stage (docs/real_model.md)
 SHELL := /bin/bash
 VENV := .venv
@@ -49,18 +49,28 @@ run: install
 	@echo "  simulator         outputs/simulate/results.md, outputs/simulate/simulate.png"
 	@echo "  MLflow runs       make ui, then open http://127.0.0.1:5000 (experiment brorl: prorl vs brorl)"
 
-# The study (docs/study.md): dvc repro study_report under one Prefect server, as `make run`.
-# Each run prints the study's progress first (runs done / total, elapsed, ETA); an interrupted
-# study resumes where it stopped (finished runs are skipped, the interrupted one resumes from its
-# checkpoint). BRORL_STUDY_STARTED dates the elapsed time.
+# The study (docs/study.md): dvc repro of study/dvc.yaml's study_report under one Prefect server,
+# as `make run` (the study's stages live in study/dvc.yaml, so plain `dvc repro` never starts
+# them). Each run prints the study's progress first (runs done / total, elapsed, ETA); an
+# interrupted study resumes where it stopped (finished stages are skipped, the interrupted warm-up
+# or run resumes from its checkpoint). BRORL_STUDY_STARTED dates the elapsed time. When a DVC
+# remote is set (`dvc remote default`; .dvc/config: a folder beside the checkout), the study's
+# outputs and their upstream stages' are pushed, so `dvc pull study/dvc.yaml:study_report
+# --with-deps` in another clone gets the same results without rerunning a stage.
+STUDY := study/dvc.yaml:study_report
 study: install
-	BRORL_STUDY_STARTED=$$(date +%s) $(PY) -m flows.server --pipeline -- $(VENV)/bin/dvc repro study_report
+	BRORL_STUDY_STARTED=$$(date +%s) $(PY) -m flows.server --pipeline -- $(VENV)/bin/dvc repro $(STUDY)
+	@if $(VENV)/bin/dvc remote default >/dev/null 2>&1; then \
+	  echo "dvc push to remote $$($(VENV)/bin/dvc remote default)"; \
+	  $(VENV)/bin/dvc push --with-deps $(STUDY); \
+	else echo "no DVC remote set: nothing pushed (docs/study.md, Retrieving the results)"; fi
 	@echo
 	@grep -v '^!\[' outputs/study/report.md
 	@echo
 	@echo "Results:"
-	@echo "  study report  outputs/study/report.md (+ report.json, score_vs_rollouts.png, score_vs_seconds.png, sweep.png, warmup.png, shrinkage.png)"
-	@echo "  runs          outputs/study/runs/n<N>_s<seed> (evals.jsonl, summary.json, checkpoints/)"
+	@echo "  study report  outputs/study/report.md (+ report.json and its PNGs)"
+	@echo "  runs          outputs/study/runs/<arm>_s<seed> (evals.jsonl, summary.json, checkpoints/)"
+	@echo "  start, pool   outputs/study/warmup (plateau.json), outputs/study/pool (pool.json)"
 	@echo "  headline      dvc metrics show metrics/study.json"
 	@echo "  MLflow        make ui: the run named study and its child runs (select them, Compare)"
 

@@ -18,6 +18,22 @@ Resampling is numpy index resampling under `np.random.default_rng(seed)`: the sa
 the same interval. Percentile intervals with linear interpolation, as
 `scipy.stats.bootstrap(method="percentile")`. The two-way scheme is our choice (the paper reports
 no intervals; one run per arm). Zero-variance differences give NaN tests (undefined there).
+
+Seeds as the unit (a study's tests; the paired test above conditions on the seeds drawn):
+- `seed_test(a, b, kind=)`: b - a over per-seed values (each seed's mean score): Welch's t for
+  two sets of seeds (`scipy.stats.ttest_ind(equal_var=False)`), the one-sample t of per-seed
+  differences for the same seeds scored twice (`paired`: a run at two points) or against one
+  fixed value (`one_sample`: the start); with its t interval and the TOST p of equivalence
+  within +-margin.
+- `tost_p(delta, se, df, margin)`: two one-sided t tests (Schuirmann 1987): the larger of the
+  p of H0 delta <= -margin and of H0 delta >= +margin; below alpha, the difference lies within
+  the margin (the (1 - 2 alpha) interval inside (-margin, +margin)).
+- `holm(p)`: Holm's step-down adjustment of a family of p-values (Holm 1979).
+- `slope_test(scores, x)`: the slope of a score curve `[evaluations, instances]` over x, the
+  instances as the unit (per-instance least-squares slopes, their mean and one-sample t), with
+  its TOST p: is the curve flat within +-margin per unit of x.
+- `welch_power`, `seeds_for_power`: the power of Welch's t at a true difference, and the fewest
+  seeds per arm that reach a power (noncentral t at the Welch-Satterthwaite df).
 """
 
 from __future__ import annotations
@@ -193,3 +209,177 @@ def minimum_detectable_difference(sd_diff: float, n: int, *, alpha: float = 0.05
         high *= 2
     lam = optimize.brentq(lambda x: _power(x, df, alpha) - power, 0.0, high, xtol=1e-10)
     return float(lam * sd_diff / np.sqrt(n))
+
+
+@dataclass(frozen=True)
+class SeedTest:
+    """b - a with seeds as the unit: `kind` "welch" (two sets of seeds), "paired" (one set
+    scored twice: per-seed differences) or "one_sample" (seeds against one fixed value); the
+    mean difference, its standard error, degrees of freedom, (1 - alpha) t interval, t, the
+    two-sided p, and the TOST p of |b - a| < `margin` (NaN without a margin)."""
+
+    kind: str
+    n_a: int
+    n_b: int
+    delta: float
+    se: float
+    df: float
+    ci_low: float
+    ci_high: float
+    t: float
+    p_two_sided: float
+    margin: float
+    p_equivalence: float
+
+
+def tost_p(delta: float, se: float, df: float, margin: float) -> float:
+    """The TOST p of equivalence within +-`margin`: max(P(T >= (delta + margin) / se),
+    P(T <= (delta - margin) / se)) for T ~ t(df). With se 0 the difference is known exactly:
+    0 inside the margin, 1 outside; NaN for an undefined test or margin."""
+    if not (np.isfinite(delta) and np.isfinite(margin) and margin > 0 and se >= 0):
+        return float("nan")
+    if se == 0:
+        return 0.0 if abs(delta) < margin else 1.0
+    if not df > 0:
+        return float("nan")
+    lower = stats.t.sf((delta + margin) / se, df)   # H0: delta <= -margin
+    upper = stats.t.cdf((delta - margin) / se, df)  # H0: delta >= +margin
+    return float(max(lower, upper))
+
+
+def _values(x: Sequence[float], name: str) -> np.ndarray:
+    v = np.asarray(x, dtype=float).ravel()
+    if len(v) < 1 or not np.isfinite(v).all():
+        raise ValueError(f"{name} must hold at least one finite per-seed value, got {list(v)}.")
+    return v
+
+
+def seed_test(a: Sequence[float], b: Sequence[float], *, kind: str = "welch",
+              alpha: float = 0.05, margin: float = float("nan")) -> SeedTest:
+    """b - a over per-seed values (see `SeedTest`). `kind`: "welch" (two sets of seeds),
+    "paired" (a[i] and b[i] are the same seed) or "one_sample" (`a` is one fixed value: the
+    start policy's score). Fewer than 2 seeds on a varying side, or no spread at all, leave t, p
+    and the interval NaN (the TOST p too, unless the difference is exactly known: every paired
+    or one-sample difference equal)."""
+    xa, xb = _values(a, "a"), _values(b, "b")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}.")
+    if kind == "paired" and len(xa) != len(xb):
+        raise ValueError(f"paired seed test needs one value per seed on both sides, got "
+                         f"{len(xa)} and {len(xb)}.")
+    if kind == "one_sample" and len(xa) != 1:
+        raise ValueError(f"one-sample seed test needs one fixed value in a, got {len(xa)}.")
+    if kind not in ("welch", "paired", "one_sample"):
+        raise ValueError(f"kind must be welch, paired or one_sample, got {kind!r}.")
+    nan = float("nan")
+    if kind != "welch":
+        d = xb - xa if kind == "paired" else xb - xa[0]
+        delta = float(d.mean())
+        if len(d) < 2 or np.ptp(d) <= _EQUAL:  # one seed: unknown spread; equal ones: none
+            se = nan if len(d) < 2 else 0.0
+            return SeedTest(kind, len(xa), len(xb), delta, se, len(d) - 1.0, nan, nan, nan, nan,
+                            margin, tost_p(delta, se, len(d) - 1.0, margin))
+        result = stats.ttest_1samp(d, 0.0)
+        se = float(d.std(ddof=1) / np.sqrt(len(d)))
+    else:
+        delta = float(xb.mean() - xa.mean())
+        if min(len(xa), len(xb)) < 2 or (np.ptp(xa) <= _EQUAL and np.ptp(xb) <= _EQUAL):
+            return SeedTest(kind, len(xa), len(xb), delta, nan, nan, nan, nan, nan, nan, margin,
+                            nan)
+        result = stats.ttest_ind(xb, xa, equal_var=False)
+        se = float(np.sqrt(xa.var(ddof=1) / len(xa) + xb.var(ddof=1) / len(xb)))
+    df = float(result.df)
+    ci = result.confidence_interval(confidence_level=1 - alpha)
+    return SeedTest(kind, len(xa), len(xb), delta, se, df, float(ci.low), float(ci.high),
+                    float(result.statistic), float(result.pvalue), margin,
+                    tost_p(delta, se, df, margin))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's adjusted p-values, in the input order: the i-th smallest of m p-values times
+    (m - i + 1), made non-decreasing in that order, capped at 1. NaN p-values stay NaN and do
+    not count in m (an undefined test is no member of the family)."""
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full(p.shape, np.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    if np.any((p[finite] < 0) | (p[finite] > 1)):
+        raise ValueError(f"p-values must lie in [0, 1], got {list(p)}.")
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m = len(order)
+    running = 0.0
+    for i, idx in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[idx]))
+        out[idx] = running
+    return out.tolist()
+
+
+@dataclass(frozen=True)
+class SlopeTest:
+    """The slope of a score curve per unit of x with the instances as the unit: mean of the
+    per-instance least-squares slopes (equal to the slope of the mean curve), its standard error,
+    t (df = instances - 1), two-sided p, the margin and the TOST p of |slope| < margin."""
+
+    evaluations: int
+    instances: int
+    slope: float
+    se: float
+    df: float
+    ci_low: float
+    ci_high: float
+    t: float
+    p_two_sided: float
+    margin: float
+    p_equivalence: float
+
+
+def slope_test(scores: np.ndarray, x: Sequence[float], *, margin: float,
+               alpha: float = 0.05) -> SlopeTest:
+    """Slope of `scores` `[evaluations, instances]` against `x` `[evaluations]` (see
+    `SlopeTest`). The per-instance slope is sum((x - mean x)(y_i - mean y_i)) / sum((x -
+    mean x)^2); the (1 - alpha) interval is the t interval of their mean."""
+    y = np.asarray(scores, dtype=float)
+    xs = np.asarray(x, dtype=float)
+    if y.ndim != 2 or y.shape[0] != len(xs) or y.shape[0] < 3 or y.shape[1] < 2:
+        raise ValueError(f"slope_test needs scores [evaluations >= 3, instances >= 2] and one x "
+                         f"per evaluation, got {y.shape} and {len(xs)} x values.")
+    if not (np.isfinite(y).all() and np.isfinite(xs).all()) or np.ptp(xs) == 0:
+        raise ValueError("slope_test: scores and x must be finite and x must vary.")
+    centred = xs - xs.mean()
+    slopes = centred @ (y - y.mean(axis=0)) / (centred @ centred)
+    n, slope = slopes.size, float(slopes.mean())
+    se = float(slopes.std(ddof=1) / np.sqrt(n))
+    if se <= _EQUAL:
+        nan = float("nan")
+        return SlopeTest(len(xs), n, slope, 0.0, n - 1.0, slope, slope, nan, nan, margin,
+                         tost_p(slope, 0.0, n - 1.0, margin))
+    result = stats.ttest_1samp(slopes, 0.0)
+    ci = result.confidence_interval(confidence_level=1 - alpha)
+    return SlopeTest(len(xs), n, slope, se, n - 1.0, float(ci.low), float(ci.high),
+                     float(result.statistic), float(result.pvalue), margin,
+                     tost_p(slope, se, n - 1.0, margin))
+
+
+def welch_power(delta: float, sd_a: float, sd_b: float, n_a: int, n_b: int, *,
+                alpha: float = 0.05) -> float:
+    """Power of the two-sided Welch t-test at level `alpha` when the true difference is `delta`
+    and the per-seed values have standard deviations sd_a, sd_b (n_a, n_b seeds): the noncentral
+    t with noncentrality delta / se at the Welch-Satterthwaite df of the true variances (an
+    approximation, as in every Welch power calculation)."""
+    if min(n_a, n_b) < 2 or min(sd_a, sd_b) < 0 or max(sd_a, sd_b) == 0:
+        raise ValueError(f"welch_power needs >= 2 seeds per side and a positive sd, got n = "
+                         f"({n_a}, {n_b}), sd = ({sd_a}, {sd_b}).")
+    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
+    se = np.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    return _power(abs(delta) / se, df, alpha)
+
+
+def seeds_for_power(delta: float, sd_a: float, sd_b: float, *, alpha: float = 0.05,
+                    power: float = 0.8, most: int = 1000) -> int:
+    """The fewest seeds per arm (equal on both sides) at which `welch_power` reaches `power`;
+    a ValueError past `most`."""
+    for n in range(2, most + 1):
+        if welch_power(delta, sd_a, sd_b, n, n, alpha=alpha) >= power:
+            return n
+    raise ValueError(f"more than {most} seeds per arm needed for power {power} at delta = "
+                     f"{delta} (sd {sd_a}, {sd_b}).")

@@ -1,65 +1,89 @@
-"""Flows of a study (docs/study.md): `study-plan`, `study-run`, `study-report`.
+"""Flows of a study (docs/study.md): `study-warmup`, `study-pool`, `study-plan`, `study-start`,
+`study-run`, `study-report`.
 
-    python -m flows.study --params params/study.yaml --plan            # the plan files
-    python -m flows.study --params params/study.yaml --start           # the shared step-0 scores
-    python -m flows.study --params params/study.yaml --run n16_s0      # one run
-    python -m flows.study --params params/study.yaml --report          # the report
+    python -m flows.study --params params/study.yaml --warmup        # train to a shown plateau
+    python -m flows.study --params params/study.yaml --pool          # the prompt pool
+    python -m flows.study --params params/study.yaml --plan          # the plan files
+    python -m flows.study --params params/study.yaml --start         # the shared step-0 scores
+    python -m flows.study --params params/study.yaml --run prorl_s0  # one run
+    python -m flows.study --params params/study.yaml --report        # the report
 
-DVC's stages `study_plan`, `study_start`, `study_run@<run>` and `study_report` call these; `make study` runs
-`dvc repro study_report`. Composition only: a `study-run` prints the study's progress, gets the
-run's folder ready (resume an interrupted run, start over a changed one), finds or creates the
-study's MLflow parent run and trains the run as the `train-arm` subflow (each step an
-`iteration`, as every arm; its step-0 evaluation the one `study-start` scored for all runs), then
-tags its child run and marks it finished.
+The stages of study/dvc.yaml call these; `make study` runs `dvc repro study/dvc.yaml:study_report`.
+Composition only. `study-warmup` trains the warm-up as the `train` flow trains an arm (each step
+an `iteration` subflow), driven by `brorl.study.warmup.train_to_plateau`, as a child of the
+study's MLflow parent run. A `study-run` prints the study's progress, gets the run's folder
+ready (resume an interrupted run, start over a changed one) and trains the run as the
+`train-arm` subflow, its step-0 evaluation the one `study-start` scored for all runs.
 `BRORL_STUDY_STARTED` (epoch seconds, set by `make study`) dates the progress line's elapsed time.
 """
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # the environment defaults before prefect loads (brorl.environment)
-    from brorl.environment import apply_defaults
-    from flows import prefect_home
+if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
+    from flows.study_entry import main
 
-    apply_defaults()
-    prefect_home()
+    main()
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from prefect import flow
 
-from brorl.params import ParamsError, load_params
-from brorl.preflight import InputError, check_inputs
-from brorl.study import find_run
+from brorl.params import ExperimentParams, load_params
+from brorl.study.warmup import train_to_plateau, write_plateau
 from flows import prefect_settings
-from flows.train import train_arm
+from flows.study_entry import MODES, check
+from flows.train import PrefectDriver, train_arm
 from tasks import study as s
-from tasks import tracking
+from tasks import train as t
+
+
+def _params(params_path: str, overrides: list[str] | None) -> dict[str, Any]:
+    return load_params(params_path, overrides or []).model_dump(mode="json")
+
+
+@flow(name="study-warmup")
+def study_warmup(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Train the warm-up until its validation slope is shown flat or its cap; `plateau.json`."""
+    params = _params(params_path, overrides)
+    wp = s.warmup(params)
+    run = t.open_run(wp)
+    tracker = t.start_tracking(run, wp, s.parent_run(params))
+    with prefect_settings():
+        record = train_to_plateau(run, ExperimentParams.model_validate(params).study,
+                                  PrefectDriver(tracker))
+    t.finish_run(run, tracker, wp)
+    write_plateau(run.run_dir, record)
+    return record
+
+
+@flow(name="study-pool")
+def study_pool(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Choose the prompt pool at the warm-up's policy."""
+    return s.pool(_params(params_path, overrides))
 
 
 @flow(name="study-plan")
 def study_plan(params_path: str, overrides: list[str] | None = None) -> list[str]:
     """Write the study's plan files; the run ids."""
-    return s.plan(load_params(params_path, overrides or []).model_dump(mode="json"))
+    return s.plan(_params(params_path, overrides))
 
 
 @flow(name="study-start")
 def study_start(params_path: str, overrides: list[str] | None = None) -> str:
     """Score the step-0 evaluation every run shares; its file."""
-    return s.score_start(load_params(params_path, overrides or []).model_dump(mode="json"))
+    return s.score_start(_params(params_path, overrides))
 
 
 @flow(name="study-run", flow_run_name="{run}")
 def study_run(params_path: str, run: str, overrides: list[str] | None = None,
               started: float | None = None) -> dict[str, Any]:
     """Train run `run` of the study (resuming an interrupted session) as a child MLflow run."""
-    params = load_params(params_path, overrides or []).model_dump(mode="json")
+    params = _params(params_path, overrides)
     prepared = s.prepare_run(params, run, started)
-    parent = s.parent_run(params)
-    summary = train_arm(prepared["params"], prepared["params"]["name"], parent_run_id=parent,
-                        start=prepared["start"])
+    summary = train_arm(prepared["params"], prepared["params"]["name"],
+                        parent_run_id=s.parent_run(params), start=prepared["start"])
     s.finish_run(prepared, summary)
     return summary
 
@@ -67,45 +91,25 @@ def study_run(params_path: str, run: str, overrides: list[str] | None = None,
 @flow(name="study-report")
 def study_report(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """The report from the finished runs; attached to the study's parent run."""
-    params = load_params(params_path, overrides or []).model_dump(mode="json")
+    params = _params(params_path, overrides)
     result = s.report(params)
     s.log_report(params, s.parent_run(params), result)
     return result
 
 
-def main(argv: list[str] | None = None) -> Any:
-    parser = argparse.ArgumentParser(prog="python -m flows.study",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--params", required=True, help="the study's params file")
-    parser.add_argument("-S", "--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="override one params key")
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--plan", action="store_true", help="write the plan files")
-    mode.add_argument("--start", action="store_true",
-                      help="score the step-0 evaluation every run shares")
-    mode.add_argument("--run", metavar="RUN", help="train one run, e.g. n16_s0")
-    mode.add_argument("--report", action="store_true", help="write the report")
-    args = parser.parse_args(argv)
-    try:
-        params = load_params(args.params, args.overrides)
-        if args.run:
-            find_run(params.study, args.run)
-        if args.run or args.start:  # the warm-up's policy and the splits every run reads
-            check_inputs(params, "train", tracking.ROOT, resume=False)
-    except (ParamsError, InputError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+def run(args: argparse.Namespace) -> Any:
+    """Run the flow of checked arguments (`flows.study_entry.check`)."""
     started = os.environ.get("BRORL_STUDY_STARTED")
     with prefect_settings():  # no heartbeat thread joined at the end of each flow run
-        if args.plan:
-            return study_plan(args.params, args.overrides)
-        if args.start:
-            return study_start(args.params, args.overrides)
         if args.run:
             return study_run(args.params, args.run, args.overrides,
                              float(started) if started else None)
-        return study_report(args.params, args.overrides)
+        flows = {"warmup": study_warmup, "pool": study_pool, "plan": study_plan,
+                 "start": study_start, "report": study_report}
+        name = next(m for m in MODES if getattr(args, m))
+        return flows[name](args.params, args.overrides)
 
 
-if __name__ == "__main__":
-    main()
+def main(argv: list[str] | None = None) -> Any:
+    """Check the arguments and inputs, then run the mode's flow (in this process)."""
+    return run(check(argv))

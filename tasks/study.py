@@ -1,10 +1,9 @@
-"""Prefect tasks of a study: its plan, a run's folder and progress line, its MLflow parent run,
-the report. Each wraps one `brorl.study` call (or one MLflow exchange).
+"""Prefect tasks of a study: its plan, pool and start, a run's folder and progress line, its MLflow
+parent run, the report. Each wraps one `brorl.study` call (or one MLflow exchange).
 
 MLflow: one parent run per study, found by its tags (`stage=study`, `study=<name>`) and created
-when missing, so reruns and resumed studies reuse it; each run is a child (`train_arm`'s
-`parent_run_id`) tagged with N, B, seed and its arm. A run that is started over has its earlier
-MLflow run deleted (soft: `mlflow gc` would purge it), so the compare view holds one per run.
+when missing, so reruns and resumed studies reuse it; the warm-up and each run are children. A
+run that is started over has its earlier MLflow run deleted (soft: `mlflow gc` would purge it).
 """
 
 from __future__ import annotations
@@ -18,13 +17,14 @@ from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from brorl.files import atomic_write_text
 from brorl.params import ExperimentParams
-from brorl.study import find_run, run_dir, run_params, write_plan
+from brorl.study import find_run, run_dir, run_params, warmup_params, write_plan
 from brorl.study import progress as prog
+from brorl.study.pool import write_pool
 from brorl.study.report import build_report, headline
 from brorl.study.start import score_start as score_start_rows
 from brorl.study.start import start_path
-from brorl.files import atomic_write_text
 from tasks import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -36,13 +36,26 @@ def plan(params: dict[str, Any]) -> list[str]:
     return write_plan(ExperimentParams.model_validate(params), tracking.ROOT)
 
 
+@task(name="study-warmup-params", **_TASK)
+def warmup(params: dict[str, Any]) -> dict[str, Any]:
+    """The warm-up run's params (`brorl.study.plan.warmup_params`)."""
+    return warmup_params(ExperimentParams.model_validate(params)).model_dump(mode="json")
+
+
+@task(name="study-pool", **_TASK)
+def pool(params: dict[str, Any]) -> dict[str, Any]:
+    """Estimate the start's pass rates, choose and save the pool; its summary (no estimates)."""
+    record = write_pool(ExperimentParams.model_validate(params), tracking.ROOT)
+    return {k: v for k, v in record.items() if k not in ("estimates", "pool_ids")}
+
+
 @task(name="study-start", **_TASK)
 def score_start(params: dict[str, Any]) -> str:
     """Score the start evaluation every run shares; its file (`brorl.study.start`)."""
     p = ExperimentParams.model_validate(params)
     path = tracking.ROOT / start_path(p.study)
-    start = score_start_rows(p, tracking.ROOT)
-    atomic_write_text(path, json.dumps(start, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(score_start_rows(p, tracking.ROOT), indent=1,
+                                       sort_keys=True) + "\n")
     return str(path)
 
 
@@ -66,15 +79,13 @@ def prepare_run(params: dict[str, Any], run_id: str, started: float | None) -> d
     run = find_run(p.study, run_id)
     get_run_logger().info(
         prog.progress_line(p.name, run, prog.progress(p, tracking.ROOT, run_id, started)))
-    rp = run_params(p, run)
     folder = tracking.ROOT / run_dir(p.study, run)
-    digest = prog.digests(p, tracking.ROOT)[run_id]
-    done = prog.prepare_run_dir(folder, run_id, digest)
+    done = prog.prepare_run_dir(folder, run_id, prog.digests(p, tracking.ROOT)[run_id])
     if done.cleared_mlflow_run:
         forget_run(tracking.resolve_tracking_uri(p.tracking.tracking_uri), done.cleared_mlflow_run)
-    tags = {"study": p.name, "N": str(run.rollouts_per_prompt), "B": str(run.prompts_per_step),
-            "seed": str(run.seed), "arm": run.arm or run.variant or "sweep",
-            "in_sweep": str(run.in_sweep), "variant": run.variant or "none"}
+    rp = run_params(p, run)
+    tags = {"study": p.name, "arm": run.arm, "seed": str(run.seed),
+            "N": str(rp.update.rollouts_per_prompt), "B": str(rp.update.prompts_per_step)}
     return {"params": rp.model_dump(mode="json"), "tags": tags, "action": done.action,
             "folder": str(folder), "started": time.monotonic(),
             "start": str(tracking.ROOT / start_path(p.study))}
@@ -124,7 +135,8 @@ def log_report(params: dict[str, Any], run_id: str, result: dict[str, Any]) -> N
     """The report's files and headline on the parent run, which is then FINISHED."""
     p = ExperimentParams.model_validate(params)
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
-    metrics = {f"study/{k}": [v] for k, v in headline(result).items()}
+    metrics = {f"study/{name}_delta": [c["delta"]]
+               for name, c in headline(result)["contrasts"].items()}
     tracking.log_metric_series(uri, run_id, [0], metrics)
     out = tracking.ROOT / p.study.out_dir
     files = [f for f in sorted(out.glob("*")) if f.is_file()]

@@ -432,7 +432,7 @@ CASES: dict[str, Case] = {
     "study_unknown_run": Case("study", lambda c: ["--params", "params/study_ci.yaml",
                                                   "--run", "n3_s9"], "n3_s9"),
     "study_no_mode": Case("study", lambda c: ["--params", "params/study_ci.yaml"],
-                          "one of the arguments --plan --start --run --report is required",
+                          "one of the arguments --warmup --pool --plan --start --report --run is required",
                           usage=True),
     "study_bad_override": Case("study", lambda c: ["--params", "params/study_ci.yaml", "--plan",
                                                    "-S", "study.budget_rollouts=-1"],
@@ -659,19 +659,10 @@ def test_bad_input_gets_one_clear_line_and_changes_nothing(name, world, tmp_path
     assert snapshot(folder) == before
 
 
-CHECKS_AFTER_IMPORTS = {"study"}
-"""Entries whose module imports its flows (prefect, torch) before parsing its arguments:
-`python -m flows.study` (its `main` sits below the flow definitions). One of their cases runs
-as a process, expected to fail until the entry checks first; the rest would only cost time."""
-AS_PROCESSES = sorted(
-    [n for n, c in CASES.items() if c.read_only is None and c.entry not in CHECKS_AFTER_IMPORTS]
-    + ["study_no_mode"])
+AS_PROCESSES = sorted(n for n, c in CASES.items() if c.read_only is None)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(
-        strict=True, reason="flows.study checks its arguments after importing its flows"))
-    if CASES[name].entry in CHECKS_AFTER_IMPORTS else name for name in AS_PROCESSES])
+@pytest.mark.parametrize("name", AS_PROCESSES)
 def test_as_a_process_it_answers_before_any_heavy_import(name, as_processes):
     """The same case as `python -m MODULE`: one line, nothing changed, and none of HEAVY loaded
     when it exits: every check runs before the imports of the work it guards."""

@@ -1,5 +1,6 @@
-"""brorl.stats: bootstrap intervals, the paired test and the minimum detectable difference,
-against scipy on fixed data and against hand-computed cases."""
+"""brorl.stats: bootstrap intervals, the paired test and the minimum detectable difference; the
+seed-level tests, TOST, Holm, the slope test and Welch power; against scipy on fixed data and
+against hand-computed cases."""
 
 from __future__ import annotations
 
@@ -13,8 +14,14 @@ from brorl.stats import (
     Interval,
     bootstrap_difference,
     bootstrap_mean,
+    holm,
     minimum_detectable_difference,
     paired_test,
+    seed_test,
+    seeds_for_power,
+    slope_test,
+    tost_p,
+    welch_power,
 )
 
 X = np.random.default_rng(1).uniform(size=50)
@@ -142,3 +149,126 @@ def test_minimum_detectable_difference_approaches_the_normal_formula():
         minimum_detectable_difference(sd, 1)
     with pytest.raises(ValueError, match="alpha < power"):
         minimum_detectable_difference(sd, 10, alpha=0.5, power=0.4)
+
+
+# --- seeds as the unit: Welch, paired and one-sample t, TOST, Holm ------------------------------
+
+SEEDS_A = np.array([0.412, 0.437, 0.398, 0.455, 0.421])
+"""Fixed per-seed mean scores of one arm (5 seeds)."""
+SEEDS_B = np.array([0.371, 0.449, 0.352, 0.401, 0.388, 0.366])
+"""Another arm's (6 seeds: Welch needs no equal sizes)."""
+
+
+def test_seed_test_of_two_arms_is_welchs_t_of_scipy():
+    got = seed_test(SEEDS_A, SEEDS_B, margin=0.02)
+    ref = stats.ttest_ind(SEEDS_B, SEEDS_A, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert got.kind == "welch" and (got.n_a, got.n_b) == (5, 6)
+    assert got.delta == pytest.approx(SEEDS_B.mean() - SEEDS_A.mean())
+    assert (got.t, got.p_two_sided, got.df) == pytest.approx((ref.statistic, ref.pvalue, ref.df))
+    assert (got.ci_low, got.ci_high) == pytest.approx((ci.low, ci.high))
+    # se by hand: sqrt(var_a / 5 + var_b / 6)
+    assert got.se == pytest.approx(math.sqrt(SEEDS_A.var(ddof=1) / 5 + SEEDS_B.var(ddof=1) / 6))
+
+
+def test_tost_is_the_larger_of_two_one_sided_scipy_tests():
+    m = 0.02
+    # Welch: H0 delta <= -m is Welch's one-sided test of b + m against a; H0 delta >= m of b - m
+    low = stats.ttest_ind(SEEDS_B + m, SEEDS_A, equal_var=False, alternative="greater").pvalue
+    high = stats.ttest_ind(SEEDS_B - m, SEEDS_A, equal_var=False, alternative="less").pvalue
+    assert seed_test(SEEDS_A, SEEDS_B, margin=m).p_equivalence == pytest.approx(max(low, high))
+    # one sample: per-seed differences against -m and +m
+    d = SEEDS_A - 0.40
+    low = stats.ttest_1samp(d, -m, alternative="greater").pvalue
+    high = stats.ttest_1samp(d, m, alternative="less").pvalue
+    got = seed_test([0.40], SEEDS_A, kind="one_sample", margin=m)
+    assert got.kind == "one_sample" and got.p_equivalence == pytest.approx(max(low, high))
+    # equivalence at alpha iff the (1 - 2 alpha) interval lies inside (-m, m)
+    ci = stats.ttest_1samp(d, 0).confidence_interval(0.90)
+    assert (got.p_equivalence < 0.05) == (-m < ci.low and ci.high < m)
+
+
+def test_tost_p_by_hand_and_when_the_difference_is_known_exactly():
+    # delta 0, se 1, margin 2, df 10: both tails are P(T > 2) = 0.0367
+    assert tost_p(0.0, 1.0, 10, 2.0) == pytest.approx(stats.t.sf(2.0, 10))
+    assert tost_p(0.5, 0.0, 10, 2.0) == 0.0 and tost_p(2.5, 0.0, 10, 2.0) == 1.0
+    assert math.isnan(tost_p(0.5, 1.0, 10, float("nan")))  # no margin: no equivalence test
+
+
+def test_paired_and_one_sample_seed_tests_match_scipy():
+    later = SEEDS_A + np.array([0.010, -0.004, 0.021, 0.003, 0.008])
+    got = seed_test(SEEDS_A, later, kind="paired")
+    ref = stats.ttest_rel(later, SEEDS_A)
+    assert got.kind == "paired" and (got.t, got.p_two_sided) == pytest.approx(
+        (ref.statistic, ref.pvalue))
+    start = seed_test([0.40], SEEDS_A, kind="one_sample")
+    ref = stats.ttest_1samp(SEEDS_A - 0.40, 0.0)
+    assert (start.t, start.p_two_sided, start.df) == pytest.approx((ref.statistic, ref.pvalue, 4))
+    with pytest.raises(ValueError, match="one value per seed"):
+        seed_test(SEEDS_A, SEEDS_B, kind="paired")
+    with pytest.raises(ValueError, match="one fixed value"):
+        seed_test(SEEDS_A, SEEDS_B, kind="one_sample")
+
+
+def test_a_seed_test_without_spread_is_undefined_but_knows_its_difference():
+    one = seed_test(SEEDS_A, [0.40])  # one seed against five: no spread on that side
+    assert one.kind == "welch" and math.isnan(one.p_two_sided) and math.isnan(one.ci_low)
+    lone = seed_test([0.40], SEEDS_A)  # one seed of an arm is no fixed reference: undefined
+    assert lone.kind == "welch" and math.isnan(lone.p_two_sided)
+    same = seed_test([0.40], [0.43, 0.43, 0.43], kind="one_sample", margin=0.05)  # +0.03 each
+    assert same.delta == pytest.approx(0.03) and math.isnan(same.p_two_sided)
+    assert same.p_equivalence == 0.0
+
+
+def test_holm_adjusts_by_hand_and_keeps_the_input_order():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max
+    # 0.02, 0.03, 0.06, 0.06; back in input order
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # 2 x 0.5 = 1, then max(1, 0.9)
+    got = holm([0.02, float("nan"), 0.01])  # NaN is no member: m = 2
+    assert got[0] == pytest.approx(0.02) and math.isnan(got[1]) and got[2] == pytest.approx(0.02)
+
+
+def test_holm_rejects_exactly_what_the_step_down_procedure_rejects():
+    # Holm (1979): reject the i-th smallest while every p_(j) <= alpha / (m - j + 1), j <= i
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        p = rng.uniform(0, 0.08, size=rng.integers(1, 8))
+        for alpha in (0.01, 0.05):
+            order = np.argsort(p)
+            reject = np.zeros(len(p), dtype=bool)
+            for i, idx in enumerate(order):
+                if p[idx] > alpha / (len(p) - i):
+                    break
+                reject[idx] = True
+            assert ((np.array(holm(p)) <= alpha) == reject).all(), (p, alpha)
+
+
+def test_slope_test_is_scipys_regression_slope_with_instances_as_the_unit():
+    rng = np.random.default_rng(11)
+    x = np.array([0.0, 4.0, 8.0, 12.0, 16.0, 20.0])
+    scores = 0.4 + 0.002 * x[:, None] + rng.normal(0, 0.05, size=(6, 40))  # [evals, instances]
+    got = slope_test(scores, x, margin=0.004)
+    assert got.slope == pytest.approx(stats.linregress(x, scores.mean(axis=1)).slope)
+    per_instance = np.array([stats.linregress(x, scores[:, i]).slope for i in range(40)])
+    ref = stats.ttest_1samp(per_instance, 0.0)
+    assert (got.t, got.p_two_sided, got.df) == pytest.approx((ref.statistic, ref.pvalue, 39))
+    low = stats.ttest_1samp(per_instance, -0.004, alternative="greater").pvalue
+    high = stats.ttest_1samp(per_instance, 0.004, alternative="less").pvalue
+    assert got.p_equivalence == pytest.approx(max(low, high))
+    flat = slope_test(np.tile(scores.mean(axis=0), (6, 1)), x, margin=0.004)  # no change at all
+    assert flat.slope == pytest.approx(0.0, abs=1e-15) and flat.p_equivalence == 0.0
+    with pytest.raises(ValueError, match="evaluations >= 3"):
+        slope_test(scores[:2], x[:2], margin=0.01)
+
+
+def test_welch_power_matches_a_simulation_of_scipys_welch_test():
+    # 40,000 simulated studies of 4 vs 6 seeds (sd 1 and 2, true difference 2.5): the share in
+    # which scipy's Welch test rejects at 0.05; Monte Carlo sd of a share near 0.5 is 0.0025
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(0, 1, size=(40_000, 4)), rng.normal(2.5, 2, size=(40_000, 6))
+    simulated = float((stats.ttest_ind(b, a, axis=1, equal_var=False).pvalue < 0.05).mean())
+    assert welch_power(2.5, 1.0, 2.0, 4, 6) == pytest.approx(simulated, abs=0.02)
+    n = seeds_for_power(2.5, 1.0, 2.0)
+    assert welch_power(2.5, 1.0, 2.0, n, n) >= 0.8 > welch_power(2.5, 1.0, 2.0, n - 1, n - 1)
+    assert seeds_for_power(2.5, 1.0, 2.0, alpha=0.01) > n  # a stricter level needs more seeds

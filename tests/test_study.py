@@ -1,10 +1,12 @@
-"""The study (docs/study.md): the B rule, the run expansion, equal budgets, the run folders between
-sessions, the report's statistics on hand-made run folders, and at CI size the whole study under
-DVC, killed after its first finished run and resumed, against an uninterrupted study."""
+"""The study (docs/study.md): the arms and runs, each run's params, the plan files, the run folders
+between sessions, the warm-up's plateau test, the pool's choice, the report on hand-made run
+folders where the answer is known, and at CI size the whole study under DVC: killed inside a
+run at a checkpoint and resumed, then pushed to a local remote and pulled into a fresh clone."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -21,48 +23,42 @@ import yaml
 from scipy import stats
 
 from brorl.params import ParamsError, load_params
-from brorl.params.study import StudyArm, StudyParams
+from brorl.stats import holm
 from brorl.study import plan_runs, run_params, write_plan
+from brorl.study.plan import StudyRun
+from brorl.study.pool import choose, histogram, keep_rate, rescued, summary
 from brorl.study.progress import mark_finished, prepare_run_dir, progress, progress_line
 from brorl.study.report import build_report, headline, verdict
+from brorl.study.warmup import plateau_test, train_to_plateau
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY, STUDY_CI = ROOT / "params" / "study.yaml", ROOT / "params" / "study_ci.yaml"
+STUDY_DVC = "study/dvc.yaml"
+REPORT = f"{STUDY_DVC}:study_report"
 
 
-# --- the B rule, the runs, the budget --------------------------------------------------------
+# --- the arms, the runs, each run's params ---------------------------------------------------
 
-def test_prompts_per_step_rule_reproduces_both_arms_and_gives_the_sweep():
-    study = StudyParams()
-    # alpha = log(8 / 2) / log(512 / 16) = log 4 / log 32 = 2 / 5
-    assert study.exponent == pytest.approx(0.4)
-    # B(N) = round(8 (16 / N)^0.4): 8 x 4^-0.4 = 4.59 -> 5, 8 x 16^-0.4 = 2.64 -> 3,
-    # 8 x 32^-0.4 = 2 (the BroRL arm), 8 x 64^-0.4 = 1.52 -> 2
-    assert [study.prompts_per_step(n) for n in (16, 64, 256, 512, 1024)] == [8, 5, 3, 2, 2]
-    other = StudyParams(arms={"prorl": StudyArm(rollouts_per_prompt=16, prompts_per_step=4),
-                              "brorl": StudyArm(rollouts_per_prompt=64, prompts_per_step=1)},
-                        sweep_rollouts_per_prompt=[16, 32, 64], budget_rollouts=512, min_steps=1)
-    # log 4 / log 4 = 1: B = 4 x 16 / N, so N = 32 -> 2 and N = 1024 -> max(1, 0.06) = 1
-    assert [other.prompts_per_step(n) for n in (16, 32, 64, 1024)] == [4, 2, 1, 1]
+@pytest.mark.parametrize("name", ["pipeline.yaml", "pipeline_ci.yaml"])
+def test_the_dvc_foreach_list_is_the_plan_of_the_named_study(name):
+    pipeline = yaml.safe_load((ROOT / "params" / name).read_text())
+    study = pipeline["study"]
+    params = load_params(ROOT / study["params"])
+    assert study["runs"] == [r.id for r in plan_runs(params.study)]
+    assert (study["out"], study["name"]) == (params.study.out_dir, params.study_label)
+    assert params.tracking.metrics_dir == pipeline["dirs"]["metrics"]
+    assert params.train.init_checkpoint == f"{pipeline['base']['out']}/checkpoint"  # the warm-up's
+    assert params.data.path == load_params(ROOT / pipeline["data"]["params"]).data.path
 
 
-def test_the_study_expands_to_19_unique_runs_then_its_variants_runs():
+def test_runs_go_seed_by_seed_through_the_arms():
     runs = plan_runs(load_params(STUDY).study)
-    by_id = {r.id: r for r in runs}
-    assert len(runs) == len(by_id) == 5 + 5 + 3 * 3 + 2 * 3
-    assert {r.id for r in runs if r.arm == "prorl"} == {f"n16_s{s}" for s in range(5)}
-    assert {r.id for r in runs if r.arm == "brorl"} == {f"n512_s{s}" for s in range(5)}
-    assert {r.id for r in runs if r.in_sweep} == {
-        f"n{n}_s{s}" for n in (16, 64, 256, 512, 1024) for s in range(3)}
-    assert (by_id["n16_s2"].arm, by_id["n16_s2"].in_sweep) == ("prorl", True)
-    assert (by_id["n16_s3"].arm, by_id["n16_s3"].in_sweep) == ("prorl", False)
-    assert (by_id["n64_s1"].arm, by_id["n64_s1"].prompts_per_step) == (None, 5)
-    plain, variants = runs[:19], runs[19:]
-    assert [r.seed for r in plain] == sorted(r.seed for r in plain)  # seed by seed
-    assert [r.id for r in variants] == [f"{v}_s{s}" for s in range(3) for v in ("adaptive", "pods")]
-    # a variant's runs take its arm's shape and are neither an arm's seeds nor the sweep's
-    assert {(r.variant, r.rollouts_per_prompt, r.prompts_per_step, r.arm, r.in_sweep)
-            for r in variants} == {("adaptive", 16, 8, None, False), ("pods", 512, 2, None, False)}
+    arms = ["prorl", "brorl", "brorllr", "n16b2"]
+    assert [r.id for r in runs] == [f"{a}_s{s}" for s in range(3) for a in arms]
+    ci = load_params(STUDY_CI, ["study.arms.brorllr.seeds=3"]).study
+    # prorl and brorl have 2 seeds, brorllr 3, n16b2 1: a seed's runs, then the next seed's
+    assert [r.id for r in plan_runs(ci)] == ["prorl_s0", "brorl_s0", "brorllr_s0", "n16b2_s0",
+                                             "prorl_s1", "brorl_s1", "brorllr_s1", "brorllr_s2"]
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -75,92 +71,109 @@ def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def test_every_run_has_the_equal_budget_and_differs_from_the_study_only_in_its_shape():
+def test_every_run_differs_from_the_study_only_in_its_arm_seed_start_pool_and_stop():
     params = load_params(STUDY)
     study_leaves = _leaves(params.model_dump(mode="json", exclude={"study"}))
-    allowed = {"name", "update.prompts_per_step", "update.rollouts_per_prompt", "train.seed",
-               "train.algorithm", "train.max_rollouts", "train.eval_every",
-               "train.checkpoint_every", "train.run_dir", "train.checkpoint_dir",
-               "tracking.metrics_dir", "tracking.plots_dir"}
-    variant_keys = {"adaptive": {"update.allocation"}, "pods": {"update.train_subset"}}
-    # a quarter of 8192 is 2048 rollouts: 2048 / (B N) = 2048/128, 2048/320, 2048/768,
-    # 2048/1024, 2048/2048 = 16, 6.4, 2.67, 2, 1 steps -> 16, 6, 3, 2, 1
-    every = {16: 16, 64: 6, 256: 3, 512: 2, 1024: 1}
+    allowed = {"name", "update.prompts_per_step", "update.rollouts_per_prompt",
+               "update.base_samples_per_step", "data.path", "train.seed", "train.algorithm",
+               "train.init_checkpoint", "train.continue_stream", "train.max_rollouts",
+               "train.steps", "train.eval_every", "train.checkpoint_every", "train.run_dir",
+               "train.checkpoint_dir", "tracking.metrics_dir", "tracking.plots_dir"}
+    # the sqrt rule, lr = 1e-4 sqrt(B N / anchor): prorl 128/128, brorl 1024/128 (x 2.83),
+    # brorllr 1024/1024 and n16b2 32/32 (ProRL's 1e-4)
+    lr = {"prorl": 1e-4, "brorl": 1e-4 * math.sqrt(8), "brorllr": 1e-4, "n16b2": 1e-4}
+    # every arm is evaluated every 48 steps (ProRL ends near 51200 / 128 = 400 steps, without
+    # refills, so its long run is too; the others end near 48-50)
+    every = {"prorl": 48, "brorl": 48, "brorllr": 48, "n16b2": 48}
     for run in plan_runs(params.study):
         p = run_params(params, run)
-        # a run's plan file holds no study section (`run_tree`)
         changed = {k for k, v in _leaves(p.model_dump(mode="json", exclude={"study"})).items()
                    if study_leaves[k] != v}
-        extra = variant_keys.get(run.variant, set())
-        assert changed <= allowed | extra and extra <= changed, (run.id, changed - allowed)
-        n, b = run.rollouts_per_prompt, run.prompts_per_step
-        assert p.train.max_rollouts == 8192 and 8192 % n == 0
-        assert (p.update.rollouts_per_prompt, p.update.prompts_per_step) == (n, b)
-        trained = b * (p.update.train_subset or n)  # pods trains 64 of each group's 512
-        assert p.update.lr == pytest.approx(1e-4 * math.sqrt(trained / 128))  # the sqrt rule
-        assert p.train.eval_every == every[n] and p.train.seed == run.seed
-        assert p.train.init_checkpoint == "outputs/prorl_warmup/policy"
+        assert changed <= allowed, (run.id, changed - allowed)
+        assert p.update.lr == pytest.approx(lr[run.arm]) and p.update.mini_batches_per_step == 4
+        assert p.train.eval_every == every[run.arm] and p.train.seed == run.seed
+        assert (p.train.init_checkpoint, p.data.path) == ("outputs/study/warmup/policy",
+                                                          "outputs/study/pool/problems")
+        assert p.train.continue_stream is False  # the pool is not the warm-up's train list
         assert (p.train.eval_per_family, p.train.eval_samples, p.train.eval_seed) == (100, 8, 0)
+        if run.arm == "n16b2":
+            assert (p.train.steps, p.train.max_rollouts) == (48, None)
+        else:
+            assert (p.train.steps, p.train.max_rollouts) == (1000, 51200)
         assert p.train.run_dir == f"outputs/study/runs/{run.id}"
-        assert p.train.algorithm == ("prorl" if n == 16 else "brorl")
-    assert 8192 // (2 * 512) == 8  # the BroRL arm takes 8 steps
+
+
+def test_the_study_file_holds_the_issues_design():
+    study = load_params(STUDY).study
+    broad = [a for a in study.arms.values() if a.update["rollouts_per_prompt"] == 512]
+    assert len(broad) == 2 and all(a.update["prompts_per_step"] == 2 for a in broad)
+    assert study.budget_rollouts >= 48 * 2 * 512  # >= 48 BroRL steps
+    assert study.warmup.window >= 5 and study.warmup.min_instances >= 300
+    sides = {(c.a, c.b) for c in study.contrasts.values()}
+    for arm in ("brorl", "brorllr"):  # each BroRL arm vs ProRL at equal rollouts and steps
+        assert {("prorl@budget", f"{arm}@budget"), ("prorl@steps", f"{arm}@steps")} <= sides
+    assert ("brorllr@budget", "brorl@budget") in sides  # the LR alone
+    assert ("start", "prorl@budget") in sides  # the premise, by TOST
+    from brorl.study.power import plan_seeds
+
+    assert all(a.seeds == plan_seeds() for a in study.arms.values())
 
 
 @pytest.mark.parametrize("override, message", [
-    ("study.budget_rollouts=8000", "study.budget_rollouts = 8000 is not divisible by N = 256"),
-    ("study.budget_rollouts=4096", "fewer than study.min_steps = 8 steps"),
-    ("study.baseline=grpo", "exactly two arms, the baseline among them"),
-    ("study.variants.pods.arm=grpo", "study.variants.pods.arm = 'grpo' is not an arm"),
-    ("study.variants.adaptive.update.rollouts_per_prompt=64", "not prompts_per_step or rollouts"),
-    ("study.variants.pods.update.train_subset=600", "study.variants.pods.update .*update.train_subset = 600"),
+    ("study.budget_rollouts=53000", "not divisible by arm prorl's N = 16"),
+    ("study.budget_rollouts=40960", "fewer than study.equal_steps = 48 steps"),
+    ("study.contrasts.lr_alone.a=brorl@nowhere", "side 'brorl@nowhere' is not"),
+    ("study.contrasts.n_alone.a=n16b2@budget", "an arm with stop: steps has no @budget"),
+    ("study.contrasts.lr_alone.b=start", "`start` may only be side a"),
+    ("study.revival.brorl=[nothing]", "unknown: \\['nothing'\\]"),
+    ("study.arms.brorl.update.prompts_per_step=3", "gives arm brorl .* fewer than study.equal"),
+    ("study.arms.n16b2.update.mini_batches_per_step=3", "study.arms.n16b2.update .*do not split"),
+    ("study.evaluations=5", "not a multiple of study.evaluations"),
+    ("study.pool.target=[0.7,0.3]", "0 < low < high < 1"),
 ])
 def test_a_study_that_breaks_a_rule_fails_naming_the_field_and_the_fix(override, message):
     with pytest.raises(ParamsError, match=message):
         load_params(STUDY, [override])
 
 
-@pytest.mark.parametrize("name", ["pipeline.yaml", "pipeline_ci.yaml"])
-def test_the_dvc_foreach_list_is_the_plan_of_the_named_study(name):
-    pipeline = yaml.safe_load((ROOT / "params" / name).read_text())
-    study = pipeline["study"]
-    params = load_params(ROOT / study["params"])
-    assert study["runs"] == [r.id for r in plan_runs(params.study)]
-    assert (study["out"], study["name"]) == (params.study.out_dir, params.study_label)
-    assert params.tracking.metrics_dir == pipeline["dirs"]["metrics"]
-    assert params.train.init_checkpoint == f"{pipeline['prorl_warmup']['out']}/policy"
-    assert params.data.path == load_params(ROOT / pipeline["data"]["params"]).data.path
-
-
-def test_the_plan_files_change_only_for_runs_whose_params_changed(tmp_path):
+def test_the_plan_files_change_only_where_their_settings_changed(tmp_path):
     params = load_params(STUDY_CI, [f"study.out_dir={tmp_path}"])
     ids = write_plan(params, tmp_path)
-    assert ids == ["n16_s0", "n64_s0", "n16_s1", "n64_s1", "adaptive_s0", "pods_s0"]
-    before = {i: (tmp_path / "plan" / f"{i}.json").read_bytes() for i in ids}
-    write_plan(load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.resamples=50"]), tmp_path)
-    assert {i: (tmp_path / "plan" / f"{i}.json").read_bytes() for i in ids} == before
-    more = load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.sweep_seeds=3"])
-    assert write_plan(more, tmp_path)[5] == "n64_s2"
-    assert {i: (tmp_path / "plan" / f"{i}.json").read_bytes() for i in ids} == before
+    files = [*(f"{i}.json" for i in ids), "warmup.json", "pool.json"]
+    before = {f: (tmp_path / "plan" / f).read_bytes() for f in files}
+    # the report's settings change no run, nor the warm-up, nor the pool
+    write_plan(load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.margin=0.05"]),
+               tmp_path)
+    assert {f: (tmp_path / "plan" / f).read_bytes() for f in files} == before
+    # the warm-up's cap changes its plan file only
+    write_plan(load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.warmup.max_steps=9"]),
+               tmp_path)
+    changed = {f for f in files if (tmp_path / "plan" / f).read_bytes() != before[f]}
+    assert changed == {"warmup.json"}
+    more = load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.arms.n16b2.seeds=2"])
+    assert "n16b2_s1" in write_plan(more, tmp_path)
     write_plan(params, tmp_path)
-    assert not (tmp_path / "plan" / "n64_s2.json").exists()  # a dropped run's file goes
+    assert not (tmp_path / "plan" / "n16b2_s1.json").exists()  # a dropped run's file goes
 
+
+# --- run folders between sessions, progress ---------------------------------------------------
 
 def test_a_run_folder_resumes_when_interrupted_and_starts_over_when_changed_or_finished(tmp_path):
-    folder = tmp_path / "n16_s0"
-    assert prepare_run_dir(folder, "n16_s0", "d1").action == "start"
+    folder = tmp_path / "prorl_s0"
+    assert prepare_run_dir(folder, "prorl_s0", "d1").action == "start"
     (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "abc"}))
-    killed = prepare_run_dir(folder, "n16_s0", "d1")  # interrupted before its first checkpoint
+    killed = prepare_run_dir(folder, "prorl_s0", "d1")  # interrupted before its first checkpoint
     assert (killed.action, killed.cleared_mlflow_run) == ("start", "abc")
     _checkpoint(folder)
-    assert prepare_run_dir(folder, "n16_s0", "d1").action == "resume"  # interrupted session
+    assert prepare_run_dir(folder, "prorl_s0", "d1").action == "resume"  # interrupted session
     assert (folder / "checkpoints").is_dir()
     (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "def"}))
     mark_finished(folder, 12.5)
-    again = prepare_run_dir(folder, "n16_s0", "d1")  # DVC reruns a finished run: code changed
+    again = prepare_run_dir(folder, "prorl_s0", "d1")  # DVC reruns a finished run: code changed
     assert (again.action, again.cleared_mlflow_run) == ("start", "def")
     assert not (folder / "checkpoints").exists()
     _checkpoint(folder)
-    assert prepare_run_dir(folder, "n16_s0", "d2").action == "start"  # other params
+    assert prepare_run_dir(folder, "prorl_s0", "d2").action == "start"  # other params
     assert not (folder / "checkpoints").exists()
 
 
@@ -191,202 +204,466 @@ def test_progress_counts_current_finished_runs_and_estimates_from_their_wall_tim
     from brorl.study.progress import digests
 
     current = digests(params, tmp_path)
-    for run_id, wall in (("n16_s0", 10.0), ("n64_s0", 30.0)):
+    for run_id, wall in (("prorl_s0", 10.0), ("n16b2_s0", 5.0)):
         folder = tmp_path / "study" / "runs" / run_id
         prepare_run_dir(folder, run_id, current[run_id])
         mark_finished(folder, wall)
-    stale = tmp_path / "study" / "runs" / "n64_s1"
-    prepare_run_dir(stale, "n64_s1", "old-digest")
+    stale = tmp_path / "study" / "runs" / "brorl_s1"
+    prepare_run_dir(stale, "brorl_s1", "old-digest")
     mark_finished(stale, 99.0)  # finished with other params: not done
-    p = progress(params, tmp_path, "n16_s1")
-    # left: n16_s1 and adaptive_s0 (the N=16 mean, 10 s), n64_s1 and pods_s0 (the N=64 mean,
-    # 30 s): a variant's runs are estimated by its arm's N
-    assert (p.done, p.total, p.elapsed, p.eta) == (2, 6, 40.0, 80.0)
-    run = plan_runs(params.study)[2]
-    assert progress_line("study-ci", run, p) == (
-        "study study-ci: run n16_s1 (N=16, B=4, seed 1) | 2/6 runs done | elapsed 0m40s "
-        "| ETA 1m20s")
-    assert progress(params, tmp_path, "n16_s1", started=time.time() - 125).elapsed >= 125
+    p = progress(params, tmp_path, "brorl_s0")
+    # left: prorl_s1 (prorl's mean, 10 s), then brorl_s0, brorllr_s0, brorl_s1 with no run of
+    # their arm yet: the finished runs' 15 s per 256 + 32 nominal rollouts (4 x 16 x 4 steps,
+    # 2 x 16 x 1 step) times their nominal 2 x 64 x 2 = 256 rollouts: 40/3 s each
+    assert (p.done, p.total, p.elapsed) == (2, 6, 15.0)
+    assert p.eta == pytest.approx(10 + 3 * 15 / 288 * 256)
+    assert progress_line("study-ci", StudyRun("brorl", 0), p) == (
+        "study study-ci: run brorl_s0 (seed 0) | 2/6 runs done | elapsed 0m15s | ETA 0m50s")
+    assert progress(params, tmp_path, "prorl_s1", started=time.time() - 125).elapsed >= 125
 
 
-# --- the report on hand-made run folders -----------------------------------------------------
+# --- the warm-up's plateau test and its loop ---------------------------------------------------
 
-IDS = [f"{f}/t/{k}" for f in ("math", "code", "reasoning") for k in ("a", "b")]
-START = np.array([0.2, 0.4, 0.3, 0.5, 0.2, 0.3])
-FINAL = {"n16_s0": [0.3, 0.4, 0.3, 0.6, 0.1, 0.4], "n16_s1": [0.2, 0.5, 0.4, 0.5, 0.2, 0.3],
-         "n64_s0": [0.5, 0.6, 0.4, 0.7, 0.3, 0.5], "n64_s1": [0.4, 0.6, 0.5, 0.8, 0.2, 0.6],
-         "adaptive_s0": [0.4, 0.5, 0.3, 0.7, 0.2, 0.4], "pods_s0": [0.5, 0.6, 0.5, 0.7, 0.3, 0.6]}
-SECONDS = {"n16_s0": [0, 8, 20], "n16_s1": [0, 12, 24], "n64_s0": [0, 5, 10], "n64_s1": [0, 6, 12],
-           "adaptive_s0": [0, 9, 21], "pods_s0": [0, 3, 6]}
-
-
-def _mid(run_id: str) -> np.ndarray:
-    return (START + np.array(FINAL[run_id])) / 2
+def _validation_rows(curve: list[float], noise: float, instances: int = 40,
+                     every: int = 1000) -> list[dict]:
+    """Validation rows whose per-instance scores are the curve's value plus fixed noise."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.2, 0.8, size=instances)
+    ids = [f"math/t/{i}" for i in range(instances)]
+    return [{"step": 4 * k, "split": "validation", "rollouts": every * k, "problem_ids": ids,
+             "score": (base + value + rng.normal(0, noise, instances)).tolist()}
+            for k, value in enumerate(curve)]
 
 
-def _row(step: int, rollouts: int, seconds: float, scores, split: str = "test") -> dict:
-    scores = [float(x) for x in scores]
-    families = [i.split("/")[0] for i in IDS]
-    family = {f: {"score": float(np.mean(scores[2 * j:2 * j + 2])),
-                  "pass_at_1": float(np.mean(scores[2 * j:2 * j + 2]))}
-              for j, f in enumerate(("math", "code", "reasoning"))}
-    return {"step": step, "split": split, "seconds": seconds, "rollouts": rollouts,
-            "scores": {"family": family}, "problem_ids": IDS, "families": families,
-            "pass_at_1": scores, "score": scores}
+def test_the_plateau_test_is_a_tost_on_the_slope_per_study_budget():
+    study = load_params(STUDY_CI, ["study.budget_rollouts=4096", "study.warmup.margin=0.03",
+                                   "study.warmup.min_instances=40"]).study
+    # rollouts 0..5000 in a 4096-rollout budget: a flat curve with a little noise lies within
+    # +-0.03 per budget; a curve rising 0.01 per 1000 rollouts (0.041 per budget) does not
+    flat = plateau_test(_validation_rows([0.0] * 6, 0.002), study)
+    rising = plateau_test(_validation_rows([0.01 * k for k in range(6)], 0.002), study)
+    assert flat["flat"] and not rising["flat"]
+    assert rising["test"]["slope"] == pytest.approx(0.01 * 4096 / 1000, abs=0.002)
+    assert flat["steps"] == [4, 8, 12, 16, 20] and len(flat["scores"]) == 5  # the last 5 rows
+    assert plateau_test(_validation_rows([0.0] * 4, 0.002), study) is None  # fewer than 5 yet
+    with pytest.raises(ValueError, match="needs >= 300"):
+        plateau_test(_validation_rows([0.0] * 6, 0.002), load_params(STUDY).study)
 
 
-def _hand_made_study(tmp_path: Path):
+def test_each_look_of_the_warm_up_tests_at_alpha_over_the_looks():
+    # CI warm-up: evaluations at steps 0..5, a window of 5: looks at steps 4 and 5, alpha / 2
+    params = load_params(STUDY_CI, ["study.warmup.min_instances=40", "study.budget_rollouts=1024"])
+    study = params.study
+    assert study.warmup.looks == 2 and load_params(STUDY).study.warmup.looks == 4  # 384 .. 672
+    # per-instance slopes 0 +- s exactly (z standardised), s chosen so that the TOST p is about
+    # 0.03: se = s / sqrt(40), p = P(T39 > 0.03 / se) = 0.03 -> se = 0.03 / t(0.97, 39)
+    z = np.random.default_rng(1).normal(size=40)
+    z = (z - z.mean()) / z.std(ddof=1)
+    se = 0.03 / stats.t.ppf(0.97, 39)
+    slopes = z * se * math.sqrt(40)
+    rows = _validation_rows([0.0] * 5, 0.0, every=256)
+    for k, row in enumerate(rows):  # x = rollouts / budget = 0.25 k
+        row["score"] = (np.array(row["score"]) + slopes * 0.25 * k).tolist()
+    verdict_ = plateau_test(rows, study)
+    assert verdict_["test"]["p_equivalence"] == pytest.approx(0.03, abs=1e-6)
+    assert verdict_["level"] == 0.025 and verdict_["flat"] is False  # flat at 0.05, not 0.025
+
+
+class _StandIn:
+    """Just what `train_to_plateau` reads of a `brorl.train.Run`: the step count, the rows, the
+    rollouts, and `train(driver, max_steps)` (here: add one validation row per call, from a
+    scripted curve). The real run is trained by the CI study below."""
+
+    def __init__(self, curve: list[float]) -> None:
+        self.rows, self.curve, self.step_count, self.calls = _validation_rows(curve, 0.002), \
+            curve, 0, []
+        self.state = type("State", (), {"evals": self.rows[:1], "rollouts": 0})()
+
+    def train(self, driver, max_steps):
+        self.calls.append(max_steps)
+        self.step_count += max_steps
+        self.state.evals = self.rows[:self.step_count // max_steps + 1]
+        self.state.rollouts = self.state.evals[-1]["rollouts"]
+
+
+def test_the_warm_up_stops_once_flat_or_at_its_cap():
+    study = load_params(STUDY_CI, ["study.budget_rollouts=4096", "study.warmup.min_instances=40",
+                                   "study.warmup.eval_every=4", "study.warmup.max_steps=40"]).study
+    flat = _StandIn([0.0] * 20)
+    record = train_to_plateau(flat, study)
+    # rows at steps 0, 4, ..., 16 make the first window of 5: flat there, after 4 calls
+    assert (record["stopped_by"], record["plateaued"], flat.calls) == ("flat", True, [4] * 4)
+    rising = _StandIn([0.01 * k for k in range(20)])
+    record = train_to_plateau(rising, study)
+    assert (record["stopped_by"], record["plateaued"], record["steps"]) == ("cap", False, 40)
+    assert record["verdict"]["flat"] is False
+
+
+# --- the pool -------------------------------------------------------------------------------
+
+def test_keep_rate_and_the_rescued_share_by_hand():
+    # p = 0.5, N = 2: mixed unless both equal: 1 - 0.25 - 0.25 = 0.5; p = 0 or 1: never mixed
+    assert keep_rate(np.array([0.5, 0.0, 1.0]), 2).tolist() == [0.5, 0.0, 0.0]
+    # all-wrong at N = 1 but not at N = 2: (1 - p) - (1 - p)^2 = 0.5 - 0.25 at p = 0.5
+    assert rescued(np.array([0.5]), 1, 2).tolist() == [0.25]
+    counts = {b["bin"]: b["count"] for b in histogram(np.array([0.0, 0.001, 0.03, 0.5, 1.0]))}
+    assert (counts["0"], counts["1"], counts["(0, 0.001953]"], counts["(0.01562, 0.0625]"]) == \
+        (1, 1, 1, 1)
+    assert sum(counts.values()) == 5
+
+
+def _estimates(p: list[float], tries: int = 100) -> dict:
+    return {"ids": [f"t/{i:02d}" for i in range(len(p))], "families": ["math"] * len(p),
+            "tasks": ["math/t"] * len(p), "solves": [round(x * tries) for x in p],
+            "tries": [tries] * len(p)}
+
+
+def test_the_pool_is_the_hardest_solved_prefix_up_to_the_bands_centre():
+    params = load_params(STUDY_CI, ["study.pool.min_prompts=2", "study.pool.target=[0.3,0.7]"])
+    # N = 16 (the baseline): keep rates of p = 0.01, 0.02, 0.05, 0.3 are 0.149, 0.276, 0.560,
+    # 0.997; running means 0.149, 0.213, 0.328, 0.495, then 0.5 is passed by p = 0.5 (0.596)
+    p = [0.3, 0.0, 0.05, 0.01, 0.5, 0.02, 0.9]
+    got = choose(_estimates(p), params)
+    assert got["ids"] == ["t/03", "t/05", "t/02", "t/00"]  # 0.01, 0.02, 0.05, 0.3
+    expected = keep_rate(np.array([0.01, 0.02, 0.05, 0.3]), 16).mean()
+    assert got["predicted_pass_rate"] == pytest.approx(expected) and 0.3 <= expected <= 0.7
+    assert got["excluded_unsolved"] == 1  # p = 0: never solved, never pooled
+    with pytest.raises(ValueError, match="no prompt pool of at least 64"):
+        choose(_estimates(p), load_params(STUDY))
+
+
+# --- the report on hand-made run folders ----------------------------------------------------
+
+FAMS = ("math", "code", "reasoning")
+IDS = [f"{f}/t/{k}" for f in FAMS for k in range(10)]
+START = np.random.default_rng(7).uniform(0.2, 0.6, size=len(IDS))
+# Per arm and point: the shift from the start and the per-seed offsets (3 seeds each). brorl is
+# 0.10 above prorl at both points (tiny seed noise): higher; brorllr equals prorl within 0.002
+# per seed: equivalent within +-0.03; n16b2 vs brorllr: a 0.02 mean gap under +-0.08 seed noise:
+# inconclusive; prorl is 0.08 below the start: lower; brorl 0.02 above it: higher, within the
+# margin.
+SHIFT = {("prorl", "steps"): -0.06, ("prorl", "budget"): -0.08,
+         ("brorl", "steps"): 0.04, ("brorl", "budget"): 0.02,
+         ("brorllr", "steps"): -0.06, ("brorllr", "budget"): -0.08, ("n16b2", "steps"): -0.08}
+SEED = {"prorl": [0.001, -0.002, 0.001], "brorl": [0.002, -0.001, -0.001],
+        "brorllr": [0.0, 0.002, -0.002], "n16b2": [0.08, -0.08, 0.06]}
+
+
+def _values(arm: str, point: str, seed: int) -> np.ndarray:
+    return START + SHIFT[(arm, point)] + SEED[arm][seed]
+
+
+def _row(step: int, rollouts: int, values, split: str = "test") -> dict:
+    values = [float(x) for x in values]
+    family = {f: {"score": float(np.mean(values[10 * j:10 * j + 10]))} for j, f in enumerate(FAMS)}
+    return {"step": step, "split": split, "seconds": float(step), "rollouts": rollouts,
+            "scores": {"family": family}, "problem_ids": IDS,
+            "families": [i.split("/")[0] for i in IDS], "pass_at_1": values, "score": values}
+
+
+def _hand_made_study(tmp_path: Path, flat: bool = True):
+    seeds = [f"study.arms.{a}.seeds=3" for a in ("prorl", "brorl", "brorllr", "n16b2")]
     params = load_params(STUDY_CI, [f"study.out_dir={tmp_path}/study", "study.resamples=2000",
-                                    "study.budget_rollouts=128", "study.evaluations=2",
-                                    f"train.init_checkpoint={tmp_path}/warmup/policy"])
-    for run_id, final in FINAL.items():
-        folder = tmp_path / "study" / "runs" / run_id
+                                    "study.warmup.min_instances=30", *seeds])
+    study = params.study
+    for run in plan_runs(study):
+        folder = tmp_path / "study" / "runs" / run.id
         folder.mkdir(parents=True)
-        s = SECONDS[run_id]
-        rows = [_row(0, 0, s[0], START), _row(1, 64, s[1], _mid(run_id)), _row(2, 128, s[2], final)]
+        arm = study.arms[run.arm]
+        n = arm.update["prompts_per_step"] * arm.update["rollouts_per_prompt"]
+        rows = [_row(0, 0, START), _row(1, n, _values(run.arm, "steps", run.seed))]
+        if arm.stop == "rollouts":
+            rows.append(_row(256 // n, 256, _values(run.arm, "budget", run.seed)))
         (folder / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        # pooled pass rate (16 + 96) / 128 = 0.875, not the mean of ratios 0.75; throughput
-        # 128 rollouts / 5 s = 25.6, not (32 + 24) / 2 = 28
-        history = [{"train/step": 1.0, "generate/rollouts": 32.0, "filter/rollouts_generated": 32.0,
-                    "filter/pass_rate": 0.5, "generate/seconds": 1.0},
-                   {"train/step": 2.0, "generate/rollouts": 96.0, "filter/rollouts_generated": 96.0,
+        # pooled pass rate (32 x 0.5 + 96 x 1) / 128 = 0.875, not the mean of ratios 0.75
+        history = [{"generate/rollouts": 32.0, "filter/rollouts_generated": 32.0,
+                    "filter/pass_rate": 0.5, "generate/seconds": 1.0,
+                    "update/optimizer_steps": 4.0},
+                   {"generate/rollouts": 96.0, "filter/rollouts_generated": 96.0,
                     "filter/pass_rate": 1.0, "generate/seconds": 4.0}]
-        # shrinkage diagnostics: the held-out Q_pos starts at 0.30 - 0.02 = 0.28 and ends at
-        # 0.27 (N=16) or 0.33 (N=64); unsolved prompts lose 0.002 then 0.004 per update (N=16)
-        small = run_id.startswith(("n16", "adaptive"))
-        for m, q, since, worst, unsolved in zip(
-                history, (0.30, 0.27 if small else 0.33), (60.0, 40.0 if small else 80.0),
-                (-0.01, -0.03 if small else -0.02), (-0.002, -0.004 if small else 0.0)):
-            m.update({"generate/rollouts_total": 32.0 if m["train/step"] == 1 else 128.0,
-                      "diag/heldout/q_pos": q, "diag/heldout/q_pos_delta": 0.02,
-                      "diag/heldout/pct_improved_since_start": since,
-                      "diag/heldout/worst_drop_since_start": worst,
-                      "diag/solved/q_pos_delta": 0.003, "diag/unsolved/q_pos_delta": unsolved})
         (folder / "summary.json").write_text(json.dumps(
-            {"steps": 2, "train_seconds": float(s[2]), "eval_seconds": 3.0,
-             "checkpoint_seconds": 0.5, "history": history}))
-    warmup = tmp_path / "warmup"
+            {"steps": rows[-1]["step"], "train_seconds": 10.0, "eval_seconds": 3.0,
+             "history": history}))
+    estimates = _estimates([0.0, 0.01, 0.02, 0.05, 0.3, 0.6, 0.95, 1.0])
+    chosen = estimates["ids"][1:5]
+    (tmp_path / "study" / "pool").mkdir()
+    (tmp_path / "study" / "pool" / "pool.json").write_text(json.dumps(
+        {"predicted_pass_rate": 0.5, "excluded_unsolved": 1, "target": [0.35, 0.65],
+         "n_small": 16, "n_large": 64, "train": summary(estimates, estimates["ids"], 16, 64),
+         "pool": summary(estimates, chosen, 16, 64), "pool_ids": chosen,
+         "estimates": estimates}))
+    start = tmp_path / "study" / "start"
+    start.mkdir()
+    (start / "start.json").write_text(json.dumps({"protocol": {}, "rows": [_row(0, 0, START)]}))
+    warmup = tmp_path / "study" / "warmup"
     warmup.mkdir()
-    rows = [_row(step, 0, 0, START + d, "validation") for step, d in ((0, 0.0), (4, 0.1), (8, 0.1))]
-    (warmup / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (warmup / "summary.json").write_text(json.dumps({"steps": 8}))
+    curve = [0.0] * 6 if flat else [0.03 * k for k in range(6)]
+    val = _validation_rows(curve, 0.001, instances=30, every=100)
+    (warmup / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
+    verdict_ = plateau_test(val, study)
+    (warmup / "plateau.json").write_text(json.dumps(
+        {"stopped_by": "flat" if verdict_["flat"] else "cap", "plateaued": verdict_["flat"],
+         "steps": 20, "rollouts": 500, "margin": study.warmup.margin, "window": 5,
+         "budget_rollouts": study.budget_rollouts, "alpha": 0.05, "verdict": verdict_}))
     return params
 
 
-def test_the_report_holds_hand_computed_means_tests_and_pooled_rates(tmp_path):
-    params = _hand_made_study(tmp_path)
-    r = build_report(params, tmp_path)
-    a = (np.array(FINAL["n16_s0"]) + np.array(FINAL["n16_s1"])) / 2  # per instance, seed mean
-    b = (np.array(FINAL["n64_s0"]) + np.array(FINAL["n64_s1"])) / 2
-    prorl, brorl = r["arms"]["prorl"], r["arms"]["brorl"]
-    assert prorl["score"]["overall"]["mean"] == pytest.approx((2.1 + 2.1) / 12)  # 0.35
-    assert prorl["score"]["math"]["mean"] == pytest.approx((0.3 + 0.4 + 0.2 + 0.5) / 4)
-    assert brorl["score"]["overall"]["mean"] == pytest.approx((3.0 + 3.1) / 12)
-    low, high = brorl["score"]["overall"]["low"], brorl["score"]["overall"]["high"]
-    assert low < brorl["score"]["overall"]["mean"] < high
-    test = r["equal_rollouts"]["paired_test"]
-    ref = stats.ttest_rel(b, a)
-    assert test["delta"] == pytest.approx(0.95 / 6)  # b - a = .2 .15 .1 .2 .1 .2
-    assert test["t"] == pytest.approx(ref.statistic)
-    assert test["p_two_sided"] == pytest.approx(ref.pvalue)
-    assert test["n"] == 6
-    # equal time: T* = min(20, 24, 10, 12) = 10 s. n16_s0 lies between 8 s and 20 s (w = 2/12),
-    # n16_s1 between 0 s and 12 s (w = 10/12), n64_s0 ends at 10 s, n64_s1 between 6 and 12
-    # (w = 4/6)
-    assert r["equal_time"]["seconds"] == 10
-    at_a = ((5 / 6 * _mid("n16_s0") + 1 / 6 * np.array(FINAL["n16_s0"]))
-            + (1 / 6 * START + 5 / 6 * _mid("n16_s1"))) / 2
-    at_b = (np.array(FINAL["n64_s0"])
-            + (1 / 3 * _mid("n64_s1") + 2 / 3 * np.array(FINAL["n64_s1"]))) / 2
-    assert r["equal_time"]["paired_test"]["delta"] == pytest.approx(float((at_b - at_a).mean()))
-    assert prorl["at_equal_time"]["overall"]["mean"] == pytest.approx(float(at_a.mean()))
-    assert prorl["pass_rate"]["mean"] == pytest.approx(0.875)
-    assert prorl["rollouts_per_s"]["mean"] == pytest.approx(25.6)
-    assert r["sweep"]["peak"]["N"] == 64 and [p["N"] for p in r["sweep"]["points"]] == [16, 64]
-    start = r["plateau"]["baseline_vs_start"]["paired_test"]
-    assert start["delta"] == pytest.approx(float((a - START).mean()))
-    assert r["plateau"]["warmup_validation"]["start_step"] == 8
-    assert len(r["plateau"]["warmup_validation"]["points"]) == 3
-    assert ref.pvalue < 0.05 and "higher" in r["verdict"][0] and "Significant" in r["verdict"][0]
-    # a - START = .05 .05 .05 .05 -.05 .05: mean .033, t = 2.0, p = 0.10
-    assert start["p_two_sided"] == pytest.approx(stats.ttest_rel(a, START).pvalue)
-    assert start["p_two_sided"] > 0.05
-    assert "prorl does not change significantly from the start (+3.33 points" in r["verdict"][-2]
-    out = tmp_path / "study"
-    text = (out / "report.md").read_text()
-    assert "| Method | N | Prompts/step |" in text and "## N-sweep" in text
-    for png in ("score_vs_rollouts.png", "score_vs_seconds.png", "sweep.png", "warmup.png",
-                "shrinkage.png"):
-        assert (out / png).stat().st_size > 5_000, png
-    shrink = {name: a["shrinkage"] for name, a in r["arms"].items()}
-    assert shrink["prorl"]["q_pos_change"]["mean"] == pytest.approx(-0.01)
-    assert shrink["brorl"]["q_pos_change"]["mean"] == pytest.approx(0.05)
-    assert shrink["prorl"]["unsolved_delta"]["mean"] == pytest.approx(-0.003)
-    assert shrink["brorl"]["worst_drop_since_start"]["mean"] == pytest.approx(-0.02)
-    assert shrink["brorl"]["pct_improved_since_start"]["mean"] == pytest.approx(80.0)
-    assert shrink["prorl"]["solved_delta"]["mean"] == pytest.approx(0.003)
-    assert "## Knowledge shrinkage on the live policy" in text and "shrinkage.png" in text
-    assert "| prorl (16) | -0.0100 [" in text
-    # the variants: one seed each, against every seed of each arm at equal rollouts
-    adaptive, pods = r["variants"]["adaptive"], r["variants"]["pods"]
-    assert (adaptive["arm"], adaptive["N"], adaptive["B"], adaptive["runs"]) == \
-        ("prorl", 16, 4, ["adaptive_s0"])
-    assert (pods["N"], pods["update"]) == (64, {"train_subset": 16})
-    versus = adaptive["versus"]["prorl"]["paired_test"]
-    assert versus["delta"] == pytest.approx(float((np.array(FINAL["adaptive_s0"]) - a).mean()))
-    assert versus["p_two_sided"] == pytest.approx(
-        stats.ttest_rel(np.array(FINAL["adaptive_s0"]), a).pvalue)
-    assert pods["versus"]["brorl"]["paired_test"]["delta"] == pytest.approx(
-        float((np.array(FINAL["pods_s0"]) - b).mean()))
-    assert math.isnan(pods["score"]["overall"]["low"]) is False  # instances still resampled
-    assert "at_equal_time" not in pods  # T* is the arms'
-    assert "## Variants: other update settings at an arm's shape" in text
-    assert "| adaptive | prorl (16, 4) | allocation: adaptive | 1 |" in text
-    assert sum("At equal rollouts, pods (brorl's shape with train_subset: 16)" in line
-               for line in r["verdict"]) == 2
-    assert "| pods (64) |" in text  # in the shrinkage table too
-    assert headline(r)["adaptive_vs_prorl"] == round(versus["delta"], 4)
-    assert headline(r)["delta_rollouts"] == round(0.95 / 6, 4) and headline(r)["peak_n"] == 64
-    p = r["equal_rollouts"]["paired_test"]["p_two_sided"]
-    assert headline(r)["p_rollouts"] == float(f"{p:.3g}") > 0  # significant digits, never 0
+def _seed_means(arm: str, point: str) -> np.ndarray:
+    return np.array([_values(arm, point, s).mean() for s in range(3)])
 
 
-def test_the_peak_n_is_split_between_tied_n_and_certain_when_one_n_always_wins():
-    from brorl.study.analysis import peak
-
-    study = StudyParams(resamples=400)
-    low = np.array([[0.1, 0.2, 0.3]])  # one seed: both N see the same resampled instances
-    tied = peak({16: low, 64: low.copy()}, study)  # every resample ties: half each
-    assert (tied["tied"], tied["shares"], tied["interval"]) == ([16, 64], {"16": 0.5, "64": 0.5},
-                                                               [16, 64])
-    two = np.array([[0.1, 0.2, 0.3], [0.2, 0.1, 0.3]])
-    clear = peak({16: two, 64: two + 0.5, 256: two + 0.2}, study)  # 64 highest in every resample
-    assert (clear["N"], clear["share"], clear["interval"]) == (64, 1.0, [64, 64])
-
-
-def test_the_verdict_says_not_significant_when_the_test_is_not(tmp_path):
+def test_the_report_reads_each_contrast_from_its_numbers(tmp_path):
     r = build_report(_hand_made_study(tmp_path), tmp_path)
-    null = copy.deepcopy(r)
-    null["equal_rollouts"]["paired_test"].update(delta=0.004, p_two_sided=0.4, mde=0.03)
-    line = verdict(null)[0]
-    assert "Not significant at alpha = 0.05" in line and "3.00 points or more" in line
+    c = r["contrasts"]
+    # the seed-level tests are scipy's on the per-seed means
+    welch = stats.ttest_ind(_seed_means("brorl", "budget"), _seed_means("prorl", "budget"),
+                            equal_var=False)
+    t = c["brorl_vs_prorl"]["score"]["test"]
+    assert (t["kind"], t["delta"]) == ("welch", pytest.approx(0.10))
+    assert (t["t"], t["p_two_sided"]) == pytest.approx((welch.statistic, welch.pvalue))
+    one = stats.ttest_1samp(_seed_means("prorl", "budget") - START.mean(), 0.0)
+    t = c["prorl_vs_start"]["score"]["test"]
+    assert (t["kind"], t["p_two_sided"]) == ("one_sample", pytest.approx(one.pvalue))
+    # Holm over the contrasts' p, in the params' order
+    names = list(c)
+    assert [c[n]["score"]["p_holm"] for n in names] == pytest.approx(
+        holm([c[n]["score"]["test"]["p_two_sided"] for n in names]), nan_ok=True)
+    readings = {n: c[n]["score"]["reading"] for n in names}
+    assert readings["brorl_vs_prorl"] == readings["brorl_vs_prorl_steps"] == "higher"
+    assert readings["brorllr_vs_prorl"] == "equivalent"  # within 0.002 of prorl per seed
+    assert readings["n_alone"] == "inconclusive"
+    assert readings["prorl_vs_start"] == "lower"
+    assert readings["lr_alone"] == "higher"
+    # the headline interval resamples seeds and instances: it holds the point estimate
+    d = c["brorl_vs_prorl"]["score"]["difference"]
+    assert d["low"] < 0.10 < d["high"] and d["mean"] == pytest.approx(0.10)
+    assert c["brorl_vs_prorl"]["pass_at_k"]["seeds_b"] == 3  # pass@k beside avg@k
+    # brorl - start = +0.02 with little seed noise: significant, but shown inside +-0.03
+    assert readings["brorl_vs_start"] == "higher_within_margin"
+    assert r["revival"]["brorl"] == {"revives": False, "start_flat": True,
+                                     "contrasts": ["brorl_vs_prorl", "brorl_vs_start"],
+                                     "not_higher": ["brorl_vs_start"]}
+    lines = verdict(r)
+    assert lines[0].startswith("The start is shown plateaued")
+    assert any("no change beyond the margin" in x for x in lines)
+    assert any(x.startswith("N alone") and "inconclusive" in x for x in lines)
+    text = (tmp_path / "study" / "report.md").read_text()
+    assert "| brorl_vs_prorl | brorl@budget - prorl@budget | +10.00 [" in text
+    for png in ("score_vs_rollouts.png", "score_vs_steps.png", "warmup.png", "pool.png"):
+        assert (tmp_path / "study" / png).stat().st_size > 3_000, png
+    h = headline(r)["contrasts"]["brorl_vs_prorl"]
+    assert (h["delta"], h["seeds_a"], h["seeds_b"], h["instances"]) == (0.1, 3, 3, 30)
+    assert h["ci_low"] == round(d["low"], 4) and h["p"] == float(f"{welch.pvalue:.3g}") > 0
+    assert r["arms"]["prorl"]["pass_rate"]["mean"] == pytest.approx(0.875)
+    assert r["arms"]["prorl"]["optimizer_steps"] == [4, 4, 4]
+    # the pool's histogram beside the train split's: p = 0.02 and 0.05 in (1/64, 1/16]
+    assert "| (0.01562, 0.0625] | 2 | 2 |" in text and "| 0 | 1 | 0 |" in text
+    assert "Predicted ProRL pass rate of the pool (start policy): 50.0%" in text
 
 
-def test_the_report_refuses_a_run_that_ended_off_the_budget(tmp_path):
+def test_revival_needs_a_flat_start_and_every_listed_contrast_higher(tmp_path):
+    r = build_report(_hand_made_study(tmp_path), tmp_path)
+    assert r["revival"]["brorllr"] == {"revives": False, "start_flat": True,
+                                       "contrasts": ["brorllr_vs_prorl", "brorllr_vs_start"],
+                                       "not_higher": ["brorllr_vs_prorl", "brorllr_vs_start"]}
+    strong = copy.deepcopy(r)  # brorl read higher everywhere: it revives, unless not flat
+    strong["contrasts"]["brorl_vs_start"]["score"]["reading"] = "higher"
+    from brorl.study.analysis import revival
+
+    params = load_params(STUDY_CI)
+    assert revival(params, strong["contrasts"], r["plateau"])["brorl"]["revives"] is True
+    capped = build_report(_hand_made_study(tmp_path / "capped", flat=False), tmp_path / "capped")
+    assert capped["plateau"]["plateaued"] is False
+    assert capped["verdict"][0].startswith("The start is not shown plateaued")
+    assert not any(v["revives"] for v in capped["revival"].values())
+    assert revival(params, strong["contrasts"], capped["plateau"])["brorl"]["revives"] is False
+
+
+def test_the_report_refuses_a_run_without_the_equal_steps_point(tmp_path):
     params = _hand_made_study(tmp_path)
-    path = tmp_path / "study" / "runs" / "n64_s1" / "evals.jsonl"
+    path = tmp_path / "study" / "runs" / "brorl_s1" / "evals.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines()]
-    rows[-1]["rollouts"] = 120
-    path.write_text("".join(json.dumps(x) + "\n" for x in rows))
-    with pytest.raises(ValueError, match="n64_s1 ended at 120 rollouts, not the study's budget 128"):
+    path.write_text("".join(json.dumps(x) + "\n" for x in rows if x["step"] != 1))
+    with pytest.raises(ValueError, match="brorl_s1 has no test evaluation at step 1"):
         build_report(params, tmp_path)
 
 
-# --- the whole study at CI size under DVC: interrupted and resumed ---------------------------
+# --- DVC: plain repro never starts the study -------------------------------------------------
 
-TIMING = ("seconds", "per_s", "time/", "equal_time", "verdict")
+def _env(clone: Path) -> dict[str, str]:
+    from prefect.settings import PREFECT_API_URL
+
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "BRORL_PYTHON": sys.executable, "PREFECT_API_URL": PREFECT_API_URL.value(),
+            "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}",
+            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
+
+
+DVC = str(Path(sys.executable).parent / "dvc")
+
+
+def test_plain_dvc_repro_never_starts_the_study(ci_pipeline, tmp_path):
+    """In a clone of the CI pipeline, plain `dvc repro` lists no stage of the study (all its
+    outputs are missing there, so its stages would be listed if they were the root's); named,
+    they run. (`dvc exp run` without targets reproduces the same default, the root dvc.yaml.)"""
+    clone = tmp_path / "repo"
+    shutil.copytree(ci_pipeline, clone, symlinks=True)
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    plain = subprocess.run([DVC, "repro", "--dry"], cwd=clone, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert "Stage 'compare'" in plain.stdout or "Running stage 'compare'" in plain.stdout
+    assert "study" not in plain.stdout, plain.stdout
+    named = subprocess.run([DVC, "repro", "--dry", REPORT], cwd=clone, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert f"Running stage '{STUDY_DVC}:study_plan'" in named.stdout, named.stdout
+
+
+HEAVY = ("torch", "transformers", "datasets", "deepspeed", "vllm", "prefect", "mlflow", "dvc")
+"""What `python -m flows.study` must not import before it has checked its arguments."""
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    ([], "one of the arguments --warmup --pool --plan --start --report --run is required"),
+    (["--run", "n3_s9"], "n3_s9"),
+    (["--plan", "-S", "study.budget_rollouts=-1"], "study.budget_rollouts"),
+])
+def test_python_m_flows_study_answers_bad_arguments_before_any_heavy_import(argv, names):
+    """As a process: exit code 2, the error named, no traceback, and (by `-X importtime`, which
+    lists every module the process imported) none of HEAVY loaded."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "flows.study", "--params",
+                           str(STUDY_CI), *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    said = "\n".join(line for line in done.stderr.splitlines()
+                     if not line.startswith("import time:"))
+    assert done.returncode == 2, said
+    assert names in said and "Traceback" not in said, said
+    assert "flows.study_entry" in imported  # the listing is there: it names the light module
+    assert sorted(m for m in imported if m.split(".")[0] in HEAVY) == []
+
+
+# --- the whole study at CI size under DVC: killed inside a run, resumed, pushed, pulled -----
+
+CI_RUNS = ("prorl_s0", "brorl_s0", "brorllr_s0", "n16b2_s0", "prorl_s1", "brorl_s1")
+TIMING = ("seconds", "per_s", "time/", "verdict")
 """Keys of report and step metrics that hold wall-clock figures (or text quoting them): they
 differ between two runs of the same work."""
+
+
+def _lock_runs(clone: Path) -> list[str] | None:
+    """The CI runs study/dvc.lock records; None while it cannot be parsed (being written)."""
+    path = clone / "study" / "dvc.lock"
+    try:
+        stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {}) \
+            if path.exists() else {}
+    except yaml.YAMLError:
+        return None
+    return [r for r in CI_RUNS if f"study_run@{r}" in stages]
+
+
+def _mid_run(runs: Path, study) -> tuple[str, int] | None:
+    """A run caught inside its training: a complete checkpoint (its state file is written, then
+    the `latest` pointer) short of the run's end (rollouts below the budget, or steps below
+    `equal_steps` for an arm that stops on steps), and no summary yet. (run, step)."""
+    from brorl.train import checkpoint as ckpt
+
+    for folder in sorted(p for p in runs.glob("*") if p.is_dir()):
+        try:
+            saved = ckpt.latest_checkpoint(folder / "checkpoints")
+            state = ckpt.read_state(saved) if saved is not None else None
+        except (OSError, ValueError):  # replaced while we read: look again
+            continue
+        if state is None or (folder / "summary.json").exists():
+            continue
+        arm = study.arms[folder.name.rsplit("_s", 1)[0]]
+        short = state["step"] < study.equal_steps if arm.stop == "steps" else \
+            state["run"]["rollouts"] < study.budget_rollouts
+        if short:
+            return folder.name, state["step"]
+    return None
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def ci_study(ci_pipeline, prefect_harness, tmp_path_factory):
+    """The CI study in a clone of the CI pipeline: a first `dvc repro` frozen (SIGSTOP) as soon
+    as one run is recorded by DVC and another is caught inside its training, then killed
+    (SIGKILL, the whole process group), then a second `dvc repro` to the end."""
+    clone = tmp_path_factory.mktemp("study") / "repo"
+    shutil.copytree(ci_pipeline, clone, symlinks=True)
+    env, runs = _env(clone), clone / "outputs" / "ci" / "study" / "runs"
+    study = load_params(STUDY_CI).study
+    log = clone.parent / "first.log"
+    with open(log, "w") as out:
+        first = subprocess.Popen([DVC, "repro", REPORT], cwd=clone, env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        caught = None
+        deadline = time.monotonic() + 1200
+        while caught is None and first.poll() is None and time.monotonic() < deadline:
+            if _lock_runs(clone) and _mid_run(runs, study) is not None:
+                os.killpg(first.pid, signal.SIGSTOP)  # nothing moves while we look
+                recorded, mid = _lock_runs(clone), _mid_run(runs, study)
+                if recorded and mid is not None:
+                    caught = (mid, recorded)
+                    os.killpg(first.pid, signal.SIGKILL)
+                else:
+                    os.killpg(first.pid, signal.SIGCONT)
+            time.sleep(0.05)
+        first.wait()
+    assert caught is not None, "no run was caught mid-way:\n" + log.read_text()[-3000:]
+    (interrupted, step), recorded = caught
+    before = {r: {name: _digest(runs / r / name) for name in ("summary.json", "mlflow_run.json",
+                                                             "study_run.json")}
+              for r in recorded}
+    mlflow_before = json.loads((runs / interrupted / "mlflow_run.json").read_text())["run_id"]
+    second = subprocess.run([DVC, "repro", REPORT], cwd=clone, env=env, capture_output=True,
+                            text=True, timeout=1500)
+    assert second.returncode == 0, (second.stdout[-3000:], second.stderr[-3000:])
+    return {"clone": clone, "env": env, "runs": runs, "interrupted": interrupted, "step": step,
+            "recorded": recorded, "before": before, "mlflow_before": mlflow_before,
+            "second": second.stdout}
+
+
+def test_an_interrupted_study_resumes_the_caught_run_and_skips_finished_ones(ci_study):
+    from mlflow.tracking import MlflowClient
+
+    s = ci_study
+    runs, clone = s["runs"], s["clone"]
+    for r in s["recorded"]:  # DVC skipped them: same files, one session, same MLflow run
+        assert f"Running stage '{STUDY_DVC}:study_run@{r}'" not in s["second"]
+        assert {n: _digest(runs / r / n) for n in s["before"][r]} == s["before"][r]
+    for stage in ("study_plan", "study_warmup", "study_pool", "study_start"):
+        assert f"Running stage '{STUDY_DVC}:{stage}'" not in s["second"]
+    marker = json.loads((runs / s["interrupted"] / "study_run.json").read_text())
+    assert (marker["sessions"], marker["finished"]) == (2, True)  # resumed, not started over
+    summary = json.loads((runs / s["interrupted"] / "summary.json").read_text())
+    assert summary["steps"] > s["step"] and len(summary["history"]) == summary["steps"]
+    assert json.loads((runs / s["interrupted"] / "mlflow_run.json").read_text())["run_id"] == \
+        s["mlflow_before"]  # resumed into the same MLflow run
+    status = subprocess.run([DVC, "status", REPORT], cwd=clone, env=s["env"],
+                            capture_output=True, text=True, timeout=300)
+    assert "up to date" in status.stdout, status.stdout
+    report = json.loads((clone / "outputs" / "ci" / "study" / "report.json").read_text())
+    metrics = json.loads((clone / "outputs" / "ci" / "metrics" / "ci_study.json").read_text())
+    assert metrics == json.loads(json.dumps(headline(report)))
+    pool = json.loads((clone / "outputs" / "ci" / "study" / "pool" / "pool.json").read_text())
+    low, high = pool["target"]  # the calibrated pool's predicted ProRL pass rate in its band
+    assert low <= pool["predicted_pass_rate"] <= high
+    assert pool["pool"]["prompts"] == len(pool["pool_ids"]) >= 8
+    assert set(pool["pool_ids"]) <= set(pool["estimates"]["ids"])
+    client = MlflowClient(s["env"]["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("brorl")
+    parents = client.search_runs([experiment.experiment_id], "tags.stage = 'study'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = client.search_runs([experiment.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
+    assert sorted(c.data.tags.get("arm", "warmup") for c in children) == sorted(
+        ["warmup", "prorl", "prorl", "brorl", "brorl", "brorllr", "n16b2"])
 
 
 def _numbers(tree, prefix: str = "") -> dict[str, object]:
@@ -404,102 +681,66 @@ def _same(a: dict, b: dict) -> list[str]:
     for k in set(a) & set(b):
         x, y = a[k], b[k]
         if isinstance(x, float) and isinstance(y, float):
-            both_nan = math.isnan(x) and math.isnan(y)
-            if not (math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) or both_nan):
+            if not (math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) or
+                    (math.isnan(x) and math.isnan(y))):
                 bad.append(k)
         elif x != y:
             bad.append(k)
     return sorted(bad)
 
 
-def _recorded_ci_runs(clone: Path) -> list[str]:
-    """The CI study's runs that dvc.lock records as done (the committed lock may also hold the
-    full-size study's runs, under the same ids but other output folders)."""
-    path = clone / "dvc.lock"
-    try:
-        stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {}) if path.exists() else {}
-    except yaml.YAMLError:  # caught while DVC rewrites it
-        return []
-    return [r for r in ("n16_s0", "n64_s0", "n16_s1", "n64_s1", "adaptive_s0", "pods_s0")
-            if any(out.get("path") == f"outputs/ci/study/runs/{r}"
-                   for out in stages.get(f"study_run@{r}", {}).get("outs", []))]
-
-
-def test_an_interrupted_study_resumes_without_redoing_finished_runs(ci_pipeline, prefect_harness,
-                                                                    tmp_path):
-    from mlflow.tracking import MlflowClient
-    from prefect.settings import PREFECT_API_URL
-
+def test_the_resumed_run_equals_the_same_run_uninterrupted(ci_study):
+    from brorl.evals import read_start
     from brorl.train import Run
 
-    clone = tmp_path / "repo"
-    shutil.copytree(ci_pipeline, clone, symlinks=True)
-    dvc = str(Path(sys.executable).parent / "dvc")
-    uri = f"sqlite:///{clone / 'mlflow-study.db'}"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "BRORL_PYTHON": sys.executable, "PREFECT_API_URL": PREFECT_API_URL.value(),
-           "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": uri,
-           "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
-    runs = clone / "outputs" / "ci" / "study" / "runs"
-    with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen([dvc, "repro", "study_report"], cwd=clone, env=env, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        deadline, finished, interrupted, first_done = time.monotonic() + 400, [], None, None
-        while time.monotonic() < deadline and first.poll() is None:
-            finished = _recorded_ci_runs(clone)
-            if finished:  # kill once another run has a checkpoint to resume from (or 60 s later)
-                first_done = first_done or time.monotonic()
-                started = [p.parent.parent.name for p in runs.glob("*/checkpoints/latest")
-                           if p.parent.parent.name not in finished]
-                if started or time.monotonic() > first_done + 60:
-                    interrupted = started[0] if started else None
-                    break
-            time.sleep(0.2)
-        assert first.poll() is None and finished, (tmp_path / "first.log").read_text()[-3000:]
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-    kept = {r: (runs / r / "summary.json").stat().st_mtime_ns for r in finished}
-    done = subprocess.run([dvc, "repro", "study_report"], cwd=clone, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    for r in finished:  # not redone: DVC skipped the stage, the files are the first session's
-        assert f"Running stage 'study_run@{r}'" not in done.stdout
-        assert (runs / r / "summary.json").stat().st_mtime_ns == kept[r]
-    if interrupted is not None:  # resumed from its checkpoint, not started over
-        assert json.loads((runs / interrupted / "study_run.json").read_text())["sessions"] == 2
-    status = subprocess.run([dvc, "status", "study_report"], cwd=clone, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert "up to date" in status.stdout, status.stdout
-    report = json.loads((clone / "outputs" / "ci" / "study" / "report.json").read_text())
-    metrics = json.loads((clone / "outputs" / "ci" / "metrics" / "ci_study.json").read_text())
-    assert _same(metrics, headline(report)) == []
-
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name("brorl")
-    parents = client.search_runs([experiment.experiment_id], "tags.stage = 'study'")
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    children = client.search_runs([experiment.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
-    assert sorted((c.data.tags["N"], c.data.tags["seed"], c.data.tags["arm"]) for c in children) \
-        == [("16", "0", "adaptive"), ("16", "0", "prorl"), ("16", "1", "prorl"),
-            ("64", "0", "brorl"), ("64", "0", "pods"), ("64", "1", "brorl")]
-    assert {c.data.tags["B"] for c in children} == {"4", "1"}
-
-    # the same study without interruption: the runs DVC finished in one session are copied, the
-    # interrupted one (else the last one) is trained again in this process, uninterrupted; the
-    # report from those runs holds the same numbers, and the retrained run the same steps
+    s = ci_study
+    clone, interrupted = s["clone"], s["interrupted"]
     reference = load_params(clone / "params" / "study_ci.yaml",
                             ["study.out_dir=outputs/ci/study_reference"])
-    retrained = interrupted or finished[-1]
-    for run in plan_runs(reference.study):
-        if run.id == retrained:
-            Run.open(run_params(reference, run), clone).train()
-        else:
-            shutil.copytree(runs / run.id, clone / "outputs" / "ci" / "study_reference" / "runs"
-                            / run.id)
-    again = build_report(reference, clone)
-    assert _same(_numbers(report), _numbers(json.loads(json.dumps(again)))) == []
-    histories = [json.loads((clone / "outputs" / "ci" / folder / "runs" / retrained /
+    for shared in ("warmup", "pool"):  # the same start policy and pool
+        shutil.copytree(clone / "outputs" / "ci" / "study" / shared,
+                        clone / "outputs" / "ci" / "study_reference" / shared)
+    run = next(r for r in plan_runs(reference.study) if r.id == interrupted)
+    start = read_start(clone / "outputs" / "ci" / "study" / "start" / "start.json")
+    Run.open(run_params(reference, run), clone).train(start=start)
+    histories = [json.loads((clone / "outputs" / "ci" / folder / "runs" / interrupted /
                              "summary.json").read_text())["history"]
                  for folder in ("study", "study_reference")]
     assert _same(*(_numbers({str(i): m for i, m in enumerate(h)}) for h in histories)) == []
+    rows = [(clone / "outputs" / "ci" / folder / "runs" / interrupted / "evals.jsonl")
+            .read_text().splitlines() for folder in ("study", "study_reference")]
+    assert _same(*(_numbers([{k: v for k, v in json.loads(x).items() if k != "seconds"}
+                             for x in r]) for r in rows)) == []
+
+
+def test_a_pushed_study_is_pulled_into_a_fresh_clone_without_rerunning_a_stage(ci_study):
+    s = ci_study
+    clone, env = s["clone"], s["env"]
+    remote = clone.parent / "remote"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+
+    def run(cmd: list[str], cwd: Path) -> str:
+        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (cmd, done.stdout[-2000:], done.stderr[-2000:])
+        return done.stdout
+
+    run([DVC, "remote", "modify", "--local", "study", "url", str(remote)], clone)
+    run([DVC, "push", "--with-deps", REPORT], clone)
+    # what a finished study commits: every change git tracks (the lock files, the params) and
+    # every stage's metrics and plot files, which DVC does not cache (metrics/ and plots/ at full
+    # size; under the ignored outputs/ at CI size: -f)
+    run(["git", "add", "-A"], clone)
+    run(["git", "add", "-f", "outputs/ci/metrics", "outputs/ci/plots"], clone)
+    run([*git, "commit", "-qm", "the CI study"], clone)
+    fresh = clone.parent / "fresh"
+    run(["git", "clone", "-q", str(clone), str(fresh)], clone.parent)
+    run([DVC, "remote", "modify", "--local", "study", "url", str(remote)], fresh)
+    run([DVC, "pull", "--with-deps", REPORT], fresh)
+    status = run([DVC, "status", "--with-deps", REPORT], fresh)  # the upstream stages too
+    assert "up to date" in status, status
+    again = run([DVC, "repro", REPORT], fresh)
+    assert "Running stage" not in again, again
+    out = Path("outputs") / "ci" / "study"
+    for name in ("report.md", "report.json", "pool/pool.json", "warmup/plateau.json"):
+        assert (fresh / out / name).read_bytes() == (clone / out / name).read_bytes(), name
+    assert sorted(p.name for p in (fresh / out / "runs").iterdir()) == sorted(CI_RUNS)

@@ -90,15 +90,11 @@ class ExperimentParams(Section):
                 f"{self.generate.top_p}): the trainer scores log-probs without top-p, so the "
                 "engine->trainer ratio would be the nucleus mass, not an off-policy correction; "
                 "set generate.top_p: 1.0 or update.tis_mode: none.")
-        for name, variant in self.study.variants.items():  # its runs' update section, now
-            shape = self.study.arms[variant.arm]
-            tree = {**self.update.model_dump(), **variant.update,
-                    "prompts_per_step": shape.prompts_per_step,
-                    "rollouts_per_prompt": shape.rollouts_per_prompt}
+        for name, arm in self.study.arms.items():  # each arm's runs' update section, now
             try:
-                UpdateParams.model_validate(tree)
+                UpdateParams.model_validate({**self.update.model_dump(), **arm.update})
             except ValidationError as err:
-                why = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
-                raise ValueError(f"study.variants.{name}.update {variant.update} at the "
-                                 f"{variant.arm} arm's shape: {why}") from None
+                why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'update'}: "
+                                f"{e['msg'].removeprefix('Value error, ')}" for e in err.errors())
+                raise ValueError(f"study.arms.{name}.update {arm.update}: {why}") from None
         return self

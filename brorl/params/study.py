@@ -1,88 +1,156 @@
-"""The `study` section: ProRL vs BroRL over many seeds and an N-sweep at an equal rollout budget.
+"""The `study` section: ProRL against BroRL at two learning rates, from one plateaued start, on a
+prompt pool with headroom, over several seeds (docs/study.md holds the pre-registered plan).
 
-A study is a set of runs, each one (N, seed) continuing the one warm-up policy with everything
-else taken from the study's params file (`params/study.yaml` extends the arms' recipe,
-`params/rl.yaml`). `brorl.study.plan` expands this section into the runs and each run's resolved
-`ExperimentParams`; `brorl.study.report` reads their folders. The issue's protocol: two arms
-(ProRL N=16, BroRL N=512) with >= 5 seeds each, a sweep over N with >= 3 seeds, a budget that
-gives the BroRL arm >= 8 steps; B(N) by one rule through both arms (`prompts_per_step`), the LR
-by the sqrt rule (`UpdateParams.lr`, spec §4.1).
+A study is a set of arms, each a set of runs (one per seed) that continue the study's start
+policy with the study file's params and the arm's own `update` keys (N, B, and e.g. the LR's
+anchor). Before the runs, the study's own warm-up trains on until its validation curve is shown
+flat (`StudyWarmup`: a TOST on the slope) or a cap, and its pool stage picks the RL prompts from
+the train split by the start policy's estimated pass rate (`StudyPool`). Each run stops at the
+equal rollout budget or at the equal step count (`StudyArm.stop`) and is evaluated at both
+points, so every arm is compared at equal rollouts and at equal optimizer steps. `contrasts` are
+the pre-registered comparisons: seed-level tests, Holm across them, TOST at `margin` for every
+"no change" reading (`brorl.study.analysis`).
+
+`brorl.study.plan` expands the section into runs and each run's `ExperimentParams`.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from brorl.params.section import Section
 
+ARM_NAME = re.compile(r"[a-z][a-z0-9]*")
+"""An arm's name: its runs are `<arm>_s<seed>` (folders and DVC keys)."""
+SHAPE_KEYS = ("prompts_per_step", "rollouts_per_prompt")
+POINTS = ("steps", "budget")
+"""Where a run is scored besides its start: after `equal_steps` RL steps, at `budget_rollouts`."""
+
 
 class StudyArm(Section):
-    """One arm of the study: its rollout shape (N, B) and how many seeds it runs."""
+    """One arm: `update` keys over the study file's `update` section, its seeds, where it ends."""
 
-    rollouts_per_prompt: PositiveInt
-    """N of the arm. Spec §4.1: ProRL 16, BroRL 512."""
-    prompts_per_step: PositiveInt
-    """B of the arm; with the other arm's (N, B) it fixes the rule B(N) of the sweep."""
-    seeds: PositiveInt = 5
-    """Runs of the arm, with `train.seed` 0 .. seeds-1 (the issue asks for >= 5)."""
-
-
-class StudyVariant(Section):
-    """Runs with one arm's shape (N, B, the LR by the sqrt rule, the budget) and other `update`
-    settings: the adaptive allocation or a training subset, compared with both arms at the same
-    rollouts (issue: beyond the paper)."""
-
-    arm: str
-    """The arm whose shape these runs take."""
-    seeds: PositiveInt = 3
-    """Runs, with `train.seed` 0 .. seeds-1 (the arms' seeds: the same prompt streams)."""
     update: dict[str, Any]
-    """`update` keys set for these runs, e.g. {allocation: adaptive} or {train_subset: 64};
-    not N or B (the arm's). Checked when the plan is built (`brorl.study.plan.run_params`)."""
+    """`update` keys of the arm, at least `prompts_per_step` and `rollouts_per_prompt`; e.g.
+    `base_samples_per_step: 1024` anchors the sqrt rule at BroRL's 2 x 512, so its LR is
+    `base_lr` (ProRL's). Checked against the whole `update` section at load time."""
+    seeds: PositiveInt = 4
+    """Runs, with `train.seed` 0 .. seeds-1 (the prompt order and rollout sampling)."""
+    stop: Literal["rollouts", "steps"] = "rollouts"
+    """`rollouts`: run to `budget_rollouts` (equal rollouts), scored at `equal_steps` on the way;
+    `steps`: run `equal_steps` RL steps only (equal optimizer steps; e.g. an N-sweep point
+    whose budget in rollouts would be hundreds of steps)."""
+    about: str = ""
+    """One line for the report: what the arm isolates."""
 
 
-VARIANT_NAME = re.compile(r"[a-z][a-z0-9]*")
-"""A variant's name: its runs are `<name>_s<seed>` (folders and DVC keys); `n<digits>` is the
-arms' and the sweep's."""
-SHAPE_KEYS = {"prompts_per_step", "rollouts_per_prompt"}
+class StudyWarmup(Section):
+    """The study's own warm-up: ProRL from `train.init_checkpoint` until its validation curve
+    is flat by a TOST on the slope over the last `window` evaluations, or `max_steps`."""
+
+    eval_every: PositiveInt = 96
+    """Steps between validation evaluations: the window of 5 then spans 384 steps, about 1.1
+    study budgets of ProRL rollouts, so the slope is measured over the horizon its margin speaks
+    of (a shorter window leaves the drift per budget less precise than the margin)."""
+    window: int = Field(5, ge=5)
+    """Evaluations in the slope test, the newest ones (at least 5)."""
+    margin: float = Field(0.03, gt=0, lt=1)
+    """Flat means: the slope times `study.budget_rollouts` (the drift over one study run) lies
+    within +-margin (score units; 0.03 = 3 points), shown by a TOST at `study.alpha / looks`."""
+    max_steps: PositiveInt = 672
+    """Cap of the warm-up in RL steps; a warm-up stopped by it is reported as not plateaued."""
+    eval_per_family: PositiveInt = 143
+    """Validation instances per family (143: every one of the tiny data's 326)."""
+    min_instances: PositiveInt = 300
+    """Fewest validation instances the slope test accepts (the issue: >= 300); CI-sized data
+    has fewer, and its params file says so."""
+    eval_samples: PositiveInt = 16
+    """Samples per validation instance (avg@16: the per-instance noise of the slope)."""
+
+    @property
+    def looks(self) -> int:
+        """Tests the warm-up may run (one per evaluation from the `window`-th to the cap's):
+        each is a TOST at alpha / looks (Bonferroni), so stopping at the first that passes
+        keeps the chance of a false "flat" at alpha."""
+        return max(1, self.max_steps // self.eval_every + 1 - self.window + 1)
+
+
+class StudyPool(Section):
+    """The RL prompt pool: train prompts picked by the start policy's estimated pass rate (the
+    share of correct rollouts at the training temperature), never by test instances."""
+
+    samples: PositiveInt = 16
+    """Rollouts per train prompt in the first round of the estimate."""
+    rare_samples: PositiveInt = 112
+    """Extra rollouts for each prompt the first round solved at most `rare_below` times (128 in
+    all): their pass rate (below about 1/16) is what BroRL's 512 rollouts are meant to reach."""
+    rare_below: int = Field(1, ge=0)
+    """First-round solves at or below which a prompt gets `rare_samples` more."""
+    target: tuple[float, float] = (0.35, 0.65)
+    """The band the predicted ProRL dynamic-sampling pass rate at its N must reach (binary keep
+    rule: 1 - p^N - (1-p)^N averaged over the pool); the pool is the hardest prompts (lowest
+    estimate first) up to the band's centre."""
+    min_solves: int = Field(1, ge=0)
+    """A prompt solved fewer times than this in all its estimate's rollouts is left out (no
+    arm can learn from it, and at N = 512 each of its groups is a refill)."""
+    min_prompts: PositiveInt = 64
+    """Fewest prompts in the pool; fewer fails the stage, naming the fix (harder data)."""
+    seed: int = 0
+    """Seed of the estimate's rollouts."""
+
+    @model_validator(mode="after")
+    def _check_pool(self) -> StudyPool:
+        low, high = self.target
+        if not 0 < low < high < 1:
+            raise ValueError(f"study.pool.target = {list(self.target)} must be two pass rates "
+                             "0 < low < high < 1, e.g. [0.35, 0.65].")
+        return self
+
+
+class StudyContrast(Section):
+    """One pre-registered comparison, b - a: each side is `start` (the shared step-0
+    evaluation) or `<arm>@steps` / `<arm>@budget` (the arm's runs at `equal_steps` RL steps or
+    at `budget_rollouts`)."""
+
+    a: str
+    b: str
+    about: str = ""
+    """One line for the report: the question the contrast answers."""
 
 
 class StudyParams(Section):
-    """Runs, budget, evaluations and statistics of a study (`brorl.study`, docs/study.md)."""
+    """Arms, budgets, warm-up, pool, contrasts and statistics of a study (docs/study.md)."""
 
-    arms: dict[str, StudyArm] = {
-        "prorl": StudyArm(rollouts_per_prompt=16, prompts_per_step=8),
-        "brorl": StudyArm(rollouts_per_prompt=512, prompts_per_step=2)}
-    """Exactly two arms, name -> shape and seeds: the baseline and the broadened arm. Defaults
-    are the CPU arms of params/prorl.yaml and params/brorl.yaml (8 x 16 and 2 x 512)."""
-    baseline: str = "prorl"
-    """The arm the other is tested against (differences are other - baseline)."""
-    variants: dict[str, StudyVariant] = {}
-    """Name -> runs of one arm's shape with other update settings (`StudyVariant`); each is
-    reported beside both arms at equal rollouts. {} runs none."""
-    sweep_rollouts_per_prompt: list[PositiveInt] = [16, 64, 256, 512, 1024]
-    """N values of the sweep (the reviewers' request, spec §9); [] runs no sweep."""
-    sweep_seeds: NonNegativeInt = 3
-    """Seeds per N of the sweep (0 .. sweep_seeds-1; an arm's runs with those seeds are reused)."""
-    budget_rollouts: PositiveInt = 8192
-    """Every run's budget in generated rollouts (set as `train.max_rollouts`): divisible by every
-    N so each run ends exactly on it."""
+    arms: dict[str, StudyArm] = {}
+    """Name -> arm; the first is the baseline (ProRL). {} is no study."""
+    budget_rollouts: PositiveInt = 49_152
+    """Equal budget in generated rollouts (refills count) of the arms that stop on rollouts:
+    48 BroRL steps of 2 x 512 when no step refills (the issue's minimum)."""
+    equal_steps: PositiveInt = 48
+    """RL steps at which every arm is also scored (4 mini-batches, so 4 optimizer steps each):
+    equal optimizer steps."""
     evaluations: PositiveInt = 4
-    """Evaluations after step 0, at equal fractions of the budget (4: 1/4, 1/2, 3/4, all); each
-    run's `train.eval_every` is the nearest whole number of its steps to budget / evaluations."""
-    min_steps: PositiveInt = 8
-    """Fewest steps each arm must take at the budget (the issue: BroRL >= 8 steps)."""
+    """Test evaluations of a run up to `equal_steps` (at equal fractions of it); a run that
+    goes on to the budget is then evaluated every `equal_steps` steps and at the budget."""
+    contrasts: dict[str, StudyContrast] = {}
+    """The pre-registered comparisons (name -> sides), the family Holm adjusts."""
+    revival: dict[str, list[str]] = {}
+    """Arm -> the contrasts that must all read higher (Holm-adjusted, seed level) for the arm to
+    "revive the plateau", together with a warm-up shown flat: the pre-registered rule."""
+    margin: float = Field(0.03, gt=0, lt=1)
+    """Equivalence margin of every "no change" reading, score units (0.03 = 3 points): a
+    difference shown inside +-margin by TOST counts as no change; our choice, fixed a priori."""
+    warmup: StudyWarmup = StudyWarmup()
+    pool: StudyPool = StudyPool()
     out_dir: str = "outputs/study"
-    """Folder of the study: `plan/`, `runs/<run>/` (each run's run_dir and checkpoints) and the
-    report (report.md, report.json, PNGs)."""
+    """Folder of the study: `warmup/`, `pool/`, `plan/`, `start/`, `runs/<run>/`, the report."""
     confidence: float = Field(0.95, gt=0, lt=1)
     """Level of every interval of the report."""
     alpha: float = Field(0.05, gt=0, lt=1)
-    """Level of the paired tests (two-sided)."""
+    """Family-wise level of the tests (Holm) and level of each TOST."""
     power: float = Field(0.8, gt=0, lt=1)
     """Power at which the report states the minimum detectable difference."""
     resamples: PositiveInt = 10_000
@@ -91,70 +159,52 @@ class StudyParams(Section):
     """Seed of every bootstrap of the report (the same study gives the same intervals)."""
 
     @property
-    def other(self) -> str:
-        """The arm that is not the baseline."""
-        return next(name for name in self.arms if name != self.baseline)
-
-    @property
-    def exponent(self) -> float:
-        """alpha of B(N) = B_base (N_base / N)^alpha, the log-linear rule through both arms:
-        log(B_base / B_other) / log(N_other / N_base); 8 x 16 and 2 x 512 give
-        log 4 / log 32 = 0.4."""
-        a, b = self.arms[self.baseline], self.arms[self.other]
-        return math.log(a.prompts_per_step / b.prompts_per_step) / \
-            math.log(b.rollouts_per_prompt / a.rollouts_per_prompt)
-
-    def prompts_per_step(self, rollouts_per_prompt: int) -> int:
-        """B(N) = max(1, round(B_base (N_base / N)^alpha)), our rule, reproducing both arms:
-        with 8 x 16 and 2 x 512, N = 16, 64, 256, 512, 1024 give B = 8, 5, 3, 2, 2."""
-        a = self.arms[self.baseline]
-        value = a.prompts_per_step * (a.rollouts_per_prompt / rollouts_per_prompt) ** self.exponent
-        return max(1, round(value))
+    def baseline(self) -> str:
+        """The first arm: the one the plan's progress estimates and the figures start from."""
+        return next(iter(self.arms))
 
     @model_validator(mode="after")
     def _check_study(self) -> StudyParams:
-        if len(self.arms) != 2 or self.baseline not in self.arms:
-            raise ValueError(
-                f"study.arms {sorted(self.arms)} with baseline {self.baseline!r}: a study needs "
-                "exactly two arms, the baseline among them (the B rule runs through both); e.g. "
-                "prorl (N=16, B=8) and brorl (N=512, B=2) with baseline: prorl.")
-        a, b = self.arms[self.baseline], self.arms[self.other]
-        if a.rollouts_per_prompt == b.rollouts_per_prompt:
-            raise ValueError(f"study.arms: both arms have N = {a.rollouts_per_prompt}; the arms "
-                             "must differ in N (e.g. 16 and 512).")
-        if (a.prompts_per_step - b.prompts_per_step) * \
-                (a.rollouts_per_prompt - b.rollouts_per_prompt) > 0:
-            raise ValueError("study.arms: the arm with the larger N must have no more prompts per "
-                             "step (BroRL trades prompts for rollouts, spec §4.1).")
-        for name, variant in self.variants.items():
-            if not VARIANT_NAME.fullmatch(name) or re.fullmatch(r"n\d+", name):
-                raise ValueError(
-                    f"study.variants: name {name!r} must be lower-case letters and digits, "
-                    "starting with a letter and not n<digits> (the arms' run ids), e.g. adaptive16.")
-            if variant.arm not in self.arms:
-                raise ValueError(f"study.variants.{name}.arm = {variant.arm!r} is not an arm of "
-                                 f"the study; use one of {sorted(self.arms)}.")
-            if not variant.update or SHAPE_KEYS & set(variant.update):
-                raise ValueError(
-                    f"study.variants.{name}.update = {variant.update}: set at least one update "
-                    "key, and not prompts_per_step or rollouts_per_prompt (the arm's shape).")
-        for n in self.all_rollouts_per_prompt:
-            if self.budget_rollouts % n:
-                raise ValueError(
-                    f"study.budget_rollouts = {self.budget_rollouts} is not divisible by N = {n}: "
-                    "a run then stops short of the budget; pick a multiple of every N (e.g. of "
-                    "1024 for N up to 1024).")
         for name, arm in self.arms.items():
-            per_step = arm.prompts_per_step * arm.rollouts_per_prompt
-            if self.budget_rollouts < self.min_steps * per_step:
+            if not ARM_NAME.fullmatch(name):
+                raise ValueError(f"study.arms: name {name!r} must be lower-case letters and "
+                                 "digits starting with a letter (its runs are <name>_s<seed>), "
+                                 "e.g. brorllr.")
+            missing = [k for k in SHAPE_KEYS if k not in arm.update]
+            if missing:
+                raise ValueError(f"study.arms.{name}.update lacks {missing}: every arm states "
+                                 "its N (rollouts_per_prompt) and B (prompts_per_step).")
+            n, b = arm.update["rollouts_per_prompt"], arm.update["prompts_per_step"]
+            if arm.stop == "rollouts" and self.budget_rollouts % n:
                 raise ValueError(
-                    f"study.budget_rollouts = {self.budget_rollouts} gives arm {name} "
-                    f"(B x N = {per_step}) fewer than study.min_steps = {self.min_steps} steps; "
-                    f"raise the budget to at least {self.min_steps * per_step}.")
+                    f"study.budget_rollouts = {self.budget_rollouts} is not divisible by arm "
+                    f"{name}'s N = {n}: its run would stop short of the budget; pick a "
+                    "multiple of every N (e.g. of 1024).")
+            if arm.stop == "rollouts" and self.budget_rollouts < self.equal_steps * n * b:
+                raise ValueError(
+                    f"study.budget_rollouts = {self.budget_rollouts} gives arm {name} (B x N = "
+                    f"{n * b}) fewer than study.equal_steps = {self.equal_steps} steps: raise "
+                    f"the budget to at least {self.equal_steps * n * b} (more for refills).")
+        for name, c in self.contrasts.items():
+            for side in (c.a, c.b):
+                arm, _, point = side.partition("@")
+                if side != "start" and (arm not in self.arms or point not in POINTS or (
+                        point == "budget" and self.arms[arm].stop == "steps")):
+                    raise ValueError(
+                        f"study.contrasts.{name}: side {side!r} is not `start` or "
+                        f"`<arm>@steps` / `<arm>@budget` of an arm {sorted(self.arms)} (an arm "
+                        "with stop: steps has no @budget point).")
+            if c.a == c.b or c.b == "start":
+                raise ValueError(f"study.contrasts.{name}: sides {c.a!r} and {c.b!r}; the sides "
+                                 "must differ and `start` may only be side a (b - start).")
+        for arm, names in self.revival.items():
+            unknown = [n for n in names if n not in self.contrasts]
+            if arm not in self.arms or unknown or not names:
+                raise ValueError(f"study.revival.{arm} = {names}: name an arm of "
+                                 f"{sorted(self.arms)} and at least one of its contrasts "
+                                 f"{sorted(self.contrasts)} (unknown: {unknown}).")
+        if self.equal_steps % self.evaluations:
+            raise ValueError(f"study.equal_steps = {self.equal_steps} is not a multiple of "
+                             f"study.evaluations = {self.evaluations}: the evaluations would "
+                             "miss the equal-steps point; e.g. 48 and 4.")
         return self
-
-    @property
-    def all_rollouts_per_prompt(self) -> list[int]:
-        """Every N of the study, ascending."""
-        return sorted({*(a.rollouts_per_prompt for a in self.arms.values()),
-                       *self.sweep_rollouts_per_prompt})

@@ -1,18 +1,15 @@
 """The runs of a study and each run's resolved params (docs/study.md).
 
-A study (`brorl.params.study.StudyParams`) is the union of its arms' runs and its N-sweep's
-runs; a run is one (N, seed), so the sweep's N=16 and N=512 with seeds 0-2 are the arms' runs,
-not new ones (5 + 5 + 3 x 3 = 19 runs); then each variant's runs (one arm's shape with other
-`update` settings, `<variant>_s<seed>`). Each run's params are the study file's with
-only what makes the run itself changed (`run_params`): name, B and N (B by the study's rule,
-`StudyParams.prompts_per_step`; the LR follows by the sqrt rule, `UpdateParams.lr`),
-`train.seed`, the label `train.algorithm`, the equal budget `train.max_rollouts`, the evaluation
-and checkpoint schedule, and the run's folders under `<out_dir>/runs/<run>/`.
+A study (`brorl.params.study.StudyParams`) is its arms' runs, one per (arm, seed), named
+`<arm>_s<seed>` and ordered seed by seed (a study cut short has as many seeds of every arm as
+possible). Each run's params are the study file's with only what makes the run itself changed
+(`run_params`): its name, the arm's `update` keys (N, B, the LR's anchor), `train.seed`, the
+start (the study's warm-up policy, a fresh prompt stream over the pool: the pool is not the
+warm-up's train list), the pool as its data, where it stops (the equal rollout budget, or the
+equal step count), its evaluation and checkpoint schedule and its folders `<out_dir>/runs/<run>/`.
 
 `write_plan` writes one JSON file per run (its params without the `study` section): a DVC run
 stage depends on its own file, so a changed study reruns exactly the runs whose params changed.
-
-Deliberately ignored: runs that differ in anything but N, B and seed (another study file).
 """
 
 from __future__ import annotations
@@ -26,62 +23,70 @@ from brorl.files import atomic_write_text
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
-    from brorl.params.study import StudyParams
+    from brorl.params.study import StudyArm, StudyParams
 
 PLAN_DIR = "plan"
 RUNS_DIR = "runs"
 STUDY_FILE = "study.json"
 """The plan folder's record of the whole study (the report stage's dependency)."""
+WARMUP_DIR = "warmup"
+"""The warm-up's run folder under `study.out_dir` (`brorl.study.warmup`)."""
+
+
+def warmup_dir(params: ExperimentParams) -> str:
+    """`<out_dir>/warmup`: the warm-up's run folder (policy/, checkpoints/, evals.jsonl)."""
+    return f"{params.study.out_dir}/{WARMUP_DIR}"
+
+
+def pool_dir(params: ExperimentParams) -> str:
+    """`<out_dir>/pool`: the pool stage's folder (pool.json, problems/)."""
+    return f"{params.study.out_dir}/pool"
+
+
+def pool_data(params: ExperimentParams) -> str:
+    """`<out_dir>/pool/problems`: the data folder every study run trains on."""
+    return f"{pool_dir(params)}/problems"
+
+
+def warmup_params(params: ExperimentParams) -> ExperimentParams:
+    """The study file's params as the warm-up's run: the baseline arm's update keys, validation
+    evaluations every `warmup.eval_every` steps (checkpoints with them), at most
+    `warmup.max_steps` steps, no rollout budget, its folders under `<out_dir>/warmup`."""
+    from brorl.params import ExperimentParams
+
+    study, w = params.study, params.study.warmup
+    folder = warmup_dir(params)
+    tree = params.model_dump(mode="json")
+    tree["name"] = f"{params.name}-warmup"
+    tree["update"].update(study.arms[study.baseline].update)
+    tree["train"].update(
+        algorithm="prorl", steps=w.max_steps, max_rollouts=None, max_seconds=None,
+        plateau_patience=None, eval_every=w.eval_every, checkpoint_every=w.eval_every,
+        eval_splits=["validation"], eval_per_family=w.eval_per_family,
+        eval_samples=w.eval_samples, run_dir=folder, checkpoint_dir=f"{folder}/checkpoints")
+    tree["tracking"].update(metrics_dir=folder, plots_dir=folder)
+    return ExperimentParams.model_validate(tree)
 
 
 @dataclass(frozen=True)
 class StudyRun:
-    """One run of a study: N, B and the seed; which arm it serves and whether the sweep uses it."""
+    """One run of a study: its arm and seed."""
 
-    rollouts_per_prompt: int
-    """N."""
-    prompts_per_step: int
-    """B, by the study's rule B(N)."""
+    arm: str
     seed: int
-    """`train.seed`: RL sampling and prompt order (never the evaluation, `train.eval_seed`)."""
-    arm: str | None
-    """The arm this run is a seed of; None for a run only the sweep uses."""
-    in_sweep: bool
-    variant: str | None = None
-    """The study variant this run belongs to (`StudyParams.variants`); None for arm and sweep runs."""
+    """`train.seed`: the prompt order and rollout sampling (never the evaluation's seed)."""
 
     @property
     def id(self) -> str:
-        """`n<N>_s<seed>` (`<variant>_s<seed>` for a variant's run): the run's folder and DVC
-        stage key."""
-        return f"{self.variant or f'n{self.rollouts_per_prompt}'}_s{self.seed}"
-
-    @property
-    def samples_per_step(self) -> int:
-        """B * N rollouts planned per step (before dynamic-sampling refills)."""
-        return self.prompts_per_step * self.rollouts_per_prompt
+        """`<arm>_s<seed>`: the run's folder and DVC stage key."""
+        return f"{self.arm}_s{self.seed}"
 
 
 def plan_runs(study: StudyParams) -> list[StudyRun]:
-    """Every unique (N, seed) of the study's arms and sweep, ordered by seed, then N (a study cut
-    short has then as many seeds of every N as possible); then the variants' runs, by seed,
-    then variant."""
-    arms: dict[tuple[int, int], str] = {}
-    for name, arm in study.arms.items():
-        for seed in range(arm.seeds):
-            arms[(arm.rollouts_per_prompt, seed)] = name
-    sweep = {(n, seed) for n in study.sweep_rollouts_per_prompt
-             for seed in range(study.sweep_seeds)}
-    keys = sorted(set(arms) | sweep, key=lambda k: (k[1], k[0]))
-    runs = [StudyRun(n, study.prompts_per_step(n), seed, arms.get((n, seed)), (n, seed) in sweep)
-            for n, seed in keys]
-    variants = sorted(((seed, name) for name, v in study.variants.items()
-                       for seed in range(v.seeds)))
-    for seed, name in variants:
-        shape = study.arms[study.variants[name].arm]
-        runs.append(StudyRun(shape.rollouts_per_prompt, shape.prompts_per_step, seed, None, False,
-                             name))
-    return runs
+    """Every (arm, seed), seed by seed, arms in their order."""
+    most = max((a.seeds for a in study.arms.values()), default=0)
+    return [StudyRun(name, seed) for seed in range(most) for name, arm in study.arms.items()
+            if seed < arm.seeds]
 
 
 def find_run(study: StudyParams, run_id: str) -> StudyRun:
@@ -93,12 +98,23 @@ def find_run(study: StudyParams, run_id: str) -> StudyRun:
     return runs[run_id]
 
 
-def eval_every(study: StudyParams, run: StudyRun) -> int:
-    """Steps between evaluations so they land near equal fractions of the budget: the nearest
-    whole number to budget / evaluations / (B N), at least 1 (our choice; 8192 rollouts, 4
-    evaluations: N = 16, 64, 256, 512, 1024 give 16, 6, 3, 2, 1). The evaluation at the budget
-    itself is the run loop's (`brorl.train.Run.eval_due`)."""
-    return max(1, round(study.budget_rollouts / study.evaluations / run.samples_per_step))
+def nominal_steps(study: StudyParams, arm: StudyArm) -> int:
+    """RL steps the arm's runs end at when no step refills: `equal_steps`, or the budget over
+    B x N."""
+    if arm.stop == "steps":
+        return study.equal_steps
+    shape = arm.update["prompts_per_step"] * arm.update["rollouts_per_prompt"]
+    return study.budget_rollouts // shape
+
+
+def eval_every(study: StudyParams, arm: StudyArm) -> int:
+    """Steps between a run's test evaluations: `equal_steps / evaluations` for an arm that ends
+    near `equal_steps` (at most 1.5 times it), else `equal_steps` (a long arm is evaluated at
+    the equal-steps point, its multiples and the budget). Our choice: a handful of evaluations
+    per run, one of them at `equal_steps`."""
+    if nominal_steps(study, arm) <= 1.5 * study.equal_steps:
+        return study.equal_steps // study.evaluations
+    return study.equal_steps
 
 
 def run_dir(study: StudyParams, run: StudyRun) -> str:
@@ -107,29 +123,33 @@ def run_dir(study: StudyParams, run: StudyRun) -> str:
 
 
 def run_params(params: ExperimentParams, run: StudyRun) -> ExperimentParams:
-    """The study's params with the run's name, shape, seed, budget, schedule and folders."""
+    """The study's params with the run's name, arm, seed, start, pool, stop rule, schedule and
+    folders (module docstring)."""
     from brorl.params import ExperimentParams
 
     study = params.study
-    folder, every = run_dir(study, run), eval_every(study, run)
+    arm = study.arms[run.arm]
+    folder, every = run_dir(study, run), eval_every(study, arm)
+    baseline_n = study.arms[study.baseline].update["rollouts_per_prompt"]
     tree = params.model_dump(mode="json")
     tree["name"] = f"{params.name}-{run.id.replace('_', '-')}"
-    tree["update"].update(prompts_per_step=run.prompts_per_step,
-                          rollouts_per_prompt=run.rollouts_per_prompt)
-    if run.variant is not None:
-        tree["update"].update(study.variants[run.variant].update)
-    tree["study"]["variants"] = {}  # checked against the study's update section, not a run's
-    baseline_n = study.arms[study.baseline].rollouts_per_prompt
+    tree["update"].update(arm.update)
+    tree["data"]["path"] = pool_data(params)
+    rollouts = arm.stop == "rollouts"
     tree["train"].update(
-        seed=run.seed, algorithm="prorl" if run.rollouts_per_prompt == baseline_n else "brorl",
-        max_rollouts=study.budget_rollouts, eval_every=every, checkpoint_every=every,
-        run_dir=folder, checkpoint_dir=f"{folder}/checkpoints")
+        seed=run.seed,
+        algorithm="prorl" if arm.update["rollouts_per_prompt"] == baseline_n else "brorl",
+        init_checkpoint=f"{warmup_dir(params)}/policy", continue_stream=False,
+        max_rollouts=study.budget_rollouts if rollouts else None, max_seconds=None,
+        steps=params.train.steps if rollouts else study.equal_steps, plateau_patience=None,
+        eval_every=every, checkpoint_every=every, eval_splits=["test"], run_dir=folder,
+        checkpoint_dir=f"{folder}/checkpoints")
     tree["tracking"].update(metrics_dir=folder, plots_dir=folder)  # never the committed metrics/
     try:
         return ExperimentParams.model_validate(tree)
     except ValueError as err:
-        raise ValueError(f"study run {run.id} (N={run.rollouts_per_prompt}, "
-                         f"B={run.prompts_per_step}) has invalid params: {err}") from None
+        raise ValueError(f"study run {run.id} ({run.arm}: {arm.update}) has invalid params: "
+                         f"{err}") from None
 
 
 def run_tree(params: ExperimentParams) -> dict[str, Any]:
@@ -138,19 +158,47 @@ def run_tree(params: ExperimentParams) -> dict[str, Any]:
     return params.model_dump(mode="json", exclude={"study"})
 
 
+STAGE_FILES = ("warmup.json", "pool.json")
+"""Plan files of the warm-up and pool stages: what each reads of the params, so a change
+elsewhere (a run's arm, the report's settings) reruns neither."""
+
+
+def stage_trees(params: ExperimentParams) -> dict[str, dict[str, Any]]:
+    """`STAGE_FILES` -> content: the warm-up's run params with its stop rule (the warm-up
+    section, the budget its margin refers to, alpha); the pool's section with what the estimate
+    and the choice read (the data, sampling, verifiers, the correct-reward threshold, each
+    arm's N)."""
+    study = params.study
+    return {
+        "warmup.json": {"run": run_tree(warmup_params(params)),
+                        "warmup": study.warmup.model_dump(mode="json"),
+                        "budget_rollouts": study.budget_rollouts, "alpha": study.alpha},
+        "pool.json": {"pool": study.pool.model_dump(mode="json"),
+                      "data": params.data.model_dump(mode="json"),
+                      "generate": params.generate.model_dump(mode="json"),
+                      "verify": params.verify.model_dump(mode="json"),
+                      "correct_reward": params.filter.correct_reward,
+                      "arms": {k: a.update["rollouts_per_prompt"] for k, a in study.arms.items()},
+                      "baseline": study.baseline}}
+
+
 def write_plan(params: ExperimentParams, root: Path | str = ".") -> list[str]:
-    """Write `<out_dir>/plan/<run>.json` per run and `study.json`; remove stale run files.
-    Returns the run ids in plan order."""
+    """Write `<out_dir>/plan/<run>.json` per run, the stage files (`STAGE_FILES`) and
+    `study.json`; remove stale run files. Returns the run ids in plan order."""
     study = params.study
     folder = Path(root) / study.out_dir / PLAN_DIR
     folder.mkdir(parents=True, exist_ok=True)
     runs = plan_runs(study)
     for run in runs:
         text = json.dumps(run_tree(run_params(params, run)), indent=1, sort_keys=True) + "\n"
-        if not (folder / f"{run.id}.json").is_file() or \
-                (folder / f"{run.id}.json").read_text() != text:  # unchanged files keep mtime
-            atomic_write_text(folder / f"{run.id}.json", text)
-    keep = {f"{r.id}.json" for r in runs} | {STUDY_FILE}
+        path = folder / f"{run.id}.json"
+        if not path.is_file() or path.read_text() != text:  # unchanged files keep their mtime
+            atomic_write_text(path, text)
+    for name, tree in stage_trees(params).items():  # the warm-up's and the pool's settings
+        text = json.dumps(tree, indent=1, sort_keys=True) + "\n"
+        if not (folder / name).is_file() or (folder / name).read_text() != text:
+            atomic_write_text(folder / name, text)
+    keep = {f"{r.id}.json" for r in runs} | {STUDY_FILE, *STAGE_FILES}
     for stale in folder.glob("*.json"):
         if stale.name not in keep:
             stale.unlink()

@@ -1,15 +1,17 @@
 """A study run's folder between sessions (resume, redo or start) and the study's progress line.
 
 Each run folder holds a marker, `study_run.json`: the digest of what the run was started with
-(its params without the `study` section, and the content of its start checkpoint), whether it
-finished, and its wall seconds. `prepare_run_dir` decides from it before a session:
+(its params without the `study` section, the content of its start policy and of the pool's
+data), whether it finished, and its wall seconds. `prepare_run_dir` decides from it before a
+session:
 - no folder: start;
 - the same digest, unfinished, with a checkpoint (an interrupted session): resume from the run's
   newest checkpoint in `<folder>/checkpoints`;
 - anything else (other params or start policy; or a finished run asked to run again, which DVC
   does only when the run's code or data changed): the folder is cleared and the run starts over.
 `progress` counts the finished runs whose digest is current and estimates the time left from
-their wall seconds: per remaining run, the mean of the finished runs of the same N, else of all.
+their wall seconds: per remaining run, the mean of the finished runs of the same arm, else the
+finished runs' seconds per nominal rollout times the run's nominal rollouts (`nominal_rollouts`).
 
 Deliberately ignored: code changes outside DVC (a finished run asked again is redone).
 """
@@ -26,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from brorl.files import atomic_write_text
 from brorl.run_files import latest_checkpoint
-from brorl.study.plan import StudyRun, plan_runs, run_dir, run_params, run_tree
+from brorl.study.plan import (
+    StudyRun, nominal_steps, plan_runs, pool_data, run_dir, run_params, run_tree,
+)
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -93,8 +97,12 @@ def mark_finished(folder: Path, wall_seconds: float) -> None:
 
 
 def digests(params: ExperimentParams, root: Path) -> dict[str, str]:
-    """Run id -> current digest, for every run of the study (the start policy hashed once)."""
-    start = folder_digest(root / params.train.init_checkpoint)
+    """Run id -> current digest, for every run of the study (the start policy and the pool's
+    data hashed once)."""
+    from brorl.study.plan import warmup_dir
+
+    start = folder_digest(root / warmup_dir(params) / "policy") + \
+        folder_digest(root / pool_data(params))
     return {run.id: run_digest(run_tree(run_params(params, run)), start)
             for run in plan_runs(params.study)}
 
@@ -113,22 +121,30 @@ def progress(params: ExperimentParams, root: Path, current: str,
              started: float | None = None) -> Progress:
     """The study's progress before run `current`. `started` (epoch seconds) gives the elapsed
     time; without it, elapsed is the wall time of the finished runs."""
-    runs: dict[str, StudyRun] = {r.id: r for r in plan_runs(params.study)}
+    study = params.study
+    runs: dict[str, StudyRun] = {r.id: r for r in plan_runs(study)}
     walls: dict[str, float] = {}
     for run_id, digest in digests(params, root).items():
-        marker = read_marker(root / run_dir(params.study, runs[run_id]))
+        marker = read_marker(root / run_dir(study, runs[run_id]))
         if marker and marker["finished"] and marker["digest"] == digest:
             walls[run_id] = float(marker.get("wall_seconds", 0.0))
     elapsed = time.time() - started if started is not None else sum(walls.values())
     eta = None
     if walls:
-        overall = sum(walls.values()) / len(walls)
+        size = {name: nominal_rollouts(study, name) for name in study.arms}
+        per_rollout = sum(walls.values()) / sum(size[runs[r].arm] for r in walls)
         eta = 0.0
         for run_id in (r for r in runs if r not in walls):
-            same = [w for r, w in walls.items()
-                    if runs[r].rollouts_per_prompt == runs[run_id].rollouts_per_prompt]
-            eta += sum(same) / len(same) if same else overall
+            arm = runs[run_id].arm
+            same = [w for r, w in walls.items() if runs[r].arm == arm]
+            eta += sum(same) / len(same) if same else per_rollout * size[arm]
     return Progress(len(walls), len(runs), elapsed, eta)
+
+
+def nominal_rollouts(study, arm: str) -> int:
+    """Rollouts an arm's run generates when no step refills (its size for the estimate)."""
+    a = study.arms[arm]
+    return nominal_steps(study, a) * a.update["prompts_per_step"] * a.update["rollouts_per_prompt"]
 
 
 def _clock(seconds: float) -> str:
@@ -138,9 +154,7 @@ def _clock(seconds: float) -> str:
 
 
 def progress_line(name: str, run: StudyRun, p: Progress) -> str:
-    """`study <name>: run n64_s1 (N=64, B=5, seed 1) | 7/19 runs done | elapsed 23m10s | ETA
-    41m00s`."""
+    """`study <name>: run brorl_s1 (seed 1) | 7/12 runs done | elapsed 23m10s | ETA 41m00s`."""
     eta = _clock(p.eta) if p.eta is not None else "unknown until a run finishes"
-    return (f"study {name}: run {run.id} (N={run.rollouts_per_prompt}, B={run.prompts_per_step}, "
-            f"seed {run.seed}) | {p.done}/{p.total} runs done | elapsed {_clock(p.elapsed)} "
-            f"| ETA {eta}")
+    return (f"study {name}: run {run.id} (seed {run.seed}) | {p.done}/{p.total} runs done | "
+            f"elapsed {_clock(p.elapsed)} | ETA {eta}")

@@ -1,16 +1,19 @@
-"""A study's finished runs read from their folders: evaluations, per-instance scores, pooled rates.
+"""A study's finished runs read from their folders: test evaluations at the study's points,
+per-instance values, pooled rates.
 
 Each run folder holds `summary.json` (per-step metrics in `history`) and `evals.jsonl`, one row
 per (step, split) with per-instance `score` (the family's headline quantity: pass@1 for math and
-code, mean reward for reasoning, spec §7.1), `pass_at_1` and `families` in `problem_ids` order.
-Only test rows are read (rows without `split` are test rows of older runs; rows without `score`
-fall back to `pass_at_1`, without `families` to the id's `family/` prefix).
+code, mean reward for reasoning, spec §7.1), `pass_at_1` (avg@k: the share of the k samples that
+are correct) and `families`, in `problem_ids` order. A run is scored at three points: `start`
+(step 0, the shared start evaluation), `steps` (the row at `study.equal_steps`) and `budget`
+(its last row, at `study.budget_rollouts`, for an arm that stops on rollouts).
 
-Pooled rates (our reading of spec §5.5, Table 2): the dynamic-sampling pass rate is
-sum(pass_rate x rollouts generated) / sum(rollouts generated) over the run's steps, the
-generation throughput sum(rollouts) / sum(generation seconds); never a mean of per-step ratios.
+Per instance, `values_of(row, "pass_at_k")` is pass@k with k = the row's samples: 1 when any
+sample was correct (the unbiased estimator with n = k), beside avg@k (spec §5.2 reports pass@k).
 
-Deliberately ignored: validation rows (model selection lives in the warm-up, not in a study run).
+Pooled rates (spec §5.5, Table 2): the dynamic-sampling pass rate is sum(pass_rate x rollouts
+generated) / sum(rollouts generated) over the run's steps, the generation throughput
+sum(rollouts) / sum(generation seconds); never a mean of per-step ratios.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from brorl.evals import read_run
 from brorl.study.plan import StudyRun
 
 FAMILIES = ("math", "code", "reasoning")
+METRICS = ("score", "pass_at_k")
+"""The per-instance values the report compares: the family score (avg@k) and pass@k."""
 
 
 def families_of(row: dict[str, Any]) -> list[str]:
@@ -33,9 +38,12 @@ def families_of(row: dict[str, Any]) -> list[str]:
 
 
 def values_of(row: dict[str, Any], key: str = "score") -> dict[str, float]:
-    """Instance id -> its `key` (`score`, falling back to `pass_at_1`, or `pass_at_1`)."""
-    values = row.get(key) if key in row else row["pass_at_1"]
-    return dict(zip(row["problem_ids"], values, strict=True))
+    """Instance id -> its `key`: `score`, `pass_at_1`, or `pass_at_k` (1.0 when any of the k
+    samples was correct, from avg@k > 0)."""
+    if key == "pass_at_k":
+        return {i: float(v > 0) for i, v in zip(row["problem_ids"], row["pass_at_1"],
+                                                  strict=True)}
+    return dict(zip(row["problem_ids"], row[key], strict=True))
 
 
 @dataclass(frozen=True)
@@ -48,43 +56,46 @@ class RunResult:
 
     @classmethod
     def load(cls, run: StudyRun, folder: Path) -> RunResult:
-        summary, rows = read_run(folder, f"study run {run.id} has not finished; run it (dvc "
-                                         "repro study_report, or python -m flows.study --run ID).")
+        summary, rows = read_run(folder, f"study run {run.id} has not finished; run it (make "
+                                         "study, or python -m flows.study --run ID).")
         return cls(run, summary, rows)
 
     @property
     def final(self) -> dict[str, Any]:
         return self.evals[-1]
 
+    def at_step(self, step: int) -> dict[str, Any]:
+        """The evaluation row at `step`; a ValueError naming the run when it has none."""
+        for row in self.evals:
+            if row["step"] == step:
+                return row
+        raise ValueError(f"run {self.run.id} has no test evaluation at step {step} (its "
+                         f"evaluations: steps {[r['step'] for r in self.evals]}); its budget "
+                         "ended before the equal-steps point: raise study.budget_rollouts.")
+
     @property
     def train_seconds(self) -> float:
         return float(self.summary.get("train_seconds", self.final["seconds"]))
 
     @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken: the update's mini-batches summed over the steps (a step whose
+        draws kept no group has none)."""
+        return int(sum(m.get("update/optimizer_steps", 0.0) for m in self.history))
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        return self.summary.get("history", [])
+
+    @property
     def pass_rate(self) -> float:
         """Pooled dynamic-sampling pass rate (`filter/pass_rate`, the active keep rule)."""
-        return pooled_pass_rate(self.summary.get("history", []))
+        return pooled_pass_rate(self.history)
 
     @property
     def rollouts_per_s(self) -> float:
         """Pooled generation throughput: rollouts / generation seconds over the run's steps."""
-        return pooled_throughput(self.summary.get("history", []))
-
-    def at(self, key: str, x: float) -> dict[str, float]:
-        """Instance id -> score at `key` (`rollouts` or `seconds`) = x, linear between the two
-        evaluations around x (the evaluation itself when one is at x). Our choice for scores
-        between evaluations; x beyond the last evaluation is refused (no extrapolation)."""
-        xs = np.array([float(r[key]) for r in self.evals])
-        if not xs[0] <= x <= xs[-1] + 1e-9:
-            raise ValueError(f"run {self.run.id}: {key} = {x} is outside its evaluations "
-                             f"[{xs[0]}, {xs[-1]}]; interpolate only inside a run.")
-        hi = min(int(np.searchsorted(xs, x, side="left")), len(xs) - 1)
-        if xs[hi] == x or hi == 0:
-            return values_of(self.evals[hi])
-        lo = hi - 1
-        w = (x - xs[lo]) / (xs[hi] - xs[lo])
-        a, b = values_of(self.evals[lo]), values_of(self.evals[hi])
-        return {i: (1 - w) * a[i] + w * b[i] for i in a}
+        return pooled_throughput(self.history)
 
 
 def instance_order(results: list[RunResult]) -> tuple[list[str], list[str]]:
