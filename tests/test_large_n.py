@@ -5,6 +5,7 @@ trainer update that scores and trains only the chosen B x M rollouts."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -190,9 +191,9 @@ def test_a_step_of_4096_rollouts_per_prompt_trains_each_rollout_by_its_own_rewar
     _needs(device)
     b, n = 1, 4096
     config = _config(random_base, tmp_path / "ck", prompts_per_step=b, rollouts_per_prompt=n,
-                     max_response_tokens=8, max_concurrent_rollouts=256,
-                     micro_batch_rollouts=128, mini_batches_per_step=4, filter_enabled=False,
-                     verify_workers=2)
+                     max_response_tokens=8, micro_batch_rollouts=128, mini_batches_per_step=4,
+                     filter_enabled=False, verify_workers=2)
+    config = replace(config, engine=replace(config.engine, max_concurrent_rollouts=256))
     problems = [Problem(id="p0", family="math", task="t", prompt="2+3=", answer="5")]
     run = _run(config, problems, tmp_path / "run", checkpoint_every=100, reward_fn=_graded)
     trainer, seen = run.trainer, []

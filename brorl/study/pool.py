@@ -25,6 +25,7 @@ quotas (the pool follows the start's difficulty wherever it lies).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -98,11 +99,13 @@ def estimate(params: ExperimentParams, policy: Path, problems: Sequence[Problem]
     step 1): `{"ids", "families", "tasks", "solves", "tries"}`, in `problems` order."""
     from brorl.engines import build_engine
     from brorl.policy import load_policy
+    from brorl.train.config import EngineConfig
 
     pool, g = params.study.pool, params.generate
     model, tokenizer = load_policy(policy)
-    engine = build_engine("hf", model=model, tokenizer=tokenizer, model_path=policy,
-                          max_concurrent_rollouts=g.max_concurrent_rollouts, max_model_len=0)
+    config = dataclasses.replace(EngineConfig.from_params(params), kind="hf")
+    engine = build_engine(config, model=model, tokenizer=tokenizer, model_path=policy,
+                          max_model_len=0)
     count = dict(temperature=g.temperature, top_p=g.top_p,
                  max_response_tokens=g.max_response_tokens,
                  correct_reward=params.filter.correct_reward, workers=params.verify.workers)
