@@ -9,7 +9,7 @@ checkpoint).
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from flows.entry import main
+    from entrypoints.entry import main
 
     main("evaluate")
 
