@@ -453,10 +453,10 @@ def run_entry(entry: str, argv: list[str], monkeypatch) -> int:
         raise AssertionError(f"{entry} started work on bad input")
 
     if entry.startswith("flow:"):
-        from entrypoints import entry
+        from entrypoints import entry as entry_module
 
         monkeypatch.setattr("flows.prefect_settings", tripwire)
-        return _code(lambda: entry.run_flow_cli(entry.split(":", 1)[1], argv))
+        return _code(lambda: entry_module.run_flow_cli(entry.split(":", 1)[1], argv))
     if entry == "cli":
         from entrypoints import cli
 
@@ -474,10 +474,10 @@ def run_entry(entry: str, argv: list[str], monkeypatch) -> int:
         monkeypatch.setattr("brorl.train.run.Run.open", tripwire)
         return _code(lambda: train_main.main(argv))
     if entry == "study":
-        from entrypoints import entry
+        from entrypoints import entry as entry_module
 
         monkeypatch.setattr("flows.prefect_settings", tripwire)
-        return _code(lambda: entry.study_main(argv))
+        return _code(lambda: entry_module.study_main(argv))
     if entry == "deploy":
         from entrypoints import deploy
 
