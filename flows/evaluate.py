@@ -2,7 +2,7 @@
 
 Composition only. The checkpoint is `checkpoint` (any local HF folder) or, by default, the run's
 final policy / newest checkpoint / starting point (`brorl.run_files.policy_to_evaluate`).
-Served as a scheduled deployment by `flows/deploy.py` (nightly evaluation of the newest
+Served as a scheduled deployment by `entrypoints/deploy.py` (nightly evaluation of the newest
 checkpoint).
 """
 
