@@ -1,9 +1,10 @@
 """Local server processes on 127.0.0.1: free ports, start, wait until healthy, always stop.
 
-The one home of process plumbing: the Prefect server (`flows/server.py`), the MLflow UI
-(`tasks/mlflow_ui.py`) and the trainer's single-process rendezvous port all use it. A server is a
-command started in its own session (`start_new_session=True`), so that stopping it signals its
-whole process group (uvicorn workers, gunicorn, ...): SIGTERM, then SIGKILL after a grace period.
+The one home of process plumbing: the Prefect server (`entrypoints/server.py`), the MLflow UI
+(`entrypoints/mlflow_ui.py`) and the trainer's single-process rendezvous port all use it. A server
+is a command started in its own session (`start_new_session=True`), so that stopping it signals
+its whole process group (uvicorn workers, gunicorn, ...): SIGTERM, then SIGKILL after a grace
+period.
 `running` refuses a port that already answers, since a health check would then see another server.
 
 Deliberately ignored: remote hosts, TLS, restarting a server that dies, Windows (process groups

@@ -1,26 +1,16 @@
 """Prefect flows: composition only (load params, open the MLflow run, call tasks, summarise).
 
-Importing the package changes nothing: each entry point applies the environment defaults
-(`brorl.environment`) itself, before prefect or mlflow load. Here are the Prefect settings that
-only the server or the flow runs take (measured by `benchmarks/prefect_overhead.py`):
-`PIPELINE_SERVER` for the server `make run` starts for a whole `dvc repro` (`flows/server.py`),
-and `prefect_settings()` for what no environment variable can say (no flow-run heartbeats).
+Importing the package changes nothing: each entry point (`entrypoints/`) applies the environment
+defaults (`brorl.environment`) itself, before prefect or mlflow load. Here is the one Prefect
+setting the flow runs take that no environment variable can say, `prefect_settings()` (no
+flow-run heartbeats; measured by `benchmarks/prefect_overhead.py`); the server's own settings are
+`entrypoints.server.PIPELINE_SERVER`.
 """
 
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-# The server of a pipeline run records flow runs, task runs, logs and events (what the UI shows)
-# and runs nothing else: no schedules, work pools, automations or cancellation clean-up, whose
-# loops only compete with the API for the database and the two cores. `make serve` needs them
-# and starts its server without these.
-PIPELINE_SERVER = {
-    f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
-    for name in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "CANCELLATION_CLEANUP", "PAUSE_EXPIRATIONS",
-                 "REPOSSESSOR", "CLEANUP_RECONCILER", "TRIGGERS", "EVENT_LOGGER")
-}
 
 
 def prefect_home() -> None:

@@ -8,7 +8,7 @@ record both in one MLflow run, return the summary.
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from flows.entry import main
+    from entrypoints.entry import main
 
     main("data")
 
@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow
 
 from brorl.params import load_params
-from tasks import tracking
+import tracking
 from tasks.data import build_data, log_data
 
 

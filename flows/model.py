@@ -9,7 +9,7 @@ summary.
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from flows.entry import main
+    from entrypoints.entry import main
 
     main("model")
 
@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow
 
 from brorl.params import load_params
-from tasks import tracking
+import tracking
 from tasks.model import log_model, make_model
 
 

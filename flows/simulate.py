@@ -10,14 +10,14 @@ Run: `python -m flows.simulate --params params/simulate.yaml [-S simulate.steps=
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from flows.entry import main
+    from entrypoints.entry import main
 
     main("simulate")
 
 from prefect import flow
 
 from brorl.params import load_params
-from tasks import tracking
+import tracking
 from tasks.simulate import log_to_mlflow, simulate_run, write_report
 
 

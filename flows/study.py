@@ -15,17 +15,16 @@ study's MLflow parent run. A `study-run` prints the study's progress, gets the r
 ready (resume an interrupted run, start over a changed one) and trains the run as the
 `train-arm` subflow, its step-0 evaluation the one `study-start` scored for all runs.
 `BRORL_STUDY_STARTED` (epoch seconds, set by `make study`) dates the progress line's elapsed time.
+The arguments are checked, and the mode's flow chosen, by `entrypoints.entry.study_main`.
 """
 
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from flows.study_entry import main
+    from entrypoints.entry import main
 
-    main()
+    main("study")
 
-import argparse
-import os
 from typing import Any
 
 from prefect import flow
@@ -33,7 +32,6 @@ from prefect import flow
 from brorl.params import ExperimentParams, load_params
 from brorl.study.warmup import train_to_plateau, write_plateau
 from flows import prefect_settings
-from flows.study_entry import MODES, check
 from flows.train import PrefectDriver, train_arm
 from tasks import study as s
 from tasks import train as t
@@ -96,20 +94,3 @@ def study_report(params_path: str, overrides: list[str] | None = None) -> dict[s
     s.log_report(params, s.parent_run(params), result)
     return result
 
-
-def run(args: argparse.Namespace) -> Any:
-    """Run the flow of checked arguments (`flows.study_entry.check`)."""
-    started = os.environ.get("BRORL_STUDY_STARTED")
-    with prefect_settings():  # no heartbeat thread joined at the end of each flow run
-        if args.run:
-            return study_run(args.params, args.run, args.overrides,
-                             float(started) if started else None)
-        flows = {"warmup": study_warmup, "pool": study_pool, "plan": study_plan,
-                 "start": study_start, "report": study_report}
-        name = next(m for m in MODES if getattr(args, m))
-        return flows[name](args.params, args.overrides)
-
-
-def main(argv: list[str] | None = None) -> Any:
-    """Check the arguments and inputs, then run the mode's flow (in this process)."""
-    return run(check(argv))

@@ -14,7 +14,7 @@ from brorl.data import load_split
 from brorl.params import ExperimentParams
 from brorl.policy import save_policy
 from brorl.files import atomic_write_text
-from tasks import tracking
+import tracking
 
 
 def base_metrics(report: dict, target_pass_low: float, target_pass_high: float) -> dict[str, float]:

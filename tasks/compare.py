@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from brorl.compare import ArmResult, build_report, headline, report_metrics
 from brorl.params import ExperimentParams, compare_arms
 from brorl.files import atomic_write_text
-from tasks import tracking
+import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 

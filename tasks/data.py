@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from brorl.data import DataConfig, make_splits, save_splits, split_counts
 from brorl.params import DataParams
 from brorl.files import atomic_write_text
-from tasks import tracking
+import tracking
 
 
 @task(name="data", cache_policy=NO_CACHE, persist_result=False)

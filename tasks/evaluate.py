@@ -15,7 +15,7 @@ from brorl.evals import EvalProtocol
 from brorl.params import ExperimentParams
 from brorl.policy import load_policy
 from brorl.run_files import policy_to_evaluate
-from tasks import tracking
+import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 

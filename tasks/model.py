@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from brorl.files import atomic_write_text
 from brorl.model import ModelConfig
 from brorl.params import ExperimentParams
-from tasks import tracking
+import tracking
 
 
 @task(name="model", cache_policy=NO_CACHE, persist_result=False)

@@ -17,7 +17,7 @@ from brorl.files import atomic_write_text
 from brorl.params import SimulateParams
 from brorl.theory import report
 from brorl.theory.simulator import METRICS, SimConfig, SimulationResult, simulate
-from tasks import tracking
+import tracking
 
 
 @task(name="simulate_run", cache_policy=NO_CACHE, persist_result=False)

@@ -25,7 +25,7 @@ from brorl.study.pool import write_pool
 from brorl.study.report import build_report, headline
 from brorl.study.start import score_start as score_start_rows
 from brorl.study.start import start_path
-from tasks import tracking
+import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 

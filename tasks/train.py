@@ -6,7 +6,7 @@ nothing big is pickled or sent to the Prefect API. The stage tasks carry the nam
 stage methods (`STAGES`); the flow's driver (`flows/train.py`) runs each stage through them.
 `verify` retries (a verifier crash is transient); `ppo_update` and `checkpoint` never do (a
 retry would apply an update twice). The run's MLflow record (one MLflow run per training run,
-reopened on resume) is `tasks/train_record.py`'s.
+reopened on resume) is `tracking/train_record.py`'s.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from brorl.train import Run
 from brorl.train.report import dvc_files
 from brorl.types import Timed
 from brorl.train.collection import Collection
-from tasks import tracking, train_record
-from tasks.train_record import Tracker, log_step  # the flow's driver logs each step with it
+from tracking import ROOT, train_record
+from tracking.train_record import Tracker, log_step  # the flow's driver logs each step with it
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
@@ -30,7 +30,7 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 @task(name="open-run", **_TASK)
 def open_run(params: dict[str, Any]) -> Run:
     """Build (or resume, from the newest checkpoint) the run of `params`."""
-    return Run.open(ExperimentParams.model_validate(params), tracking.ROOT)
+    return Run.open(ExperimentParams.model_validate(params), ROOT)
 
 
 @task(name="start-mlflow-run", **_TASK)
@@ -86,8 +86,8 @@ def finish_run(run: Run, tracker: Tracker, params: dict[str, Any]) -> dict[str, 
     record closed (`train_record.close_record`)."""
     p = ExperimentParams.model_validate(params)
     summary = run.finish()
-    dvc_files(run.state, tracking.ROOT / p.tracking.metrics_dir / f"{p.run_label}.json",
-              tracking.ROOT / p.tracking.plots_dir / p.run_label / "eval.csv")
+    dvc_files(run.state, ROOT / p.tracking.metrics_dir / f"{p.run_label}.json",
+              ROOT / p.tracking.plots_dir / p.run_label / "eval.csv")
     version = train_record.close_record(tracker, run, p, summary["policy"])
     return {**{k: v for k, v in summary.items() if k != "history"},
             "mlflow_run_id": tracker.run_id, "model_version": version}

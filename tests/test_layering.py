@@ -1,9 +1,12 @@
-"""Dependencies point one way: flows -> tasks -> brorl. brorl never imports prefect, mlflow or dvc.
+"""Dependencies point one way: entrypoints -> flows -> tasks -> tracking -> brorl. brorl never
+imports prefect, mlflow or dvc.
 
-Two checks. Reading: every .py file under brorl/, tasks/ and flows/ is parsed with `ast` and every
-import node anywhere in it (module level, inside functions, classes, `if TYPE_CHECKING:`) is
-resolved to an absolute module name, relative imports included. Loading: every brorl module is
-imported in a fresh interpreter, which then must hold none of the orchestration libraries.
+Two checks. Reading: every .py file under brorl/, tracking/, tasks/ and flows/ is parsed with
+`ast` and every import node anywhere in it (module level, inside functions, classes, `if
+TYPE_CHECKING:`) is resolved to an absolute module name, relative imports included; a flow
+module's `if __name__ == "__main__":` block may import `entrypoints.entry.main`, nothing else.
+Loading: every brorl module is imported in a fresh interpreter, which then must hold none of the
+orchestration libraries.
 tests/ and benchmarks/ may import anything. Imports spelt as strings (`importlib.import_module`)
 are not read; the loading check catches those that run at import time.
 """
@@ -21,10 +24,14 @@ import brorl
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN: Mapping[str, frozenset[str]] = {
-    "brorl": frozenset({"prefect", "mlflow", "dvc", "tasks", "flows"}),
-    "tasks": frozenset({"flows"}),
+    "brorl": frozenset({"prefect", "mlflow", "dvc", "tracking", "tasks", "flows", "entrypoints"}),
+    "tracking": frozenset({"tasks", "flows", "entrypoints"}),
+    "tasks": frozenset({"flows", "entrypoints"}),
+    "flows": frozenset({"entrypoints"}),
 }
-"""Top-level package -> the top-level names its modules must never import."""
+"""Top-level package -> the top-level names its modules must never import. The one exception: a
+flow module's `if __name__ == "__main__":` block of exactly `from entrypoints.entry import main`
+and `main("NAME")` (`main_guard_lines`), which runs only under `python -m flows.NAME`."""
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -56,14 +63,32 @@ def imported_names(path: Path, root: Path) -> Iterator[tuple[int, str]]:
             yield from ((node.lineno, name) for name in _from_names(node, package))
 
 
+MAIN_GUARD = ("if __name__ == '__main__':\n    from entrypoints.entry import main\n"
+              "    main({name!r})")
+"""The one block through which a flow module may import an entry point: `python -m flows.NAME`
+checks its arguments (`entrypoints.entry.main`) before the module's own imports run."""
+
+
+def main_guard_lines(path: Path) -> set[int]:
+    """The line of the `from entrypoints.entry import main` in `path`'s module-level
+    `if __name__ == "__main__":` block when that block is exactly MAIN_GUARD for the module's
+    own name, else nothing."""
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.If) and ast.unparse(node) == MAIN_GUARD.format(name=path.stem):
+            return {node.body[0].lineno}
+    return set()
+
+
 def violations(root: Path, forbidden: Mapping[str, frozenset[str]] = FORBIDDEN) -> list[str]:
-    """`path:line imports name` for each import that breaks `forbidden`, in file order."""
+    """`path:line imports name` for each import that breaks `forbidden`, in file order; a flow
+    module's MAIN_GUARD is allowed."""
     found = []
     for package, names in forbidden.items():
         for path in sorted((root / package).rglob("*.py")):
+            allowed = main_guard_lines(path) if package == "flows" else set()
             for line, name in imported_names(path, root):
                 top = name.split(".")[0]
-                if top in names or name.startswith("."):
+                if (top in names or name.startswith(".")) and line not in allowed:
                     found.append(f"{path.relative_to(root)}:{line} imports {name}")
     return found
 
@@ -87,6 +112,13 @@ def test_no_module_imports_upward_not_even_inside_a_function():
     assert violations(ROOT) == []
 
 
+def test_every_flow_module_opens_with_the_entry_guard():
+    """`python -m flows.NAME` checks its arguments first: each flow module has MAIN_GUARD."""
+    flows = [p for p in sorted((ROOT / "flows").glob("*.py")) if p.name != "__init__.py"]
+    assert {p.stem for p in flows} >= {"simulate", "train", "compare", "study"}
+    assert [p.name for p in flows if not main_guard_lines(p)] == []
+
+
 def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tmp_path: Path):
     files = {
         "brorl/__init__.py": "",
@@ -97,7 +129,16 @@ def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tm
         "brorl/rel.py": "from ... import flows\n",
         "tasks/__init__.py": "",
         "tasks/t.py": "import brorl\nimport mlflow\nif True:\n    from flows import cli\n",
+        "tasks/u.py": "def f():\n    from entrypoints import server\n",
+        "tracking/__init__.py": "import mlflow\nimport brorl\nfrom tasks import train\n",
         "flows/f.py": "import tasks\nimport prefect\n",
+        "flows/train.py": ('if __name__ == "__main__":\n    from entrypoints.entry import main\n\n'
+                           '    main("train")\n\nimport tracking\n'),
+        "flows/other.py": ('if __name__ == "__main__":\n    from entrypoints.entry import main\n'
+                           '    main("train")\n'),  # another flow's name: not the guard
+        "flows/more.py": ('if __name__ == "__main__":\n    from entrypoints.entry import main\n'
+                          '    main("more")\n    from entrypoints import server\n'),
+        "flows/late.py": "def f():\n    from entrypoints.entry import check\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +148,13 @@ def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tm
         "brorl/deep/mod.py:3 imports mlflow.tracking",
         "brorl/lazy.py:5 imports prefect",
         "brorl/rel.py:1 imports ...flows",
+        "tracking/__init__.py:3 imports tasks",
         "tasks/t.py:4 imports flows",
+        "tasks/u.py:2 imports entrypoints",
+        "flows/late.py:2 imports entrypoints.entry",
+        "flows/more.py:2 imports entrypoints.entry",
+        "flows/more.py:4 imports entrypoints",
+        "flows/other.py:2 imports entrypoints.entry",
     ]
     assert list(imported_names(tmp_path / "brorl/sub/__init__.py", tmp_path)) == [
         (1, "brorl"), (1, "brorl.ok"), (2, "brorl.ok")]
@@ -201,11 +248,11 @@ HEAVY_LIBRARIES = frozenset({"torch", "transformers", "deepspeed", "vllm", "data
                              "mlflow", "dvc"})
 """What a bad input must never wait for (tests/test_bad_inputs.py, benchmarks/bad_inputs.py)."""
 LIGHT = ("brorl.preflight", "brorl.run_files", "brorl.files", "brorl.shapes", "brorl.environment",
-         "brorl.params", "flows.entry", "flows.cli")
+         "brorl.params", "entrypoints.entry", "entrypoints.cli")
 """Modules (with their submodules) that the checks of every entry point run on: nowhere in them,
 not even inside a function, an import of a heavy library or of a project module that loads one."""
-ENTRY_POINTS = ("brorl.train", "brorl.train.__main__", "flows", "flows.entry", "flows.cli",
-                "flows.server", "flows.deploy", *LIGHT)
+ENTRY_POINTS = ("brorl.train", "brorl.train.__main__", "flows", "entrypoints", "entrypoints.entry",
+                "entrypoints.cli", "entrypoints.server", "entrypoints.deploy", *LIGHT)
 """What `python -m` (or the `brorl` script) loads before it checks its input."""
 
 
@@ -243,7 +290,8 @@ def _targets(node: ast.stmt, path: Path, root: Path) -> list[str]:
 
 
 def _project_files(root: Path) -> dict[str, Path]:
-    return {module_name(path, root): path for package in ("brorl", "flows", "tasks")
+    return {module_name(path, root): path
+            for package in ("brorl", "tracking", "tasks", "flows", "entrypoints")
             for path in sorted((root / package).rglob("*.py"))}
 
 

@@ -18,8 +18,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from tasks.mlflow_ui import search_runs, serve
-from tasks.tracking import RUN_COLOURS
+from entrypoints.mlflow_ui import search_runs, serve
+from tracking import RUN_COLOURS
 from tests.browser import capture_run_comparison, find_chromium, line_colours, pixels_near
 
 ARMS = ("prorl-ci", "brorl-ci")  # the CI pipeline's arm runs (params/prorl_ci.yaml, brorl_ci.yaml)
@@ -91,7 +91,7 @@ def test_server_lists_both_arms_and_renders_their_metric_charts(ci_arms_updated:
 
     _assert_real_screenshot(compare.png)
     _assert_real_screenshot(charts.png)
-    # Each arm's line is drawn in its own colour (its `mlflow.runColor` tag, tasks/tracking.py;
+    # Each arm's line is drawn in its own colour (its `mlflow.runColor` tag, tracking/__init__.py;
     # at full opacity in the SVG) and painted in the screenshot.
     colours = line_colours(charts.html)
     arm_colours = {tuple(int(hex_[i:i + 2], 16) for i in (1, 3, 5))

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from brorl.policy import load_policy
 from brorl.train import parameter_digest
-from tasks import tracking
+import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("data", "base", "prorl_warmup", "prorl", "brorl", "compare")

@@ -4,7 +4,7 @@ DVC stages and the Makefile call flows this way, so all share the params loading
 Each flow module opens with
 
     if __name__ == "__main__":
-        from flows.entry import main
+        from entrypoints.entry import main
         main("NAME")
 
 so that `main` runs before the module's own imports (prefect, mlflow, torch): it applies the
@@ -12,7 +12,8 @@ environment defaults (`brorl.environment`), parses the arguments, loads the para
 file the flow's stage reads (`brorl.preflight.check_inputs`) and, when `PREFECT_API_URL` is set,
 that a server answers there. A bad one prints one `error:` line and exits with code 2 within
 about a second, before any Prefect server, model or MLflow run starts; only then is the flow
-module imported and its flow run. The `brorl` command (`flows/cli.py`) runs the same `check`.
+module imported and its flow run. The `brorl` command (`entrypoints/cli.py`) runs the same `check`.
+`python -m flows.study` takes a mode instead (`--warmup`, `--run RUN`, ...): `study_main`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any, NoReturn
 from brorl.environment import apply_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
-"""The checkout: relative paths of params files are taken from here (as `tasks.tracking.ROOT`)."""
+"""The checkout: relative paths of params files are taken from here (as `tracking.ROOT`)."""
 
 API_TIMEOUT_S = 3.0
 """How long `prefect_api_error` waits for an answer (a refused connection answers at once)."""
@@ -54,7 +55,7 @@ def prefect_api_error(environ: dict[str, str] | None = None,
         if isinstance(reason, socket.timeout):
             reason = f"no reply within {timeout_s:g} s"
         return (f"PREFECT_API_URL = {url}: no Prefect server answers there ({reason}); start "
-                "one (`python -m flows.server --port PORT`, `make serve`) and point "
+                "one (`python -m entrypoints.server --port PORT`, `make serve`) and point "
                 "PREFECT_API_URL at it, or unset PREFECT_API_URL so that the flow starts its own.")
 
 
@@ -109,6 +110,73 @@ def run_flow_cli(name: str, argv: list[str] | None = None) -> Any:
 
 
 def main(name: str) -> NoReturn:
-    """`python -m flows.<name>`: run the flow (`run_flow_cli`), then exit with code 0."""
-    run_flow_cli(name)
+    """`python -m flows.<name>`: run the flow (`run_flow_cli`, `study_main` for the study), then
+    exit with code 0."""
+    if name == "study":
+        study_main()
+    else:
+        run_flow_cli(name)
     raise SystemExit(0)
+
+
+STUDY_MODES = ("warmup", "pool", "plan", "start", "report")
+"""The study's flows other than `--run RUN` (flows/study.py's docstring)."""
+
+
+def study_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flows.study",
+                                description="The flows of a study (docs/study.md).")
+    p.add_argument("--params", required=True, help="the study's params file")
+    p.add_argument("-S", "--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override one params key")
+    mode = p.add_mutually_exclusive_group(required=True)
+    for name in STUDY_MODES:
+        mode.add_argument(f"--{name}", action="store_true", help=f"the study-{name} flow")
+    mode.add_argument("--run", metavar="RUN", help="train one run, e.g. prorl_s0")
+    return p
+
+
+def check_study(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the study's arguments, load the params and check the files the mode reads (the
+    study's plan, `brorl.study.plan`, is light); on failure print one `error:` line and exit
+    with code 2."""
+    from brorl.params import ParamsError, load_params
+    from brorl.preflight import InputError, check_checkpoint, check_inputs, check_split
+    from brorl.study.plan import find_run, plan_runs, run_params, warmup_dir, warmup_params
+
+    args = study_parser().parse_args(argv)
+    try:
+        params = load_params(args.params, args.overrides)
+        if args.warmup:  # the pipeline's data and the base policy
+            check_inputs(warmup_params(params), "train", ROOT)
+        if args.pool:  # the train split and the study's warm-up policy
+            check_split(ROOT / params.data.path, "train")
+            check_checkpoint(ROOT / warmup_dir(params) / "policy", "the study's warm-up policy")
+        if args.run or args.start:  # the pool and the warm-up policy (or the run's checkpoint)
+            run = find_run(params.study, args.run) if args.run else plan_runs(params.study)[0]
+            check_inputs(run_params(params, run), "train", ROOT, resume=bool(args.run))
+    except (ParamsError, InputError, ValueError) as err:
+        fail(str(err))
+    if error := prefect_api_error():
+        fail(error)
+    return args
+
+
+def study_main(argv: list[str] | None = None) -> Any:
+    """`python -m flows.study`: apply the environment defaults, check (`check_study`), then
+    import `flows.study` and run the mode's flow; returns its summary."""
+    apply_defaults()
+    args = check_study(argv)
+    from flows import prefect_settings
+
+    study = importlib.import_module("flows.study")  # prefect, mlflow, torch: after the checks
+    started = os.environ.get("BRORL_STUDY_STARTED")  # epoch seconds, set by `make study`
+    with prefect_settings():  # no heartbeat thread joined at the end of each flow run
+        if args.run:
+            return study.study_run(args.params, args.run, args.overrides,
+                                   float(started) if started else None)
+        flows = {"warmup": study.study_warmup, "pool": study.study_pool,
+                 "plan": study.study_plan, "start": study.study_start,
+                 "report": study.study_report}
+        name = next(m for m in STUDY_MODES if getattr(args, m))
+        return flows[name](args.params, args.overrides)

@@ -25,7 +25,7 @@ from brorl.evals import eval_metrics
 from brorl.params import ExperimentParams
 from brorl.train import Run
 from brorl.train.report import step_line
-from tasks import tracking
+import tracking
 
 STEP_KEYS = ("train/step", "train/seconds_total")
 """Metrics logged at step 0 and at every later step: their last step is what a run holds."""

@@ -1,12 +1,11 @@
 """The `brorl` command: `brorl run | simulate | model | train | compare | evaluate | serve`.
 
 Each command takes `--params FILE` and repeated `-S key=value` (`--set`), checks them against the
-schema, and the files its stage reads, before anything starts (`flows.entry.check`: a bad key,
-value or file prints one line naming it and exits with code 2), then calls one flow function; `run`
-is the whole pipeline (`dvc repro`, as `make run`) and `serve` the scheduled deployments on a local
-Prefect server (as `make serve`). It lives in `flows/` because it calls flows (brorl never imports
-prefect); flows, prefect, mlflow and torch are imported only after the checks, so `--help` and
-every error answer in about a second, and a flow this checkout lacks fails only its own command.
+schema, and the files its stage reads, before anything starts (`entrypoints.entry.check`: a bad
+key, value or file prints one line naming it and exits with code 2), then calls one flow function;
+`run` is the whole pipeline (`dvc repro`, as `make run`) and `serve` the scheduled deployments on
+a local Prefect server (as `make serve`). Flows, prefect, mlflow and torch are imported only after
+the checks, so `--help` and every error answer in about a second, and a flow this checkout lacks fails only its own command.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from brorl.environment import apply_defaults
-from flows.entry import check
+from entrypoints.entry import check
 
 app = typer.Typer(help="BroRL: simulate, train, compare and evaluate RLVR runs (Prefect flows).",
                   no_args_is_help=True, add_completion=False)
@@ -103,7 +102,7 @@ def run(stages: Annotated[list[str] | None, typer.Argument(
         raise typer.Exit(2)
     if params is not None:
         _check(params, overrides)
-    from flows import server
+    from entrypoints import server
 
     command = [sys.executable, "-m", "dvc"]
     if overrides:
@@ -154,16 +153,16 @@ def serve(ctx: typer.Context, params: Params, overrides: Sets = None,
           port: Annotated[int, typer.Option(help="port of the local Prefect server")] = 4200) -> None:
     """Scheduled deployments on a local Prefect server (Ctrl-C stops both).
 
-    Other options go to `python -m flows.deploy` (--flow NAME, --train-cron EXPR,
-    --evaluate-interval SECONDS, --limit N; see `python -m flows.deploy --help`).
+    Other options go to `python -m entrypoints.deploy` (--flow NAME, --train-cron EXPR,
+    --evaluate-interval SECONDS, --limit N; see `python -m entrypoints.deploy --help`).
     """
     overrides = list(overrides or [])
-    from flows import deploy, server
+    from entrypoints import deploy, server
 
     options = ["--params", params, *(a for o in overrides for a in ("-S", o)), *ctx.args]
     deploy.main([*options, "--check"])  # params and schedules, before the server starts
-    raise typer.Exit(server.main(["--port", str(port), "--", sys.executable, "-m", "flows.deploy",
-                                  *options]))
+    raise typer.Exit(server.main(["--port", str(port), "--", sys.executable, "-m",
+                                  "entrypoints.deploy", *options]))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """Serve flows as scheduled Prefect deployments (Prefect 3 `serve` of `flow.to_deployment`).
 
-`python -m flows.deploy --params params/prorl.yaml --train-cron "0 2 * * *" --evaluate-interval 3600`
+    python -m entrypoints.deploy --params params/prorl.yaml --train-cron "0 2 * * *" \
+        --evaluate-interval 3600
+
 registers one deployment per served flow with the server at $PREFECT_API_URL and runs their flow
 runs as child processes until Ctrl-C; stopping pauses the schedules. `make serve` starts a local
-server first (`flows/server.py`). Each deployment is named after the params file (`train/prorl`)
-and its parameters are that file and the `-S` overrides, validated here so that a typo fails now,
-not at 2 AM: the params, the schedules' shape (`check_schedules`) and the server at
+server first (`entrypoints/server.py`). Each deployment is named after the params file
+(`train/prorl`) and its parameters are that file and the `-S` overrides, validated here so that a
+typo fails now, not at 2 AM: the params, the schedules' shape (`check_schedules`) and the server at
 $PREFECT_API_URL are checked before prefect loads, so a bad one answers in about a second. A flow
 module is imported only when served, so the table may name flows that a checkout lacks; serving
 one of those fails with a clear message.
@@ -22,7 +24,7 @@ from typing import Any
 
 from brorl.environment import apply_defaults
 from brorl.params import ParamsError, load_params
-from flows.entry import prefect_api_error
+from entrypoints.entry import prefect_api_error
 
 # Served flows: deployment prefix -> (flow "module:function", default schedule).
 # A schedule is ("cron", "MIN HOUR DAY MONTH WEEKDAY") or ("interval", seconds).
@@ -109,7 +111,8 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
 
 def parser() -> argparse.ArgumentParser:
     """The command line: which flows, their params and one schedule option pair per SERVED row."""
-    p = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m entrypoints.deploy",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--params", required=True, help="YAML params file passed to every served flow")
     p.add_argument("-S", "--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override one params key, e.g. train.steps=5")

@@ -2,8 +2,8 @@
 
 `serve` runs `mlflow server` (UI + REST API) through `brorl.servers.running`: its own process
 group, ready once `/health` answers, the whole group stopped on exit; `make ui` runs it in the
-foreground (`python -m tasks.mlflow_ui`). Two pages compare runs: `compare_runs_url` (MLflow's
-"Comparing N Runs" page: a parallel-coordinates chart, run/param/metric tables) and
+foreground (`python -m entrypoints.mlflow_ui`). Two pages compare runs: `compare_runs_url`
+(MLflow's "Comparing N Runs" page: a parallel-coordinates chart, run/param/metric tables) and
 `run_charts_url` (the experiment's chart view filtered to the runs: one line chart per metric,
 one trace per run); tests/browser.py renders them in headless Chromium.
 Deliberately ignored: authentication, remote stores, artifact proxying beyond a local folder.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from brorl.environment import apply_defaults, with_defaults
 from brorl.servers import HOST, free_port, running
-from tasks.tracking import ROOT, resolve_tracking_uri
+from tracking import ROOT, resolve_tracking_uri
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """A local Prefect server on 127.0.0.1: start it, wait until it answers, stop it.
 
-`python -m flows.server --port 4200` runs the server until Ctrl-C. With a command after `--`
-(`python -m flows.server --port 4200 -- python -m flows.deploy --params params/prorl.yaml`) the
-server runs in the background, the command in the foreground with `PREFECT_API_URL` pointing at
-the server, and the server stops when the command ends or on Ctrl-C: `make serve` and `brorl serve`.
+`python -m entrypoints.server --port 4200` runs the server until Ctrl-C. With a command after
+`--` (`python -m entrypoints.server --port 4200 -- python -m entrypoints.deploy --params
+params/prorl.yaml`) the server runs in the background, the command in the foreground with
+`PREFECT_API_URL` pointing at the server, and the server stops when the command ends or on
+Ctrl-C: `make serve` and `brorl serve`.
 
-With `--pipeline` (`make run`, `brorl run`: `python -m flows.server --pipeline -- dvc repro`) the
-server runs only the services that record runs (`flows.PIPELINE_SERVER`) on a free port, for the
+With `--pipeline` (`make run`, `brorl run`: `python -m entrypoints.server --pipeline -- dvc
+repro`) the server runs only the services that record runs (`PIPELINE_SERVER`) on a free port, for the
 whole pipeline, and every stage reports to it.
 
 The server's database lives in PREFECT_HOME (default `.cache/prefect`, `brorl.environment`):
@@ -34,8 +35,17 @@ from pathlib import Path
 from brorl import servers
 from brorl.environment import apply_defaults, with_defaults
 from brorl.servers import HOST
-from flows import PIPELINE_SERVER
-from flows.entry import prefect_api_error
+from entrypoints.entry import prefect_api_error
+
+# The server of a pipeline run records flow runs, task runs, logs and events (what the UI shows)
+# and runs nothing else: no schedules, work pools, automations or cancellation clean-up, whose
+# loops only compete with the API for the database and the two cores. `make serve` needs them
+# and starts its server without these.
+PIPELINE_SERVER = {
+    f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+    for name in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "CANCELLATION_CLEANUP", "PAUSE_EXPIRATIONS",
+                 "REPOSSESSOR", "CLEANUP_RECONCILER", "TRIGGERS", "EVENT_LOGGER")
+}
 
 
 def api_url(port: int) -> str:
@@ -65,7 +75,7 @@ def running(port: int, home: Path | None = None, log: Path | None = None,
             timeout_s: float = 180, settings: Mapping[str, str] | None = None) -> Iterator[str]:
     """A server on `port` for the `with` block; yields its API URL and always stops it.
 
-    `settings` are Prefect environment variables of the server only (`flows.PIPELINE_SERVER`, a
+    `settings` are Prefect environment variables of the server only (`PIPELINE_SERVER`, a
     database URL). Its output is appended to `log` (else the console); startup takes 10-30 s on 2
     busy cores.
     """
@@ -172,7 +182,8 @@ def _interrupt(*_: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m entrypoints.server",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=None,
                         help="port on 127.0.0.1 (default 4200; with --pipeline a free one)")
     parser.add_argument("--home", type=Path, default=None,
@@ -180,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for startup")
     parser.add_argument("--pipeline", action="store_true",
                         help="a server for one pipeline run (`make run`): only the services "
-                             "that record runs (flows.PIPELINE_SERVER), its output in "
+                             "that record runs (PIPELINE_SERVER), its output in "
                              "PREFECT_HOME/server.log; an already set PREFECT_API_URL is used "
                              "instead")
     parser.add_argument("command", nargs=argparse.REMAINDER,
