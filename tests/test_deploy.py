@@ -122,6 +122,7 @@ def _stop(process: subprocess.Popen) -> None:
         stop(process, grace_s=0)
 
 
+@pytest.mark.slow  # a served deployment on a real server waits for its schedule: about a minute
 @pytest.mark.timeout(600)
 def test_served_evaluate_deployment_runs_on_its_own_schedule_on_a_real_server(
         tmp_path, mlflow_uri, ci_pipeline):

@@ -405,6 +405,7 @@ def _stable(history: list[dict]) -> list[dict]:
              and "per_s" not in k} for m in history]
 
 
+@pytest.mark.slow  # two whole runs, one under a Prefect flow
 def test_python_m_brorl_train_and_the_prefect_flow_train_identically(
         easy_base, easy_data, tmp_path, prefect_harness, mlflow_uri):
     from flows.train import train

@@ -629,6 +629,7 @@ def ci_study(ci_pipeline, prefect_harness, tmp_path_factory):
             "second": second.stdout}
 
 
+@pytest.mark.slow  # the CI study under DVC, killed and resumed: 6 min on 2 cores (make test-all)
 def test_an_interrupted_study_resumes_the_caught_run_and_skips_finished_ones(ci_study):
     from mlflow.tracking import MlflowClient
 
@@ -689,6 +690,7 @@ def _same(a: dict, b: dict) -> list[str]:
     return sorted(bad)
 
 
+@pytest.mark.slow  # the CI study under DVC, killed and resumed: 6 min on 2 cores (make test-all)
 def test_the_resumed_run_equals_the_same_run_uninterrupted(ci_study):
     from brorl.evals import read_start
     from brorl.train import Run
@@ -713,6 +715,7 @@ def test_the_resumed_run_equals_the_same_run_uninterrupted(ci_study):
                              for x in r]) for r in rows)) == []
 
 
+@pytest.mark.slow  # the CI study under DVC, killed and resumed: 6 min on 2 cores (make test-all)
 def test_a_pushed_study_is_pulled_into_a_fresh_clone_without_rerunning_a_stage(ci_study):
     s = ci_study
     clone, env = s["clone"], s["env"]

@@ -235,6 +235,7 @@ def test_a_world_of_one_neither_reuses_nor_leaks_master_port():
             assert done.stdout.split()[-4:] == ["0", "1", expect_port, "False"]
 
 
+@pytest.mark.slow  # two DeepSpeed processes and a third as the reference
 def test_two_process_zero2_keeps_ranks_identical_and_equals_one_process(
         easy_base, easy_data, tmp_path):
     common = ["--params", "params/prorl_ci.yaml", "-S", f"data.path={easy_data}",
