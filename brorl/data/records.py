@@ -19,10 +19,7 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from brorl.types import Family, Problem
-
-FAMILIES: tuple[Family, ...] = ("math", "code", "reasoning")
-"""The paper's three scored families, in the order its tables list them (spec §5.1)."""
+from brorl.types import FAMILIES, Family, Problem
 
 
 def normalise_prompt(prompt: str) -> str:
