@@ -1,7 +1,8 @@
 """MLflow plumbing shared by the tasks and flows: where the store is, runs, params, batched metrics.
 
 The `tracking` package records runs and writes nothing else; it imports brorl and the tracking
-libraries only (tests/test_layering.py). A training run's record is `tracking.train_record`.
+libraries only (tests/test_layering.py). A training run's record is `tracking.train_record`, a
+study's parent run `tracking.study_record`.
 
 Local default: a SQLite store `mlflow.db` and an artifact folder `mlartifacts/` at the repository
 root (platform notes: the `./mlruns` file store is deprecated). `MLFLOW_TRACKING_URI`, then the

@@ -229,6 +229,11 @@ def headline(r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def write_headline(result: dict[str, Any], path: Path) -> None:
+    """`headline(result)` as the DVC metrics file `path`."""
+    atomic_write_text(path, json.dumps(headline(result), indent=2, sort_keys=True) + "\n")
+
+
 def build_report(params: ExperimentParams, root: Path | str = ".") -> dict[str, Any]:
     """Read the runs, the start, the warm-up and the pool; write report.md, report.json and the
     PNGs under `study.out_dir`; return the report's numbers with the verdict."""
