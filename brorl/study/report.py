@@ -160,12 +160,13 @@ def contrasts_table(r: dict[str, Any]) -> str:
 
 def rates_table(r: dict[str, Any]) -> str:
     predicted = (r["pool"] or {}).get("predicted_pass_rate", math.nan)
-    rows = [[f"{name} ({a['N']})", f"{_pts(a['pass_rate'])}%", f"{a['rollouts_per_s']['mean']:.0f}",
-             f"{_mean(a['train_seconds']):.0f}", f"{_mean(a['eval_seconds']):.0f}"]
-            for name, a in r["arms"].items()]
+    rows = [[f"{name} ({a['N']})", f"{_pts(a['pass_rate'])}%",
+             f"{a['rollouts_per_s']['mean']:.0f}", f"{_mean(a['train_seconds']):.0f}",
+             f"{_mean(a['eval_seconds']):.0f}"] for name, a in r["arms"].items()]
     table = markdown_table(["arm (N)", "dynamic-sampling pass rate", "generation rollouts/s",
                             "training s", "evaluation s"], "lrrrr", rows)
-    return f"Predicted ProRL pass rate of the pool (start policy): {100 * predicted:.1f}%.\n\n{table}"
+    return (f"Predicted ProRL pass rate of the pool (start policy): {100 * predicted:.1f}%."
+            f"\n\n{table}")
 
 
 def pool_table(pool: dict[str, Any]) -> str:
