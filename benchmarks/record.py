@@ -49,6 +49,15 @@ def show(tables: list[Table]) -> None:
             print(note)
 
 
+def announce(settings: str) -> str:
+    """Print the run's CPU count, affinity and `settings`, then the load average before it
+    starts (other processes skew the figures); returns that load average line."""
+    print(f"cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} {settings}")
+    before = Path("/proc/loadavg").read_text().strip()
+    print("loadavg before:", before)
+    return before
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (else `platform.processor()`)."""
     try:

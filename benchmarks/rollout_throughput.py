@@ -49,7 +49,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # brorl and benchmarks.record
-from benchmarks.record import Table, save  # noqa: E402
+from benchmarks.record import Table, announce, save  # noqa: E402
 from brorl.engines.base import SamplingConfig  # noqa: E402
 from brorl.engines import build_engine  # noqa: E402
 from brorl.engines.hf import HfEngine  # noqa: E402
@@ -331,13 +331,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args.dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
-    print(f"device={device} cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
-          f"torch_threads={torch.get_num_threads()} shape={args.params or args.shape} "
-          f"dtype={args.dtype} engines={args.engines} prompts={args.prompts} "
-          f"total={args.total_rollouts} T={args.max_response_tokens} "
-          f"rows/call={args.max_concurrent_rollouts}")
-    before = Path("/proc/loadavg").read_text().strip()
-    print("loadavg before:", before)
+    before = announce(f"device={device} torch_threads={torch.get_num_threads()} "
+                      f"shape={args.params or args.shape} dtype={args.dtype} "
+                      f"engines={args.engines} prompts={args.prompts} total={args.total_rollouts} "
+                      f"T={args.max_response_tokens} rows/call={args.max_concurrent_rollouts}")
     if device == "cuda":
         print("gpu:", torch.cuda.get_device_name(0))
     sets = prompt_sets(args, build_tokenizer())

@@ -56,7 +56,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.record import Table, save, show  # noqa: E402
+from benchmarks.record import Table, announce, save, show  # noqa: E402
 
 PARAMS = ROOT / "params" / "brorl_ci.yaml"
 """The CI BroRL arm: tiny model, CI data; B, N and sizes are overridden from the command line."""
@@ -251,12 +251,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.child is not None:
         print(json.dumps(child(args)), flush=True)
         return []
-    print(f"cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
-          f"device={'cuda' if torch.cuda.is_available() else 'cpu'} dtype={args.dtype} "
-          f"shape={args.params or PARAMS} total={args.total_rollouts} "
-          f"B={args.prompts} T={args.max_response_tokens} chunk={args.max_concurrent_rollouts} "
-          f"micro={args.micro_batch_rollouts} subset={args.subset} filter={args.filter}")
-    print("loadavg before:", Path("/proc/loadavg").read_text().strip())
+    announce(f"device={'cuda' if torch.cuda.is_available() else 'cpu'} dtype={args.dtype} "
+             f"shape={args.params or PARAMS} total={args.total_rollouts} B={args.prompts} "
+             f"T={args.max_response_tokens} chunk={args.max_concurrent_rollouts} "
+             f"micro={args.micro_batch_rollouts} subset={args.subset} filter={args.filter}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="step_memory_") as tmp:
         prepare(Path(tmp), args.params, args.vocab_size)

@@ -111,7 +111,7 @@ sys.path.insert(0, str(ROOT))
 from brorl.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
-from benchmarks.record import Table, save, show  # noqa: E402
+from benchmarks.record import Table, announce, save, show  # noqa: E402
 from benchmarks.step_memory import PARAMS, prepare  # noqa: E402
 
 DEFAULT_PROMPTS = {16: 8, 64: 4, 512: 2}
@@ -385,11 +385,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if importlib.util.find_spec("trl") is None:
         raise SystemExit("vs_trl.py: TRL is not installed; install the benchmark extra first: "
                          ".venv/bin/pip install -c requirements/constraints.txt -e '.[bench]'")
-    print(f"cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} "
-          f"N={args.n_values} P={args.p_values} T={args.max_response_tokens} "
-          f"prompt_tokens={args.prompt_tokens} warm={args.warm_steps} steps={args.steps}")
-    print("loadavg before:", Path("/proc/loadavg").read_text().strip())
+    announce(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} "
+             f"N={args.n_values} P={args.p_values} T={args.max_response_tokens} "
+             f"prompt_tokens={args.prompt_tokens} warm={args.warm_steps} steps={args.steps}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         workdir = Path(tmp)

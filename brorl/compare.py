@@ -20,7 +20,8 @@ checkpoints and never score an arm.
 
 Deliberately ignored: seed-to-seed variation. Each arm is one RL seed, so the test's only noise
 is which instances were drawn; the report says so. The multi-seed study reports intervals over
-seeds and instances.
+seeds and instances. Both reports are written with `brorl.reporting`'s run record, pooled rates,
+cells and tables.
 """
 
 from __future__ import annotations
@@ -31,57 +32,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from brorl.evals import read_run
 from brorl.legacy import family_key, instance_scores, row_families
+from brorl.reporting import RunRecord, markdown_table, percent, points
 from brorl.scoring import HEADLINE
 from brorl.stats import Interval, PairedTest, bootstrap_mean, paired_test
-from brorl.evals import read_run
+from brorl.types import FAMILIES
 
-FAMILIES = ("math", "code", "reasoning")
 ALPHA = 0.05
 """Significance level of the report's wording and intervals (two-sided); our choice."""
 
 
 @dataclass(frozen=True)
-class ArmResult:
+class ArmResult(RunRecord):
     """One arm's outputs, read from its run folder; `evals` holds its test rows by step."""
 
     name: str
-    summary: dict[str, Any]
-    evals: list[dict[str, Any]]
 
     @classmethod
     def load(cls, name: str, run_dir: str | Path) -> ArmResult:
         summary, rows = read_run(run_dir, f"train arm {name!r} first (python -m flows.train, or "
                                           "the compare flow).")
-        return cls(name, summary, rows)
-
-    def pass_rate(self, key: str = "filter/pass_rate") -> float:
-        return pooled_pass_rate(self.summary.get("history", []), key)
-
-    def throughput(self) -> float:
-        return pooled_throughput(self.summary.get("history", []))
-
-
-def pooled(history: list[dict[str, float]], numerator: str, denominator: str, *,
-           weighted: bool = False) -> float:
-    """Sum of `numerator` (times `denominator` when `weighted`: a per-step fraction) over sum
-    of `denominator`, over the steps that logged both; NaN when none did."""
-    steps = [m for m in history if numerator in m and denominator in m]
-    total = sum(m[denominator] for m in steps)
-    if not total:
-        return math.nan
-    return sum(m[numerator] * (m[denominator] if weighted else 1) for m in steps) / total
-
-
-def pooled_pass_rate(history: list[dict[str, float]], key: str = "filter/pass_rate") -> float:
-    """A run's pooled pass rate from its per-step metrics: sum(rate x rollouts generated) /
-    sum(rollouts generated)."""
-    return pooled(history, key, "filter/rollouts_generated", weighted=True)
-
-
-def pooled_throughput(history: list[dict[str, float]]) -> float:
-    """A run's pooled generation throughput: sum(rollouts) / sum(generation seconds)."""
-    return pooled(history, "generate/rollouts", "generate/seconds")
+        return cls(summary=summary, evals=rows, name=name)
 
 
 def family_value(record: dict[str, Any], family: str, quantity: str = "score") -> float:
@@ -95,53 +67,44 @@ def _label(family: str, quantity: str) -> str:
     return f"{family} " + ("mean reward" if name == "reward_mean" else name.replace("_at_", "@"))
 
 
-def _pct(value: float) -> str:
-    return "–" if math.isnan(value) else f"{100 * value:.2f}"
-
-
 def table1(arms: list[ArmResult]) -> str:
     """Markdown: the headline score per family at each test evaluation (percent), reasoning's
     pass@1 beside its mean reward, then the training seconds so far."""
-    lines = ["| arm | step | rollouts | Math pass@1 | Code pass@1 | Reasoning mean reward "
-             "| Reasoning pass@1 | training time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ["arm", "step", "rollouts", "Math pass@1", "Code pass@1", "Reasoning mean reward",
+              "Reasoning pass@1", "training time (s)"]
+    rows = []
     for arm in arms:
         for r in arm.evals:
-            cells = [family_value(r, "math"), family_value(r, "code"),
-                     family_value(r, "reasoning"), family_value(r, "reasoning", "pass_at_1")]
-            lines.append(f"| {arm.name} | {r['step']} | {int(r['rollouts'])} | "
-                         + " | ".join(_pct(v) for v in cells) + f" | {r['seconds']:.1f} |")
-    return "\n".join(lines)
+            scores = [family_value(r, "math"), family_value(r, "code"),
+                      family_value(r, "reasoning"), family_value(r, "reasoning", "pass_at_1")]
+            rows.append([arm.name, r["step"], int(r["rollouts"]), *map(percent, scores),
+                         f"{r['seconds']:.1f}"])
+    return markdown_table(header, "l" + "r" * 7, rows)
 
 
 def table2(arms: list[ArmResult]) -> str:
     """Markdown: N, B, pooled pass rates (the active keep rule, then both rules when logged),
     pooled throughput, and training / evaluation / checkpoint seconds apart."""
-    lines = ["| arm | N | prompts/step | pass rate | pass rate (binary) "
-             "| pass rate (any difference) | rollouts/s | training (s) | evaluation (s) "
-             "| checkpoints (s) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ["arm", "N", "prompts/step", "pass rate", "pass rate (binary)",
+              "pass rate (any difference)", "rollouts/s", "training (s)", "evaluation (s)",
+              "checkpoints (s)"]
+    rows = []
     for arm in arms:
         s = arm.summary
         rates = [arm.pass_rate(k) for k in ("filter/pass_rate", "filter/pass_rate_binary",
                                             "filter/pass_rate_any_difference")]
         seconds = [s.get(k, math.nan) for k in ("train_seconds", "eval_seconds",
                                                  "checkpoint_seconds")]
-        lines.append(f"| {arm.name} | {s.get('rollouts_per_prompt', '?')} "
-                     f"| {s.get('prompts_per_step', '?')} | "
-                     + " | ".join("–" if math.isnan(r) else f"{100 * r:.1f}%" for r in rates)
-                     + f" | {arm.throughput():.1f} | "
-                     + " | ".join(f"{v:.1f}" for v in seconds) + " |")
-    return "\n".join(lines)
+        rows.append([arm.name, s.get("rollouts_per_prompt", "?"), s.get("prompts_per_step", "?"),
+                     *(percent(r, 1, "%") for r in rates), f"{arm.throughput():.1f}",
+                     *(f"{v:.1f}" for v in seconds)])
+    return markdown_table(header, "l" + "r" * 9, rows)
 
 
 def family_scores(record: dict[str, Any], family: str) -> dict[str, float]:
     """Problem id -> headline score of the instances of `family` in an eval row."""
     return {i: v for i, v, f in zip(record["problem_ids"], instance_scores(record),
                                     row_families(record), strict=True) if f == family}
-
-
-def _cell(interval: Interval) -> str:
-    return f"{100 * interval.mean:.1f} [{100 * interval.low:.1f}, {100 * interval.high:.1f}]"
 
 
 def start_and_end(arms: list[ArmResult], baseline: str, *, alpha: float = ALPHA) -> dict[str, Any]:
@@ -175,9 +138,9 @@ def start_and_end(arms: list[ArmResult], baseline: str, *, alpha: float = ALPHA)
 
 def start_and_end_table(summary: dict[str, Any], arms: list[ArmResult]) -> str:
     """Markdown of `start_and_end`: percent with 95% intervals, changes in points."""
-    head = "| family | instances | start (step 0) | " + " | ".join(
-        f"{a.name} end | {a.name} change" for a in arms) + " |"
-    lines = [head, "|---|---:|---:|" + "---:|---:|" * len(arms)]
+    header = ["family", "instances", "start (step 0)",
+              *(f"{a.name} {what}" for a in arms for what in ("end", "change"))]
+    rows = []
     for family, row in summary["families"].items():
         cells = [family, str(row["instances"]), _cell(Interval(**row["start"]))]
         for arm in arms:
@@ -187,9 +150,13 @@ def start_and_end_table(summary: dict[str, Any], arms: list[ArmResult]) -> str:
                 continue
             c = got["change"]
             cells += [_cell(Interval(**got["end"])),
-                      f"{100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+                      points(c["mean"], c["low"], c["high"], digits=1, signed=True)]
+        rows.append(cells)
+    return markdown_table(header, "l" + "r" * (2 + 2 * len(arms)), rows)
+
+
+def _cell(interval: Interval) -> str:
+    return points(interval.mean, interval.low, interval.high, digits=1)
 
 
 def _instance_scores(record: dict[str, Any]) -> dict[str, float]:
@@ -319,11 +286,11 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
         text += [f"## Paired test: {test['arm']} - {test['baseline']} (last test evaluation)", "",
                  verdict(test), ""]
         if test["families"]:
-            text += ["| family | instances | difference (points) | 95% CI | p (two-sided) |",
-                     "|---|---:|---:|---:|---:|"]
-            text += [f"| {fam} | {t['instances']} | {100 * t['delta']:+.2f} "
-                     f"| {100 * t['ci_low']:+.2f} to {100 * t['ci_high']:+.2f} "
-                     f"| {t['p_two_sided']:.3g} |" for fam, t in test["families"].items()] + [""]
+            rows = [[fam, t["instances"], f"{100 * t['delta']:+.2f}",
+                     f"{100 * t['ci_low']:+.2f} to {100 * t['ci_high']:+.2f}",
+                     f"{t['p_two_sided']:.3g}"] for fam, t in test["families"].items()]
+            text += [markdown_table(["family", "instances", "difference (points)", "95% CI",
+                                     "p (two-sided)"], "lrrrr", rows), ""]
     text += [f"![{f.stem}]({f.name})" for f in figures] + [""]
     (out_dir / "report.md").write_text("\n".join(text))
     report = {

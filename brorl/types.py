@@ -14,6 +14,8 @@ T = TypeVar("T")
 
 Family = Literal["math", "code", "reasoning"]
 """The paper's three scored families (spec §5): Math, Code, Reasoning Gym."""
+FAMILIES: tuple[Family, ...] = ("math", "code", "reasoning")
+"""The paper's three scored families, in the order its tables list them (spec §5.1)."""
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,5 @@ from tasks.base import log_base, train_base
 def base(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Warm the model stage's checkpoint up with the `base` section's knobs."""
     params = load_params(params_path, overrides or [])
-    metrics_path = tracking.ROOT / params.tracking.metrics_dir / f"{params.base_label}.json"
-    result = train_base(params, str(metrics_path))
-    uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
-    logged = {"name": params.name, **params.model_dump(mode="json", include={"model", "base"})}
-    run_id = log_base(logged, result, params.tracking.experiment, uri)
-    return {**result, "mlflow_run_id": run_id}
+    result = train_base(params, tracking.stage_metrics(params, params.base_label))
+    return tracking.record_stage(log_base, params, {"model", "base"}, result)

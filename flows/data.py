@@ -25,10 +25,5 @@ from tasks.data import build_data, log_data
 def data(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Build, split and save the problems named by the params file's `data` section."""
     params = load_params(params_path, overrides or [])
-    p = params.data
-    metrics_path = tracking.ROOT / params.tracking.metrics_dir / f"{params.data_label}.json"
-    result = build_data(p, str(metrics_path))
-    uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
-    run_id = log_data({"name": params.name, "data": p.model_dump(mode="json")}, result,
-                      params.tracking.experiment, uri)
-    return {**result, "mlflow_run_id": run_id}
+    result = build_data(params.data, tracking.stage_metrics(params, params.data_label))
+    return tracking.record_stage(log_data, params, {"data"}, result)

@@ -26,9 +26,5 @@ from tasks.model import log_model, make_model
 def model(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Make the checkpoint the `model` section names."""
     params = load_params(params_path, overrides or [])
-    metrics_path = tracking.ROOT / params.tracking.metrics_dir / f"{params.model_label}.json"
-    result = make_model(params, str(metrics_path))
-    uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
-    logged = {"name": params.name, **params.model_dump(mode="json", include={"model"})}
-    run_id = log_model(logged, result, params.tracking.experiment, uri)
-    return {**result, "mlflow_run_id": run_id}
+    result = make_model(params, tracking.stage_metrics(params, params.model_label))
+    return tracking.record_stage(log_model, params, {"model"}, result)

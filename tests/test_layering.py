@@ -119,6 +119,13 @@ def test_every_flow_module_opens_with_the_entry_guard():
     assert [p.name for p in flows if not main_guard_lines(p)] == []
 
 
+def write_tree(root: Path, files: Mapping[str, str]) -> None:
+    """Each relative path of `files` written under `root` with its text."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tmp_path: Path):
     files = {
         "brorl/__init__.py": "",
@@ -140,9 +147,7 @@ def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tm
                           '    main("more")\n    from entrypoints import server\n'),
         "flows/late.py": "def f():\n    from entrypoints.entry import check\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, files)
 
     assert violations(tmp_path) == [
         "brorl/deep/mod.py:3 imports mlflow.tracking",
@@ -236,9 +241,7 @@ def test_the_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path: P
         "pkg/d.py": "import pkg.c\n",
         "pkg/e.py": "import os\nfrom pkg import a\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, files)
     graph = import_graph(tmp_path, "pkg")
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg"}
     assert import_cycles(graph) == [["pkg", "pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
@@ -369,9 +372,7 @@ def test_the_checker_finds_an_upward_import_inside_a_function(tmp_path: Path):
         "flows/__init__.py": "",
         "tasks/__init__.py": "",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, files)
     assert heavy_modules(tmp_path) == {"brorl.train.checkpoint", "brorl.train.state"}
     assert light_violations(tmp_path) == ["brorl/params/x.py:2 imports transformers",
                                           "brorl/preflight.py:2 imports brorl.train.checkpoint"]

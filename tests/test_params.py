@@ -55,13 +55,16 @@ def test_misspelt_key_fails_and_names_the_file_and_key(tmp_path):
     assert "unknown key" in str(err.value)
 
 
-def test_out_of_range_value_and_cross_field_rule_fail_with_the_fix(tmp_path):
+@pytest.mark.parametrize(("text", "message"), [
+    ("simulate:\n  lr: -1\n", "simulate.lr"),
+    ("simulate:\n  vocab_size: 100\n  num_correct: 100\n", "Lower num_correct or raise vocab_size"),
+    ("data:\n  math_per_taks: 3\n", "math_per_taks"),
+    ("data:\n  validation_fraction: 0.5\n  test_fraction: 0.6\n", "nothing to train on"),
+])
+def test_a_typo_out_of_range_value_or_cross_field_rule_fails_with_the_fix(tmp_path, text, message):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("simulate:\n  lr: -1\n")
-    with pytest.raises(ParamsError, match="simulate.lr"):
-        load_params(bad)
-    bad.write_text("simulate:\n  vocab_size: 100\n  num_correct: 100\n")
-    with pytest.raises(ParamsError, match="Lower num_correct or raise vocab_size"):
+    bad.write_text(text)
+    with pytest.raises(ParamsError, match=message):
         load_params(bad)
 
 

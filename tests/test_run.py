@@ -40,6 +40,7 @@ from brorl.train.run import TRAIN_STAGES
 from brorl.train.sampler import PromptSampler
 from brorl.types import Problem, RolloutBatch
 from brorl.verifiers import Verdict
+from tests.stand_ins import TrainerCollection
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,18 +85,12 @@ class FakeClock:
         self.now += seconds
 
 
-class FakeTrainer:
+class FakeTrainer(TrainerCollection):
     """Stands in for `Trainer` in the run loop: no model; rewards come from `rewards` (one row
     of N per group, in draw order); optional sleeps (on `clock`) in generation and checkpoints.
-    The real `Trainer.start_collection` (budget cap, keep rule), `draw_share`, `gather_groups`
-    and `end_step` are used."""
+    The real collection methods (`TrainerCollection`) and `Trainer.end_step` are used."""
 
-    start_collection = Trainer.start_collection
     end_step = Trainer.end_step
-    global_step = Trainer.global_step
-    generating_ranks = Trainer.generating_ranks
-    draw_share = Trainer.draw_share
-    gather_groups = Trainer.gather_groups
 
     def __init__(self, config: TrainerConfig, rewards, sleep: dict | None = None,
                  step_offset: int = 0, clock: FakeClock | None = None) -> None:

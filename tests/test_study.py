@@ -190,7 +190,7 @@ def _checkpoint(folder: Path) -> None:
 def test_a_cleared_folders_mlflow_run_is_deleted_and_a_missing_one_is_no_error(mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    from tasks.study import forget_run
+    from tracking.study_record import forget_run
 
     client = MlflowClient(mlflow_uri)
     run = client.create_run(client.create_experiment("x")).info.run_id

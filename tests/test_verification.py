@@ -20,6 +20,7 @@ from brorl.train.diagnostics import DiagnosticsConfig
 from brorl.train.verification import ChunkVerifier
 from brorl.types import Problem
 from brorl.verifiers import Verdict
+from tests.stand_ins import TrainerCollection
 from tests.tiny_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,17 +33,12 @@ def _by_length(problems, responses) -> list[Verdict]:
     return [Verdict(float(len(r) % 2), f"length {len(r)}") for r in responses]
 
 
-class EngineTrainer:
-    """The real `Trainer`'s generation and verification methods over a tiny policy and the hf
-    engine, without DeepSpeed (nothing here updates weights)."""
+class EngineTrainer(TrainerCollection):
+    """The real `Trainer`'s generation and verification methods (and its collection methods)
+    over a tiny policy and the hf engine, without DeepSpeed (nothing here updates weights)."""
 
     generate_rollouts = Trainer.generate_rollouts
     verify = Trainer.verify
-    draw_share = Trainer.draw_share
-    gather_groups = Trainer.gather_groups
-    generating_ranks = Trainer.generating_ranks
-    global_step = Trainer.global_step
-    start_collection = Trainer.start_collection
 
     def __init__(self, reward_fn) -> None:
         config = TrainerConfig.from_params(load_params(ROOT / "params" / "tiny_ci.yaml"))

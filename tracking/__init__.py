@@ -1,7 +1,8 @@
 """MLflow plumbing shared by the tasks and flows: where the store is, runs, params, batched metrics.
 
 The `tracking` package records runs and writes nothing else; it imports brorl and the tracking
-libraries only (tests/test_layering.py). A training run's record is `tracking.train_record`.
+libraries only (tests/test_layering.py). A training run's record is `tracking.train_record`, a
+study's parent run `tracking.study_record`.
 
 Local default: a SQLite store `mlflow.db` and an artifact folder `mlartifacts/` at the repository
 root (platform notes: the `./mlruns` file store is deprecated). `MLFLOW_TRACKING_URI`, then the
@@ -16,14 +17,17 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
+
+if TYPE_CHECKING:
+    from brorl.params import ExperimentParams
 
 ROOT = Path(__file__).resolve().parents[1]
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
@@ -38,6 +42,20 @@ colour hashed from the run id, which can give both arms the same one."""
 def resolve_tracking_uri(configured: str | None = None) -> str:
     """$MLFLOW_TRACKING_URI, else the params value, else the project's SQLite store."""
     return os.environ.get("MLFLOW_TRACKING_URI") or configured or f"sqlite:///{ROOT / 'mlflow.db'}"
+
+
+def stage_metrics(params: ExperimentParams, label: str) -> str:
+    """Where a stage writes its headline for DVC: `<tracking.metrics_dir>/<label>.json`."""
+    return str(ROOT / params.tracking.metrics_dir / f"{label}.json")
+
+
+def record_stage(log: Callable[[dict, dict, str, str], str], params: ExperimentParams,
+                 sections: set[str], result: dict[str, Any]) -> dict[str, Any]:
+    """A stage's one MLflow run: `log(logged, result, experiment, uri)` with the experiment's
+    name and its `sections` as the logged params; `result` with the run's id added."""
+    logged = {"name": params.name, **params.model_dump(mode="json", include=sections)}
+    uri = resolve_tracking_uri(params.tracking.tracking_uri)
+    return {**result, "mlflow_run_id": log(logged, result, params.tracking.experiment, uri)}
 
 
 def ensure_experiment(name: str, tracking_uri: str) -> str:

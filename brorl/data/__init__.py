@@ -16,6 +16,7 @@ from brorl.data.math import generate_math, load_math_jsonl
 from brorl.data.reasoning import DEFAULT_REASONING_TASKS, reasoning_problems
 from brorl.data.records import FAMILIES, load_split, make_problem, normalise_prompt, save_splits
 from brorl.data.splits import SPLITS, dedupe, split_problems
+from brorl.params.loading import same_named
 from brorl.types import Problem
 
 if TYPE_CHECKING:
@@ -43,14 +44,8 @@ class DataConfig:
     @classmethod
     def from_params(cls, params: DataParams) -> DataConfig:
         """The `data` section's fields of the same names; where to save is the caller's (`path`)."""
-        p = params
-        return cls(seed=p.seed, math_per_task=p.math_per_task, math_max_operand=p.math_max_operand,
-                   code_per_task=p.code_per_task, code_max_constant=p.code_max_constant,
-                   reasoning_per_task=p.reasoning_per_task,
-                   reasoning_tasks=p.reasoning_tasks, math_jsonl=tuple(p.math_jsonl),
-                   code_jsonl=tuple(p.code_jsonl), chat_example=p.chat_example,
-                   validation_fraction=p.validation_fraction,
-                   test_fraction=p.test_fraction)
+        return same_named(cls, params, math_jsonl=tuple(params.math_jsonl),
+                          code_jsonl=tuple(params.code_jsonl))
 
 
 def build_problems(config: DataConfig) -> list[Problem]:

@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from brorl.data.records import jsonl_rows, make_problem
+from brorl.data.records import draw_per_task, jsonl_rows, make_problem
 from brorl.types import Problem
 from brorl.verifiers.checks import parse_test
 
@@ -56,16 +56,12 @@ def generated_problem(template: str, k: int, name: str) -> Problem:
 def generate_code(per_task: int, *, seed: int, max_constant: int = 9,
                   tasks: tuple[str, ...] = tuple(TEMPLATES)) -> list[Problem]:
     """`per_task` draws per template (k in 1..max_constant, a random name); may repeat."""
-    unknown = sorted(set(tasks) - set(TEMPLATES))
-    if unknown:
-        raise ValueError(f"unknown code tasks {unknown}; choose from {sorted(TEMPLATES)}.")
-    problems = []
-    for task in tasks:
-        rng = random.Random(f"code/{task}/{seed}")
-        for _ in range(per_task):
-            k, name = rng.randint(1, max_constant), rng.choice(FUNCTION_NAMES)
-            problems.append(generated_problem(task, k, name))
-    return problems
+
+    def draw(task: str, rng: random.Random) -> Problem:
+        k, name = rng.randint(1, max_constant), rng.choice(FUNCTION_NAMES)
+        return generated_problem(task, k, name)
+
+    return draw_per_task("code", tasks, TEMPLATES, per_task, seed, draw)
 
 
 def _row_tests(row: dict, where: str) -> list[str]:

@@ -16,7 +16,7 @@ import random
 from math import gcd
 from pathlib import Path
 
-from brorl.data.records import jsonl_rows, make_problem
+from brorl.data.records import draw_per_task, jsonl_rows, make_problem
 from brorl.types import Problem
 
 MATH_TASKS = ("compare", "arithmetic", "fractions", "linear_equation")
@@ -95,14 +95,10 @@ def generate_math(per_task: int, *, seed: int, max_operand: int = 9,
                   tasks: tuple[str, ...] = MATH_TASKS) -> list[Problem]:
     """`per_task` draws of each generated task (duplicates are possible; splitting dedupes)."""
     makers = {"compare": _compare, "arithmetic": _arithmetic, "fractions": _fraction, "linear_equation": _linear}
-    unknown = sorted(set(tasks) - set(makers))
-    if unknown:
-        raise ValueError(f"unknown math tasks {unknown}; choose from {MATH_TASKS}.")
-    problems = []
-    for task in tasks:
-        rng = random.Random(f"math/{task}/{seed}")
-        for _ in range(per_task):
-            prompt, answer = makers[task](rng, max_operand)
-            problems.append(make_problem("math", task, prompt, answer=answer,
-                                         metadata={"generator": task, "seed": seed}))
-    return problems
+
+    def draw(task: str, rng: random.Random) -> Problem:
+        prompt, answer = makers[task](rng, max_operand)
+        return make_problem("math", task, prompt, answer=answer,
+                            metadata={"generator": task, "seed": seed})
+
+    return draw_per_task("math", tasks, makers, per_task, seed, draw)

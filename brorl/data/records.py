@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from brorl.types import Family, Problem
-
-FAMILIES: tuple[Family, ...] = ("math", "code", "reasoning")
-"""The paper's three scored families, in the order its tables list them (spec §5.1)."""
+from brorl.types import FAMILIES, Family, Problem
 
 
 def normalise_prompt(prompt: str) -> str:
@@ -49,6 +47,21 @@ def make_problem(family: Family, task: str, prompt: str, *, answer: str = "",
                          "convert sets and objects to lists, strings or numbers.") from None
     return Problem(id=problem_id(family, task, prompt), family=family, task=task, prompt=prompt,
                    answer=str(answer), tests=tuple(tests), metadata=meta)
+
+
+def draw_per_task(family: Family, tasks: Iterable[str], known: Iterable[str], per_task: int,
+                  seed: int, draw: Callable[[str, random.Random], Problem]) -> list[Problem]:
+    """`per_task` problems `draw(task, rng)` of each task, each task with its own generator
+    seeded by `family/task/seed` (a task's draws do not depend on the others); a ValueError
+    naming the choices for a task not in `known`."""
+    unknown = sorted(set(tasks) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {family} tasks {unknown}; choose from {sorted(known)}.")
+    problems = []
+    for task in tasks:
+        rng = random.Random(f"{family}/{task}/{seed}")
+        problems.extend(draw(task, rng) for _ in range(per_task))
+    return problems
 
 
 def jsonl_rows(path: Path) -> Iterator[tuple[dict, str]]:

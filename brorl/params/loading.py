@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from dataclasses import fields
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import ValidationError
 
 from brorl.params.experiment import ExperimentParams
 from brorl.params.resources import check_memory
+
+T = TypeVar("T")
 
 
 class ParamsError(ValueError):
@@ -33,6 +36,13 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def same_named(config: type[T], section: Any, **given: Any) -> T:
+    """`config` (a dataclass) built from `section`'s fields of the same names, `given` taking
+    precedence; a field `section` lacks fails with an AttributeError naming it."""
+    names = [f.name for f in fields(config) if f.name not in given]
+    return config(**{name: getattr(section, name) for name in names}, **given)
 
 
 def read_yaml_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:

@@ -36,7 +36,8 @@ import numpy as np
 
 from brorl.stats import Interval, bootstrap_difference, bootstrap_mean, holm, seed_test
 from brorl.study.plan import run_params
-from brorl.study.results import FAMILIES, METRICS, RunResult, instance_order, table, values_of
+from brorl.study.results import METRICS, RunResult, instance_order, table, values_of
+from brorl.types import FAMILIES
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -104,8 +105,8 @@ def arm_summary(params: ExperimentParams, name: str, runs: list[RunResult], ids:
         "rollouts_at_steps": [r.at_step(study.equal_steps)["rollouts"] for r in runs],
         "train_seconds": [r.train_seconds for r in runs],
         "eval_seconds": [float(r.summary.get("eval_seconds", math.nan)) for r in runs],
-        "pass_rate": over_seeds([r.pass_rate for r in runs], study),
-        "rollouts_per_s": over_seeds([r.rollouts_per_s for r in runs], study),
+        "pass_rate": over_seeds([r.pass_rate() for r in runs], study),
+        "rollouts_per_s": over_seeds([r.throughput() for r in runs], study),
     }
     out["at"] = {point: {metric: describe(table([values_of(r, metric) for r in rows], ids),
                                           families, study) for metric in METRICS}

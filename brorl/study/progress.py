@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from brorl.files import atomic_write_text
 from brorl.run_files import latest_checkpoint
 from brorl.study.plan import (
-    StudyRun, nominal_steps, plan_runs, pool_data, run_dir, run_params, run_tree,
+    StudyRun, find_run, nominal_steps, plan_runs, pool_data, run_dir, run_params, run_tree,
 )
+from brorl.study.start import start_path
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -87,6 +88,25 @@ def prepare_run_dir(folder: Path, run_id: str, digest: str) -> Preparation:
     atomic_write_text(folder / MARKER, json.dumps(
         {"run": run_id, "digest": digest, "finished": False, "sessions": sessions}) + "\n")
     return Preparation(action, cleared)
+
+
+def prepare_session(params: ExperimentParams, root: Path, run_id: str,
+                    started: float | None) -> dict[str, Any]:
+    """Run `run_id`'s folder made ready for a session (`prepare_run_dir`), and what the session
+    needs as plain values: `line` (the progress line before it), `params` (the run's resolved
+    params), `tags` (arm, seed, N, B), `action`, `cleared_mlflow_run`, `folder`, `start` (the
+    shared start file) and `started` (monotonic seconds at the end of the preparation)."""
+    run = find_run(params.study, run_id)
+    line = progress_line(params.name, run, progress(params, root, run_id, started))
+    folder = root / run_dir(params.study, run)
+    done = prepare_run_dir(folder, run_id, digests(params, root)[run_id])
+    rp = run_params(params, run)
+    tags = {"study": params.name, "arm": run.arm, "seed": str(run.seed),
+            "N": str(rp.update.rollouts_per_prompt), "B": str(rp.update.prompts_per_step)}
+    return {"line": line, "params": rp.model_dump(mode="json"), "tags": tags,
+            "action": done.action, "cleared_mlflow_run": done.cleared_mlflow_run,
+            "folder": str(folder), "start": str(root / start_path(params.study)),
+            "started": time.monotonic()}
 
 
 def mark_finished(folder: Path, wall_seconds: float) -> None:

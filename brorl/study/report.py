@@ -7,7 +7,7 @@ test says whether the start is shown plateaued; each contrast's reading (Holm-ad
 p, Holm-adjusted TOST p at the study's margin) says higher, lower, no change beyond the margin,
 or inconclusive; the pre-registered revival rule is applied per arm. Scores are in points
 (percent): avg@k of the family score (pass@1 for math and code, mean reward for reasoning, spec
-§7.1), pass@k beside it.
+§7.1), pass@k beside it; cells and tables are `brorl.reporting`'s, as in the comparison.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from brorl.evals import read_start
 from brorl.files import atomic_write_text
+from brorl.reporting import markdown_table, p_value, percent, points
 from brorl.study import figures
 from brorl.study.analysis import analyse
 from brorl.study.plan import plan_runs, pool_dir, run_dir, warmup_dir
 from brorl.study.pool import POOL_FILE
-from brorl.study.results import FAMILIES, RunResult
+from brorl.study.results import RunResult
 from brorl.study.start import start_path
 from brorl.study.warmup import read_warmup
+from brorl.types import FAMILIES
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -52,15 +54,11 @@ def _pts(iv: dict[str, float]) -> str:
     """`61.69 [60.10, 63.20]` in points, or `61.69` when the interval is undefined."""
     if math.isnan(iv["low"]):
         return f"{100 * iv['mean']:.2f}"
-    return f"{100 * iv['mean']:.2f} [{100 * iv['low']:.2f}, {100 * iv['high']:.2f}]"
+    return points(iv["mean"], iv["low"], iv["high"])
 
 
 def _diff(iv: dict[str, float]) -> str:
-    return f"{100 * iv['mean']:+.2f} [{100 * iv['low']:+.2f}, {100 * iv['high']:+.2f}]"
-
-
-def _p(p: float) -> str:
-    return "-" if math.isnan(p) else f"{p:.3g}"
+    return points(iv["mean"], iv["low"], iv["high"], signed=True)
 
 
 def _mean(xs: list[float]) -> float:
@@ -78,7 +76,7 @@ def plateau_sentence(r: dict[str, Any]) -> str:
              f"rollouts; {100 * r['confidence']:.0f}% CI [{100 * t['ci_low']:+.2f}, "
              f"{100 * t['ci_high']:+.2f}]) over its last {w['window']} validation evaluations "
              f"(steps {w['verdict']['steps'][0]}-{w['verdict']['steps'][-1]}, "
-             f"{t['instances']} instances), TOST p = {_p(t['p_equivalence'])} against "
+             f"{t['instances']} instances), TOST p = {p_value(t['p_equivalence'])} against "
              f"+-{100 * w['margin']:.1f} points")
     if w["plateaued"]:
         return f"The start is shown plateaued: {drift}."
@@ -98,9 +96,9 @@ def contrast_sentence(name: str, c: dict[str, Any], r: dict[str, Any]) -> str:
     return (f"{what} ({c['b']} - {c['a']}): {100 * t['delta']:+.2f} points, two-way "
             f"{100 * r['confidence']:.0f}% CI [{100 * s['difference']['low']:+.2f}, "
             f"{100 * s['difference']['high']:+.2f}]; seed-level {t['kind']} t over "
-            f"{seeds}, p = {_p(t['p_two_sided'])} (Holm "
-            f"{_p(s['p_holm'])}), TOST within +-{100 * r['margin']:.1f} points Holm p = "
-            f"{_p(s['p_equivalence_holm'])}: {WORDS[s['reading']]}. pass@k: "
+            f"{seeds}, p = {p_value(t['p_two_sided'])} (Holm "
+            f"{p_value(s['p_holm'])}), TOST within +-{100 * r['margin']:.1f} points Holm p = "
+            f"{p_value(s['p_equivalence_holm'])}: {WORDS[s['reading']]}. pass@k: "
             f"{_diff(k['difference'])} points.")
 
 
@@ -125,63 +123,56 @@ def verdict(r: dict[str, Any]) -> list[str]:
 
 
 def arms_table(r: dict[str, Any]) -> str:
-    lines = ["| arm | what it isolates | N | B | LR | ends at | seeds | RL steps | optimizer "
-             "steps | rollouts at step " + str(r["equal_steps"]) + " | training s |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    header = ["arm", "what it isolates", "N", "B", "LR", "ends at", "seeds", "RL steps",
+              "optimizer steps", f"rollouts at step {r['equal_steps']}", "training s"]
+    rows = []
     for name, a in r["arms"].items():
         end = "budget" if a["stop"] == "rollouts" else f"step {r['equal_steps']}"
-        lines.append(f"| {name} | {a['about']} | {a['N']} | {a['B']} | {a['lr']:.3g} | {end} "
-                     f"| {len(a['runs'])} | {_mean(a['steps']):.1f} "
-                     f"| {_mean(a['optimizer_steps']):.0f} | {_mean(a['rollouts_at_steps']):.0f} "
-                     f"| {_mean(a['train_seconds']):.0f} |")
-    return "\n".join(lines)
+        rows.append([name, a["about"], a["N"], a["B"], f"{a['lr']:.3g}", end, len(a["runs"]),
+                     f"{_mean(a['steps']):.1f}", f"{_mean(a['optimizer_steps']):.0f}",
+                     f"{_mean(a['rollouts_at_steps']):.0f}", f"{_mean(a['train_seconds']):.0f}"])
+    return markdown_table(header, "llrrrlrrrrr", rows)
 
 
 def scores_table(r: dict[str, Any]) -> str:
     fams = [f for f in FAMILIES if f in r["start"]["score"]]
-    lines = ["| point | " + " | ".join(fams) + " | overall avg@k | overall pass@k |",
-             "|---|" + "---:|" * (len(fams) + 2)]
-    rows = [("start (warm-up policy)", r["start"])]
+    points_of = [("start (warm-up policy)", r["start"])]
     for name, a in r["arms"].items():
-        rows += [(f"{name}@{p}", x) for p, x in a["at"].items()]
-    for label, x in rows:
-        cells = " | ".join(_pts(x["score"][f]) for f in fams)
-        lines.append(f"| {label} | {cells} | {_pts(x['score']['overall'])} "
-                     f"| {_pts(x['pass_at_k']['overall'])} |")
-    return "\n".join(lines)
+        points_of += [(f"{name}@{p}", x) for p, x in a["at"].items()]
+    rows = [[label, *(_pts(x["score"][f]) for f in fams), _pts(x["score"]["overall"]),
+             _pts(x["pass_at_k"]["overall"])] for label, x in points_of]
+    return markdown_table(["point", *fams, "overall avg@k", "overall pass@k"],
+                          "l" + "r" * (len(fams) + 2), rows)
 
 
 def contrasts_table(r: dict[str, Any]) -> str:
-    lines = ["| contrast | b - a | avg@k points [two-way CI] | seed test | df | p | Holm p "
-             "| TOST Holm p | reading | pass@k points [CI] | pass@k p |",
-             "|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|"]
+    header = ["contrast", "b - a", "avg@k points [two-way CI]", "seed test", "df", "p",
+              "Holm p", "TOST Holm p", "reading", "pass@k points [CI]", "pass@k p"]
+    rows = []
     for name, c in r["contrasts"].items():
         s, k = c["score"], c["pass_at_k"]
-        lines.append(f"| {name} | {c['b']} - {c['a']} | {_diff(s['difference'])} "
-                     f"| {s['test']['kind']} | {s['test']['df']:.1f} "
-                     f"| {_p(s['test']['p_two_sided'])} | {_p(s['p_holm'])} "
-                     f"| {_p(s['p_equivalence_holm'])} | {s['reading']} "
-                     f"| {_diff(k['difference'])} | {_p(k['test']['p_two_sided'])} |")
-    return "\n".join(lines)
+        rows.append([name, f"{c['b']} - {c['a']}", _diff(s["difference"]), s["test"]["kind"],
+                     f"{s['test']['df']:.1f}", p_value(s["test"]["p_two_sided"]),
+                     p_value(s["p_holm"]), p_value(s["p_equivalence_holm"]), s["reading"],
+                     _diff(k["difference"]), p_value(k["test"]["p_two_sided"])])
+    return markdown_table(header, "llrlrrrrlrr", rows)
 
 
 def rates_table(r: dict[str, Any]) -> str:
     predicted = (r["pool"] or {}).get("predicted_pass_rate", math.nan)
-    lines = [f"Predicted ProRL pass rate of the pool (start policy): {100 * predicted:.1f}%.", "",
-             "| arm (N) | dynamic-sampling pass rate | generation rollouts/s | training s "
-             "| evaluation s |", "|---|---:|---:|---:|---:|"]
-    for name, a in r["arms"].items():
-        speed = a["rollouts_per_s"]
-        lines.append(f"| {name} ({a['N']}) | {_pts(a['pass_rate'])}% | {speed['mean']:.0f} "
-                     f"| {_mean(a['train_seconds']):.0f} | {_mean(a['eval_seconds']):.0f} |")
-    return "\n".join(lines)
+    rows = [[f"{name} ({a['N']})", f"{_pts(a['pass_rate'])}%",
+             f"{a['rollouts_per_s']['mean']:.0f}", f"{_mean(a['train_seconds']):.0f}",
+             f"{_mean(a['eval_seconds']):.0f}"] for name, a in r["arms"].items()]
+    table = markdown_table(["arm (N)", "dynamic-sampling pass rate", "generation rollouts/s",
+                            "training s", "evaluation s"], "lrrrr", rows)
+    return (f"Predicted ProRL pass rate of the pool (start policy): {100 * predicted:.1f}%."
+            f"\n\n{table}")
 
 
 def pool_table(pool: dict[str, Any]) -> str:
     train, chosen = pool["train"], pool["pool"]
-    lines = ["| start pass rate | train prompts | pool prompts |", "|---|---:|---:|"]
-    for a, b in zip(train["histogram"], chosen["histogram"]):
-        lines.append(f"| {a['bin']} | {a['count']} | {b['count']} |")
+    rows = [[a["bin"], a["count"], b["count"]]
+            for a, b in zip(train["histogram"], chosen["histogram"])]
     small, large = pool["n_small"], pool["n_large"]
     for key, label in ((f"keep_rate_n{small}", f"predicted pass rate at N = {small}"),
                        (f"keep_rate_n{large}", f"predicted pass rate at N = {large}"),
@@ -189,8 +180,8 @@ def pool_table(pool: dict[str, Any]) -> str:
                        ("share_rescued", f"share of groups all-wrong at N = {small}, not at "
                                          f"N = {large}"),
                        ("mean_pass", "mean pass rate")):
-        lines.append(f"| {label} | {100 * train[key]:.1f}% | {100 * chosen[key]:.1f}% |")
-    return "\n".join(lines)
+        rows.append([label, percent(train[key], 1, "%"), percent(chosen[key], 1, "%")])
+    return markdown_table(["start pass rate", "train prompts", "pool prompts"], "lrr", rows)
 
 
 def markdown(r: dict[str, Any], names: dict[str, str]) -> str:
@@ -237,6 +228,11 @@ def headline(r: dict[str, Any]) -> dict[str, Any]:
                           "p_equivalence": p3(t["p_equivalence"]), "steps": w["steps"]}
     out["revives"] = {arm: int(v["revives"]) for arm, v in r["revival"].items()}
     return out
+
+
+def write_headline(result: dict[str, Any], path: Path) -> None:
+    """`headline(result)` as the DVC metrics file `path`."""
+    atomic_write_text(path, json.dumps(headline(result), indent=2, sort_keys=True) + "\n")
 
 
 def build_report(params: ExperimentParams, root: Path | str = ".") -> dict[str, Any]:

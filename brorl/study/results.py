@@ -11,9 +11,7 @@ are correct) and `families`, in `problem_ids` order. A run is scored at three po
 Per instance, `values_of(row, "pass_at_k")` is pass@k with k = the row's samples: 1 when any
 sample was correct (the unbiased estimator with n = k), beside avg@k (spec §5.2 reports pass@k).
 
-Pooled rates (spec §5.5, Table 2): the dynamic-sampling pass rate is sum(pass_rate x rollouts
-generated) / sum(rollouts generated) over the run's steps, the generation throughput
-sum(rollouts) / sum(generation seconds); never a mean of per-step ratios.
+Pooled rates (spec §5.5, Table 2) are `brorl.reporting.RunRecord`'s, as in the comparison.
 """
 
 from __future__ import annotations
@@ -24,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from brorl.compare import pooled_pass_rate, pooled_throughput
 from brorl.evals import read_run
+from brorl.reporting import RunRecord
 from brorl.study.plan import StudyRun
 
-FAMILIES = ("math", "code", "reasoning")
 METRICS = ("score", "pass_at_k")
 """The per-instance values the report compares: the family score (avg@k) and pass@k."""
 
@@ -47,18 +44,17 @@ def values_of(row: dict[str, Any], key: str = "score") -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class RunResult:
-    """One finished run: which run, its summary and its test evaluations (by step)."""
+class RunResult(RunRecord):
+    """One finished run of the study: which run, its summary and its test evaluations (by
+    step); pooled rates from `RunRecord`."""
 
     run: StudyRun
-    summary: dict[str, Any]
-    evals: list[dict[str, Any]]
 
     @classmethod
     def load(cls, run: StudyRun, folder: Path) -> RunResult:
         summary, rows = read_run(folder, f"study run {run.id} has not finished; run it (make "
                                          "study, or python -m flows.study --run ID).")
-        return cls(run, summary, rows)
+        return cls(summary=summary, evals=rows, run=run)
 
     @property
     def final(self) -> dict[str, Any]:
@@ -82,20 +78,6 @@ class RunResult:
         """Optimizer steps taken: the update's mini-batches summed over the steps (a step whose
         draws kept no group has none)."""
         return int(sum(m.get("update/optimizer_steps", 0.0) for m in self.history))
-
-    @property
-    def history(self) -> list[dict[str, float]]:
-        return self.summary.get("history", [])
-
-    @property
-    def pass_rate(self) -> float:
-        """Pooled dynamic-sampling pass rate (`filter/pass_rate`, the active keep rule)."""
-        return pooled_pass_rate(self.history)
-
-    @property
-    def rollouts_per_s(self) -> float:
-        """Pooled generation throughput: rollouts / generation seconds over the run's steps."""
-        return pooled_throughput(self.history)
 
 
 def instance_order(results: list[RunResult]) -> tuple[list[str], list[str]]:

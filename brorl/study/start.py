@@ -9,9 +9,11 @@ another protocol) instead of spending about half a minute per run scoring them a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from brorl.files import atomic_write_text
 from brorl.study.plan import plan_runs, run_params
 
 if TYPE_CHECKING:
@@ -39,3 +41,10 @@ def score_start(params: ExperimentParams, root: Path | str = ".") -> dict[str, A
     run = Run.open(ExperimentParams.model_validate(tree), root, resume=False)
     run.evaluate()
     return {"protocol": run.eval_protocol(), "rows": run.state.evals}
+
+
+def write_start(params: ExperimentParams, root: Path) -> Path:
+    """`score_start`, written to `<root>/<out_dir>/start/start.json`; that path."""
+    path = root / start_path(params.study)
+    atomic_write_text(path, json.dumps(score_start(params, root), indent=1, sort_keys=True) + "\n")
+    return path

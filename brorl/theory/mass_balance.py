@@ -60,14 +60,8 @@ def sampled_mask(sampled: Tensor, vocab_size: int) -> Tensor:
     return mask.scatter_(-1, sampled, True)
 
 
-def mass_balance(
-    p: Tensor,
-    correct: Tensor,
-    sampled: Tensor,
-    reward_correct: float,
-    reward_wrong: float,
-    lr: float,
-) -> MassBalance:
+def mass_balance(p: Tensor, correct: Tensor, sampled: Tensor, reward_correct: float,
+                 reward_wrong: float, lr: float) -> MassBalance:
     """All spec §2.1 quantities and the three Theorem-1 terms (spec §2.3, eq. 1).
 
     Args:
@@ -116,14 +110,8 @@ def token_rewards(correct: Tensor, drawn: Tensor, reward_correct: float, reward_
     return torch.where(drawn, r, torch.zeros((), dtype=r.dtype))
 
 
-def logit_update(
-    p: Tensor,
-    correct: Tensor,
-    sampled: Tensor,
-    reward_correct: float,
-    reward_wrong: float,
-    lr: float,
-) -> Tensor:
+def logit_update(p: Tensor, correct: Tensor, sampled: Tensor, reward_correct: float,
+                 reward_wrong: float, lr: float) -> Tensor:
     """The one-step logit update dz_j = (eta/N) p_j (R_j - S_R) (spec §2.2), shape `[..., V]`.
 
     This is gradient descent with step eta on L = -(1/N) sum_{i in A u B u U} R_i p_i.

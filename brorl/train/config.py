@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from brorl.params.loading import same_named
+
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams, UpdateParams
 
@@ -44,11 +46,7 @@ class LossConfig:
     @classmethod
     def from_params(cls, update: UpdateParams) -> LossConfig:
         """The loss options of the `update` section (same names)."""
-        u = update
-        return cls(clip_eps_low=u.clip_eps_low, clip_eps_high=u.clip_eps_high,
-                   tis_mode=u.tis_mode, tis_cap=u.tis_cap, tis_min=u.tis_min, kl_coef=u.kl_coef,
-                   kl_estimator=u.kl_estimator, kl_input_clamp=u.kl_input_clamp,
-                   kl_output_clamp=u.kl_output_clamp, entropy_coef=u.entropy_coef)
+        return same_named(cls, update)
 
 
 @dataclass(frozen=True)
