@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 PYTHON ?= python3.11
 
 # Offline, no telemetry, caches under .cache/: brorl/environment.py, applied by every Python entry
-# point (the flows, entrypoints.server and the dvc it runs, brorl.train, entrypoints.mlflow_ui, the tests).
+# point (the flows, commands.server and the dvc it runs, brorl.train, commands.mlflow_ui, the tests).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install run real study test test-all simulate serve ui bench lock clean-venv
@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 # every stage reports to it; it stops when dvc ends, fails or is interrupted. The study's stages
 # (two hours) run only under `make study`.
 run: install
-	$(PY) -m entrypoints.server --pipeline -- $(VENV)/bin/dvc repro simulate compare
+	$(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro simulate compare
 	@echo
 	@grep -v '^!\[' outputs/compare/report.md
 	@echo
@@ -59,7 +59,7 @@ run: install
 # --with-deps` in another clone gets the same results without rerunning a stage.
 STUDY := study/dvc.yaml:study_report
 study: install
-	BRORL_STUDY_STARTED=$$(date +%s) $(PY) -m entrypoints.server --pipeline -- $(VENV)/bin/dvc repro $(STUDY)
+	BRORL_STUDY_STARTED=$$(date +%s) $(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro $(STUDY)
 	@if $(VENV)/bin/dvc remote default >/dev/null 2>&1; then \
 	  echo "dvc push to remote $$($(VENV)/bin/dvc remote default)"; \
 	  $(VENV)/bin/dvc push --with-deps $(STUDY); \
@@ -78,7 +78,7 @@ study: install
 # stage: its own DVC pipeline (pipelines/smollm2/dvc.yaml) under one Prefect server, then the
 # ProRL-vs-BroRL report. Under an hour on 2 cores; docs/real_model.md.
 real: install
-	$(PY) -m entrypoints.server --pipeline -- $(VENV)/bin/dvc repro pipelines/smollm2/dvc.yaml
+	$(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro pipelines/smollm2/dvc.yaml
 	@echo
 	@grep -v '^!\[' outputs/smollm2/compare/report.md
 	@echo
@@ -106,16 +106,16 @@ simulate: install
 	$(PY) -m flows.simulate --params params/simulate.yaml
 
 # Prefect server on 127.0.0.1:$(PORT) in the background, the scheduled deployments of
-# entrypoints/deploy.py in the foreground (their params and schedules checked first); Ctrl-C stops both. E.g. make serve SERVE_ARGS='--train-cron "0 3 * * *"'
+# commands/deploy.py in the foreground (their params and schedules checked first); Ctrl-C stops both. E.g. make serve SERVE_ARGS='--train-cron "0 3 * * *"'
 PORT ?= 4200
 PARAMS ?= params/prorl.yaml
 serve: install
-	$(PY) -m entrypoints.deploy --params $(PARAMS) $(SERVE_ARGS) --check
-	$(PY) -m entrypoints.server --port $(PORT) -- $(PY) -m entrypoints.deploy --params $(PARAMS) $(SERVE_ARGS)
+	$(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS) --check
+	$(PY) -m commands.server --port $(PORT) -- $(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS)
 
 # MLflow UI + REST API for mlflow.db (or $$MLFLOW_TRACKING_URI) on 127.0.0.1:5000; Ctrl-C stops it.
 ui: install
-	$(PY) -m entrypoints.mlflow_ui --port 5000
+	$(PY) -m commands.mlflow_ui --port 5000
 
 bench: install
 	$(PY) benchmarks/simulate_speed.py

@@ -55,9 +55,9 @@ def naive_modules(case: cases.Case, argv: list[str]) -> str:
         return cases.module_of(case.entry)
     if case.entry == "cli":
         flows = {"simulate", "train", "compare", "evaluate"}
-        return f"flows.{argv[0]}" if argv and argv[0] in flows else "entrypoints.cli"
+        return f"flows.{argv[0]}" if argv and argv[0] in flows else "commands.cli"
     return {"train": "brorl.train.run", "study": "flows.study", "deploy": "prefect",
-            "server": "entrypoints.server"}[case.entry]
+            "server": "commands.server"}[case.entry]
 
 
 def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:

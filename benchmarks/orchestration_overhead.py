@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                   "prorl_warmup`) first, or pass another folder.", file=sys.stderr)
             return 2
     from brorl.servers import free_port
-    from entrypoints import server
-    from entrypoints.server import PIPELINE_SERVER
+    from commands import server
+    from commands.server import PIPELINE_SERVER
 
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
           f"loadavg {Path('/proc/loadavg').read_text().split()[:3]}")

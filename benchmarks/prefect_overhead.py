@@ -6,7 +6,7 @@
 A training step of the `train` flow is an `iteration` subflow whose stages are tasks
 (flows/train.py). Here each iteration is that shape with no work: 7 tasks that log one line and
 return, called directly (sync) inside the subflow. Each configuration runs in a fresh process
-(Prefect reads most settings at import) against its own server (`entrypoints.server.running`) on
+(Prefect reads most settings at import) against its own server (`commands.server.running`) on
 a free 127.0.0.1 port with a fresh database in a temporary folder; the table prints them side by side,
 with "7 tasks without subflow" (the same tasks called in the parent flow) as the floor.
 
@@ -14,13 +14,13 @@ After its flow, each process checks on the server what the UI would show: K Comp
 `iteration`, 7 Completed task runs in each, and all 7K task log lines; and it counts the server's
 "database is locked" answers (each a 503 that the client retries after about 2 s).
 
-Configurations (`entrypoints/server.py` holds the server's settings and the database):
+Configurations (`commands/server.py` holds the server's settings and the database):
     defaults      Prefect 3.7 as installed: SQLite, heartbeats, task-run states recorded one event
                   per transaction, every server service
     no-heartbeat  defaults without flow-run heartbeats (`flows.prefect_settings()`)
     lean-sqlite   no heartbeat, events recorded in batches, only the services a pipeline needs
                   (`PIPELINE_SERVER`), SQLite
-    pipeline      lean-sqlite on PostgreSQL (`entrypoints.server.database`): what `make run` starts
+    pipeline      lean-sqlite on PostgreSQL (`commands.server.database`): what `make run` starts
 
 With `--stage N`, it also times a DVC stage process whose work is about a second, N times each way:
 the `data` flow at `params/tiny_ci.yaml` size (written to a temporary folder) as `python -m
@@ -53,7 +53,7 @@ from brorl.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 import flows  # noqa: E402  (imports no prefect)
-from entrypoints.server import PIPELINE_SERVER  # noqa: E402  (imports no prefect)
+from commands.server import PIPELINE_SERVER  # noqa: E402  (imports no prefect)
 
 TASKS = 7
 BATCHED = [f"PREFECT_SERVER_SERVICES_{service}_{knob}" for service in ("TASK_RUN_RECORDER",
@@ -73,7 +73,7 @@ LOCKED = "Encountered retryable exception in request"  # logged with LOG_RETRYAB
 def run_config(name: str, iterations: int, tmp: Path) -> dict:
     """In this process: start the configuration's server, run the flow, check its record."""
     from brorl.servers import free_port
-    from entrypoints import server
+    from commands import server
 
     no_heartbeat, settings, use_postgres = CONFIGS[name]
     log = tmp / "server.log"
@@ -170,7 +170,7 @@ PROBE = """import atexit, contextlib, sys, time
 atexit.register(lambda: print("FINAL", time.time(), flush=True))
 started = time.perf_counter()
 import flows, flows.data, tasks.data
-from entrypoints.entry import run_flow_cli
+from commands.entry import run_flow_cli
 imported = time.perf_counter()
 work = []
 def timed(fn):
@@ -194,7 +194,7 @@ def stage_seconds(repeats: int, tmp: Path) -> dict[str, list[float]]:
     its tasks' work and its fixed cost (wall - those), with a temporary server (as a stage run on
     its own) and with the pipeline's server (as `make run` runs stages), heartbeats on and off."""
     from brorl.servers import free_port
-    from entrypoints import server
+    from commands import server
 
     sets = [f"data.path={tmp / 'data' / 'problems'}", f"tracking.metrics_dir={tmp / 'metrics'}"]
     args = ["--params", "params/tiny_ci.yaml", *(a for s in sets for a in ("-S", s))]

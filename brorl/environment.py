@@ -1,15 +1,15 @@
 """The process environment every entry point runs with: offline, no telemetry, project-local caches.
 
 The one home of these defaults. Nothing is set at import: each entry point (`python -m flows.NAME`,
-the `brorl` command, `python -m entrypoints.server`, `python -m entrypoints.deploy`, `python -m
-brorl.train`, `python -m entrypoints.mlflow_ui`, the test suite's conftest) calls `apply_defaults()` first, before
+the `brorl` command, `python -m commands.server`, `python -m commands.deploy`, `python -m
+brorl.train`, `python -m commands.mlflow_ui`, the test suite's conftest) calls `apply_defaults()` first, before
 prefect, mlflow, transformers or vLLM load; a variable already set wins. Child processes (the
 Prefect and MLflow servers, `dvc repro` and its stages) inherit them, so `make run`, `dvc repro`
 and `python -m flows.NAME` run alike. Creating folders is left to what writes into them.
 
 It also holds the Prefect settings that decide orchestration overhead (measured by
 `benchmarks/prefect_overhead.py`) and that an environment variable can say;
-`entrypoints.server.PIPELINE_SERVER` and `flows.prefect_settings` hold the server-only ones and
+`commands.server.PIPELINE_SERVER` and `flows.prefect_settings` hold the server-only ones and
 the one no variable can carry.
 """
 

@@ -1,7 +1,7 @@
 """Local server processes on 127.0.0.1: free ports, start, wait until healthy, always stop.
 
-The one home of process plumbing: the Prefect server (`entrypoints/server.py`), the MLflow UI
-(`entrypoints/mlflow_ui.py`) and the trainer's single-process rendezvous port all use it. A server
+The one home of process plumbing: the Prefect server (`commands/server.py`), the MLflow UI
+(`commands/mlflow_ui.py`) and the trainer's single-process rendezvous port all use it. A server
 is a command started in its own session (`start_new_session=True`), so that stopping it signals
 its whole process group (uvicorn workers, gunicorn, ...): SIGTERM, then SIGKILL after a grace
 period.

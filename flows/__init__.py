@@ -1,10 +1,10 @@
 """Prefect flows: composition only (load params, open the MLflow run, call tasks, summarise).
 
-Importing the package changes nothing: each entry point (`entrypoints/`) applies the environment
+Importing the package changes nothing: each entry point (`commands/`) applies the environment
 defaults (`brorl.environment`) itself, before prefect or mlflow load. Here is the one Prefect
 setting the flow runs take that no environment variable can say, `prefect_settings()` (no
 flow-run heartbeats; measured by `benchmarks/prefect_overhead.py`); the server's own settings are
-`entrypoints.server.PIPELINE_SERVER`.
+`commands.server.PIPELINE_SERVER`.
 """
 
 import os

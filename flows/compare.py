@@ -10,7 +10,7 @@ comparison's run), then write the report (Markdown, JSON, PNG; each arm tested a
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from entrypoints.entry import main
+    from commands.entry import main
 
     main("compare")
 

@@ -2,14 +2,14 @@
 
 Composition only. The checkpoint is `checkpoint` (any local HF folder) or, by default, the run's
 final policy / newest checkpoint / starting point (`brorl.run_files.policy_to_evaluate`).
-Served as a scheduled deployment by `entrypoints/deploy.py` (nightly evaluation of the newest
+Served as a scheduled deployment by `commands/deploy.py` (nightly evaluation of the newest
 checkpoint).
 """
 
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from entrypoints.entry import main
+    from commands.entry import main
 
     main("evaluate")
 

@@ -10,7 +10,7 @@ Run: `python -m flows.simulate --params params/simulate.yaml [-S simulate.steps=
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from entrypoints.entry import main
+    from commands.entry import main
 
     main("simulate")
 

@@ -15,13 +15,13 @@ study's MLflow parent run. A `study-run` prints the study's progress, gets the r
 ready (resume an interrupted run, start over a changed one) and trains the run as the
 `train-arm` subflow, its step-0 evaluation the one `study-start` scored for all runs.
 `BRORL_STUDY_STARTED` (epoch seconds, set by `make study`) dates the progress line's elapsed time.
-The arguments are checked, and the mode's flow chosen, by `entrypoints.entry.study_main`.
+The arguments are checked, and the mode's flow chosen, by `commands.entry.study_main`.
 """
 
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from entrypoints.entry import main
+    from commands.entry import main
 
     main("study")
 

@@ -12,7 +12,7 @@ A rerun resumes from the newest checkpoint into the same MLflow run.
 from __future__ import annotations
 
 if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from entrypoints.entry import main
+    from commands.entry import main
 
     main("train")
 

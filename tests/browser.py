@@ -2,7 +2,7 @@
 
 `capture_page` loads a page in Debian's `chromium` (installed by `scripts/install_chromium.sh`,
 which `make test` runs), saves a PNG and returns the DOM after the page's JavaScript ran;
-`capture_run_comparison` does so for both run-comparison pages of `entrypoints.mlflow_ui`.
+`capture_run_comparison` does so for both run-comparison pages of `commands.mlflow_ui`.
 `page_text`, `line_colours` and `pixels_near` read a capture. Used by tests/test_mlflow_ui.py only.
 Deliberately ignored: other browsers, interaction with the page (clicks, scrolling).
 """
@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from brorl.servers import stop
-from entrypoints.mlflow_ui import compare_runs_url, run_charts_url
+from commands.mlflow_ui import compare_runs_url, run_charts_url
 
 INSTALL_HINT = "run scripts/install_chromium.sh (make test does it) to install Debian's chromium"
 _LINE_STROKE = re.compile(r'class="js-line"[^>]*stroke: rgb\((\d+), (\d+), (\d+)\); stroke-opacity: 1;')

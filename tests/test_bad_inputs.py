@@ -2,8 +2,8 @@
 
 Each case feeds one malformed input (a params file, an override, a data split, a checkpoint, a
 run folder, a command-line argument, the environment) to one entry point: `python -m flows.NAME`
-(`entrypoints.entry`), the `brorl` command, `python -m brorl.train`, `python -m flows.study`,
-`python -m entrypoints.deploy` and `python -m entrypoints.server --pipeline`. Every case runs
+(`commands.entry`), the `brorl` command, `python -m brorl.train`, `python -m flows.study`,
+`python -m commands.deploy` and `python -m commands.server --pipeline`. Every case runs
 twice. In this process, with a tripwire in place of what would start the Prefect flow, server or model; and as a process of its
 own (`python -m MODULE` through a small harness), which must exit before torch, transformers,
 datasets, deepspeed, prefect, mlflow or dvc were imported: the order of work that makes an error
@@ -242,8 +242,8 @@ class Case:
         return self.names(case) if callable(self.names) else self.names
 
 
-ENTRY_MODULES = {"cli": "entrypoints.cli", "train": "brorl.train", "study": "flows.study",
-                 "deploy": "entrypoints.deploy", "server": "entrypoints.server"}
+ENTRY_MODULES = {"cli": "commands.cli", "train": "brorl.train", "study": "flows.study",
+                 "deploy": "commands.deploy", "server": "commands.server"}
 """The module `python -m` runs for each entry (`flow:<name>`: flows.<name>)."""
 
 
@@ -453,16 +453,16 @@ def run_entry(entry: str, argv: list[str], monkeypatch) -> int:
         raise AssertionError(f"{entry} started work on bad input")
 
     if entry.startswith("flow:"):
-        from entrypoints import entry as entry_module
+        from commands import entry as entry_module
 
         monkeypatch.setattr("flows.prefect_settings", tripwire)
         return _code(lambda: entry_module.run_flow_cli(entry.split(":", 1)[1], argv))
     if entry == "cli":
-        from entrypoints import cli
+        from commands import cli
 
         monkeypatch.setattr(cli, "_flow", tripwire)
         monkeypatch.setattr("flows.prefect_home", tripwire)
-        monkeypatch.setattr("entrypoints.server.main", tripwire)
+        monkeypatch.setattr("commands.server.main", tripwire)
         result = CliRunner().invoke(cli.app, argv)
         if result.exception and not isinstance(result.exception, SystemExit):
             raise result.exception
@@ -474,17 +474,17 @@ def run_entry(entry: str, argv: list[str], monkeypatch) -> int:
         monkeypatch.setattr("brorl.train.run.Run.open", tripwire)
         return _code(lambda: train_main.main(argv))
     if entry == "study":
-        from entrypoints import entry as entry_module
+        from commands import entry as entry_module
 
         monkeypatch.setattr("flows.prefect_settings", tripwire)
         return _code(lambda: entry_module.study_main(argv))
     if entry == "deploy":
-        from entrypoints import deploy
+        from commands import deploy
 
         monkeypatch.setattr(deploy, "build_deployments", tripwire)
         return _code(lambda: deploy.main(argv))
     if entry == "server":
-        from entrypoints import server
+        from commands import server
 
         monkeypatch.setattr(server, "database", tripwire)
         monkeypatch.setattr("subprocess.run", tripwire)
@@ -706,8 +706,8 @@ def test_the_typed_commands_print_one_line_exit_2_no_traceback(command, names):
     assert "Traceback" not in out.stderr + out.stdout
 
 
-@pytest.mark.parametrize("module", ["flows.train", "entrypoints.cli", "brorl.train",
-                                    "entrypoints.deploy", "entrypoints.server", "flows.evaluate"])
+@pytest.mark.parametrize("module", ["flows.train", "commands.cli", "brorl.train",
+                                    "commands.deploy", "commands.server", "flows.evaluate"])
 def test_help_answers_before_any_heavy_import(module, tmp_path):
     out = tmp_path / "result.json"
     done = subprocess.run([sys.executable, "-c", harness(ONE), module, str(out), "--help"],

@@ -1,4 +1,4 @@
-"""The `brorl` command (`entrypoints/cli.py`): commands, params errors, one real flow, run, serve."""
+"""The `brorl` command (`commands/cli.py`): commands, params errors, one real flow, run, serve."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from entrypoints import cli
+from commands import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CI_PARAMS = "params/simulate_ci.yaml"
@@ -91,7 +91,7 @@ def test_simulate_command_runs_the_flow_into_the_given_folders(prefect_harness, 
 
 def test_run_calls_dvc_repro_and_with_overrides_dvc_exp_run(monkeypatch):
     calls = []
-    monkeypatch.setattr("entrypoints.server.main", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr("commands.server.main", lambda argv: calls.append(argv) or 0)
     assert runner.invoke(cli.app, ["run"]).exit_code == 0
     result = runner.invoke(cli.app, ["run", "simulate", "--params", CI_PARAMS,
                                      "-S", "simulate.num_seeds=4"])
@@ -104,12 +104,12 @@ def test_run_calls_dvc_repro_and_with_overrides_dvc_exp_run(monkeypatch):
 
 def test_serve_starts_server_then_deploy_with_the_schedule_options_passed_on(monkeypatch):
     seen = []
-    monkeypatch.setattr("entrypoints.server.main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr("commands.server.main", lambda argv: seen.append(argv) or 0)
     result = runner.invoke(cli.app, ["serve", "--params", CI_PARAMS, "-S", "simulate.num_seeds=1",
                                      "--port", "4321", "--train-cron", "0 2 * * *",
                                      "--evaluate-interval", "3600"])
     assert result.exit_code == 0, result.output
-    assert seen == [["--port", "4321", "--", sys.executable, "-m", "entrypoints.deploy",
+    assert seen == [["--port", "4321", "--", sys.executable, "-m", "commands.deploy",
                      "--params", CI_PARAMS, "-S", "simulate.num_seeds=1",
                      "--train-cron", "0 2 * * *", "--evaluate-interval", "3600"]]
     bad = runner.invoke(cli.app, ["serve", "--params", CI_PARAMS, "-S", "simulate.bogus=1"])

@@ -1,9 +1,9 @@
-"""Scheduled deployments (`entrypoints/deploy.py`) served against a real local server
-(`entrypoints/server.py`).
+"""Scheduled deployments (`commands/deploy.py`) served against a real local server
+(`commands/server.py`).
 
 The end-to-end test starts `prefect server start` on a free port (its scheduler looping every
 2 s), serves `train` and `evaluate` (the default served flows) from a `python -m
-entrypoints.deploy` child process in the CI pipeline's clone (its data and trained arms), the evaluate deployment on
+commands.deploy` child process in the CI pipeline's clone (its data and trained arms), the evaluate deployment on
 an interval of 20 s: nothing triggers it by hand, the server's scheduler creates its run and the
 serving process runs it. It checks that run's state, its files, its MLflow run and the
 schedules; every process is stopped even on failure.
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from brorl.servers import free_port, stop
-from entrypoints import deploy, server
+from commands import deploy, server
 
 ROOT = Path(__file__).resolve().parents[1]
 CI_PARAMS = "params/simulate_ci.yaml"
@@ -77,7 +77,7 @@ async def _wait_for_deployments(names: list[str], serving: subprocess.Popen, log
     deadline = time.monotonic() + timeout_s
     async with get_client() as client:
         while True:
-            assert serving.poll() is None, f"entrypoints.deploy exited:\n{log.read_text()[-3000:]}"
+            assert serving.poll() is None, f"commands.deploy exited:\n{log.read_text()[-3000:]}"
             try:
                 return {n: await client.read_deployment_by_name(n) for n in names}
             except ObjectNotFound:
@@ -94,7 +94,7 @@ async def _wait_for_scheduled_run(deployment_id, serving: subprocess.Popen, log:
     deadline = time.monotonic() + timeout_s
     async with get_client() as client:
         while True:
-            assert serving.poll() is None, f"entrypoints.deploy exited:\n{log.read_text()[-3000:]}"
+            assert serving.poll() is None, f"commands.deploy exited:\n{log.read_text()[-3000:]}"
             runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(
                 id=DeploymentFilterId(any_=[deployment_id])))
             done = [r for r in runs if r.state is not None and r.state.is_final()]
@@ -130,7 +130,7 @@ def test_served_evaluate_deployment_runs_on_its_own_schedule_on_a_real_server(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     port, log, arm = free_port(), tmp_path / "serve.log", "params/prorl_ci.yaml"
-    command = [sys.executable, "-m", "entrypoints.deploy", "--params", arm, "--limit", "1",
+    command = [sys.executable, "-m", "commands.deploy", "--params", arm, "--limit", "1",
                "--train-cron", NEVER, "--evaluate-interval", str(EVERY_S),
                "-S", f"tracking.output_dir={tmp_path / 'output_dir'}"]
     scheduler = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}

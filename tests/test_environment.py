@@ -27,8 +27,8 @@ def test_set_variables_win_and_prefect_paths_follow_prefect_home(tmp_path):
 def test_importing_the_flows_changes_no_variable_and_creates_no_folder(tmp_path):
     home = tmp_path / "prefect-home"
     code = ("import json, os\nbefore = dict(os.environ)\n"
-            "import flows, entrypoints.entry, entrypoints.cli, entrypoints.server, "
-            "entrypoints.deploy, brorl.train\n"
+            "import flows, commands.entry, commands.cli, commands.server, "
+            "commands.deploy, brorl.train\n"
             "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))")
     env = {k: v for k, v in os.environ.items() if k not in defaults({})} | {
         "PREFECT_HOME": str(home)}

@@ -1,10 +1,10 @@
-"""Dependencies point one way: entrypoints -> flows -> tasks -> tracking -> brorl. brorl never
+"""Dependencies point one way: commands -> flows -> tasks -> tracking -> brorl. brorl never
 imports prefect, mlflow or dvc.
 
 Two checks. Reading: every .py file under brorl/, tracking/, tasks/ and flows/ is parsed with
 `ast` and every import node anywhere in it (module level, inside functions, classes, `if
 TYPE_CHECKING:`) is resolved to an absolute module name, relative imports included; a flow
-module's `if __name__ == "__main__":` block may import `entrypoints.entry.main`, nothing else.
+module's `if __name__ == "__main__":` block may import `commands.entry.main`, nothing else.
 Loading: every brorl module is imported in a fresh interpreter, which then must hold none of the
 orchestration libraries.
 tests/ and benchmarks/ may import anything. Imports spelt as strings (`importlib.import_module`)
@@ -24,13 +24,13 @@ import brorl
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN: Mapping[str, frozenset[str]] = {
-    "brorl": frozenset({"prefect", "mlflow", "dvc", "tracking", "tasks", "flows", "entrypoints"}),
-    "tracking": frozenset({"tasks", "flows", "entrypoints"}),
-    "tasks": frozenset({"flows", "entrypoints"}),
-    "flows": frozenset({"entrypoints"}),
+    "brorl": frozenset({"prefect", "mlflow", "dvc", "tracking", "tasks", "flows", "commands"}),
+    "tracking": frozenset({"tasks", "flows", "commands"}),
+    "tasks": frozenset({"flows", "commands"}),
+    "flows": frozenset({"commands"}),
 }
 """Top-level package -> the top-level names its modules must never import. The one exception: a
-flow module's `if __name__ == "__main__":` block of exactly `from entrypoints.entry import main`
+flow module's `if __name__ == "__main__":` block of exactly `from commands.entry import main`
 and `main("NAME")` (`main_guard_lines`), which runs only under `python -m flows.NAME`."""
 
 
@@ -63,14 +63,14 @@ def imported_names(path: Path, root: Path) -> Iterator[tuple[int, str]]:
             yield from ((node.lineno, name) for name in _from_names(node, package))
 
 
-MAIN_GUARD = ("if __name__ == '__main__':\n    from entrypoints.entry import main\n"
+MAIN_GUARD = ("if __name__ == '__main__':\n    from commands.entry import main\n"
               "    main({name!r})")
 """The one block through which a flow module may import an entry point: `python -m flows.NAME`
-checks its arguments (`entrypoints.entry.main`) before the module's own imports run."""
+checks its arguments (`commands.entry.main`) before the module's own imports run."""
 
 
 def main_guard_lines(path: Path) -> set[int]:
-    """The line of the `from entrypoints.entry import main` in `path`'s module-level
+    """The line of the `from commands.entry import main` in `path`'s module-level
     `if __name__ == "__main__":` block when that block is exactly MAIN_GUARD for the module's
     own name, else nothing."""
     for node in ast.parse(path.read_text(), filename=str(path)).body:
@@ -136,16 +136,16 @@ def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tm
         "brorl/rel.py": "from ... import flows\n",
         "tasks/__init__.py": "",
         "tasks/t.py": "import brorl\nimport mlflow\nif True:\n    from flows import cli\n",
-        "tasks/u.py": "def f():\n    from entrypoints import server\n",
+        "tasks/u.py": "def f():\n    from commands import server\n",
         "tracking/__init__.py": "import mlflow\nimport brorl\nfrom tasks import train\n",
         "flows/f.py": "import tasks\nimport prefect\n",
-        "flows/train.py": ('if __name__ == "__main__":\n    from entrypoints.entry import main\n\n'
+        "flows/train.py": ('if __name__ == "__main__":\n    from commands.entry import main\n\n'
                            '    main("train")\n\nimport tracking\n'),
-        "flows/other.py": ('if __name__ == "__main__":\n    from entrypoints.entry import main\n'
+        "flows/other.py": ('if __name__ == "__main__":\n    from commands.entry import main\n'
                            '    main("train")\n'),  # another flow's name: not the guard
-        "flows/more.py": ('if __name__ == "__main__":\n    from entrypoints.entry import main\n'
-                          '    main("more")\n    from entrypoints import server\n'),
-        "flows/late.py": "def f():\n    from entrypoints.entry import check\n",
+        "flows/more.py": ('if __name__ == "__main__":\n    from commands.entry import main\n'
+                          '    main("more")\n    from commands import server\n'),
+        "flows/late.py": "def f():\n    from commands.entry import check\n",
     }
     write_tree(tmp_path, files)
 
@@ -155,11 +155,11 @@ def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tm
         "brorl/rel.py:1 imports ...flows",
         "tracking/__init__.py:3 imports tasks",
         "tasks/t.py:4 imports flows",
-        "tasks/u.py:2 imports entrypoints",
-        "flows/late.py:2 imports entrypoints.entry",
-        "flows/more.py:2 imports entrypoints.entry",
-        "flows/more.py:4 imports entrypoints",
-        "flows/other.py:2 imports entrypoints.entry",
+        "tasks/u.py:2 imports commands",
+        "flows/late.py:2 imports commands.entry",
+        "flows/more.py:2 imports commands.entry",
+        "flows/more.py:4 imports commands",
+        "flows/other.py:2 imports commands.entry",
     ]
     assert list(imported_names(tmp_path / "brorl/sub/__init__.py", tmp_path)) == [
         (1, "brorl"), (1, "brorl.ok"), (2, "brorl.ok")]
@@ -251,11 +251,11 @@ HEAVY_LIBRARIES = frozenset({"torch", "transformers", "deepspeed", "vllm", "data
                              "mlflow", "dvc"})
 """What a bad input must never wait for (tests/test_bad_inputs.py, benchmarks/bad_inputs.py)."""
 LIGHT = ("brorl.preflight", "brorl.run_files", "brorl.files", "brorl.shapes", "brorl.environment",
-         "brorl.params", "entrypoints.entry", "entrypoints.cli")
+         "brorl.params", "commands.entry", "commands.cli")
 """Modules (with their submodules) that the checks of every entry point run on: nowhere in them,
 not even inside a function, an import of a heavy library or of a project module that loads one."""
-ENTRY_POINTS = ("brorl.train", "brorl.train.__main__", "flows", "entrypoints", "entrypoints.entry",
-                "entrypoints.cli", "entrypoints.server", "entrypoints.deploy", *LIGHT)
+ENTRY_POINTS = ("brorl.train", "brorl.train.__main__", "flows", "commands", "commands.entry",
+                "commands.cli", "commands.server", "commands.deploy", *LIGHT)
 """What `python -m` (or the `brorl` script) loads before it checks its input."""
 
 
@@ -294,7 +294,7 @@ def _targets(node: ast.stmt, path: Path, root: Path) -> list[str]:
 
 def _project_files(root: Path) -> dict[str, Path]:
     return {module_name(path, root): path
-            for package in ("brorl", "tracking", "tasks", "flows", "entrypoints")
+            for package in ("brorl", "tracking", "tasks", "flows", "commands")
             for path in sorted((root / package).rglob("*.py"))}
 
 

@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from entrypoints.mlflow_ui import search_runs, serve
+from commands.mlflow_ui import search_runs, serve
 from tracking import RUN_COLOURS
 from tests.browser import capture_run_comparison, find_chromium, line_colours, pixels_near
 

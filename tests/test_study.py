@@ -540,7 +540,7 @@ def test_python_m_flows_study_answers_bad_arguments_before_any_heavy_import(argv
                      if not line.startswith("import time:"))
     assert done.returncode == 2, said
     assert names in said and "Traceback" not in said, said
-    assert "entrypoints.entry" in imported  # the listing is there: it names the light module
+    assert "commands.entry" in imported  # the listing is there: it names the light module
     assert sorted(m for m in imported if m.split(".")[0] in HEAVY) == []
 
 

@@ -4,7 +4,7 @@ DVC stages and the Makefile call flows this way, so all share the params loading
 Each flow module opens with
 
     if __name__ == "__main__":
-        from entrypoints.entry import main
+        from commands.entry import main
         main("NAME")
 
 so that `main` runs before the module's own imports (prefect, mlflow, torch): it applies the
@@ -12,7 +12,7 @@ environment defaults (`brorl.environment`), parses the arguments, loads the para
 file the flow's stage reads (`brorl.preflight.check_inputs`) and, when `PREFECT_API_URL` is set,
 that a server answers there. A bad one prints one `error:` line and exits with code 2 within
 about a second, before any Prefect server, model or MLflow run starts; only then is the flow
-module imported and its flow run. The `brorl` command (`entrypoints/cli.py`) runs the same `check`.
+module imported and its flow run. The `brorl` command (`commands/cli.py`) runs the same `check`.
 `python -m flows.study` takes a mode instead (`--warmup`, `--run RUN`, ...): `study_main`.
 """
 
@@ -55,7 +55,7 @@ def prefect_api_error(environ: dict[str, str] | None = None,
         if isinstance(reason, socket.timeout):
             reason = f"no reply within {timeout_s:g} s"
         return (f"PREFECT_API_URL = {url}: no Prefect server answers there ({reason}); start "
-                "one (`python -m entrypoints.server --port PORT`, `make serve`) and point "
+                "one (`python -m commands.server --port PORT`, `make serve`) and point "
                 "PREFECT_API_URL at it, or unset PREFECT_API_URL so that the flow starts its own.")
 
 

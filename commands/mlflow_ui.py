@@ -2,7 +2,7 @@
 
 `serve` runs `mlflow server` (UI + REST API) through `brorl.servers.running`: its own process
 group, ready once `/health` answers, the whole group stopped on exit; `make ui` runs it in the
-foreground (`python -m entrypoints.mlflow_ui`). Two pages compare runs: `compare_runs_url`
+foreground (`python -m commands.mlflow_ui`). Two pages compare runs: `compare_runs_url`
 (MLflow's "Comparing N Runs" page: a parallel-coordinates chart, run/param/metric tables) and
 `run_charts_url` (the experiment's chart view filtered to the runs: one line chart per metric,
 one trace per run); tests/browser.py renders them in headless Chromium.

@@ -1,11 +1,11 @@
 """Serve flows as scheduled Prefect deployments (Prefect 3 `serve` of `flow.to_deployment`).
 
-    python -m entrypoints.deploy --params params/prorl.yaml --train-cron "0 2 * * *" \
+    python -m commands.deploy --params params/prorl.yaml --train-cron "0 2 * * *" \
         --evaluate-interval 3600
 
 registers one deployment per served flow with the server at $PREFECT_API_URL and runs their flow
 runs as child processes until Ctrl-C; stopping pauses the schedules. `make serve` starts a local
-server first (`entrypoints/server.py`). Each deployment is named after the params file
+server first (`commands/server.py`). Each deployment is named after the params file
 (`train/prorl`) and its parameters are that file and the `-S` overrides, validated here so that a
 typo fails now, not at 2 AM: the params, the schedules' shape (`check_schedules`) and the server at
 $PREFECT_API_URL are checked before prefect loads, so a bad one answers in about a second. A flow
@@ -24,7 +24,7 @@ from typing import Any
 
 from brorl.environment import apply_defaults
 from brorl.params import ParamsError, load_params
-from entrypoints.entry import prefect_api_error
+from commands.entry import prefect_api_error
 
 # Served flows: deployment prefix -> (flow "module:function", default schedule).
 # A schedule is ("cron", "MIN HOUR DAY MONTH WEEKDAY") or ("interval", seconds).
@@ -111,7 +111,7 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
 
 def parser() -> argparse.ArgumentParser:
     """The command line: which flows, their params and one schedule option pair per SERVED row."""
-    p = argparse.ArgumentParser(prog="python -m entrypoints.deploy",
+    p = argparse.ArgumentParser(prog="python -m commands.deploy",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--params", required=True, help="YAML params file passed to every served flow")
     p.add_argument("-S", "--set", dest="overrides", action="append", default=[],

@@ -1,7 +1,7 @@
 """The `brorl` command: `brorl run | simulate | model | train | compare | evaluate | serve`.
 
 Each command takes `--params FILE` and repeated `-S key=value` (`--set`), checks them against the
-schema, and the files its stage reads, before anything starts (`entrypoints.entry.check`: a bad
+schema, and the files its stage reads, before anything starts (`commands.entry.check`: a bad
 key, value or file prints one line naming it and exits with code 2), then calls one flow function;
 `run` is the whole pipeline (`dvc repro`, as `make run`) and `serve` the scheduled deployments on
 a local Prefect server (as `make serve`). Flows, prefect, mlflow and torch are imported only after
@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from brorl.environment import apply_defaults
-from entrypoints.entry import check
+from commands.entry import check
 
 app = typer.Typer(help="BroRL: simulate, train, compare and evaluate RLVR runs (Prefect flows).",
                   no_args_is_help=True, add_completion=False)
@@ -102,7 +102,7 @@ def run(stages: Annotated[list[str] | None, typer.Argument(
         raise typer.Exit(2)
     if params is not None:
         _check(params, overrides)
-    from entrypoints import server
+    from commands import server
 
     command = [sys.executable, "-m", "dvc"]
     if overrides:
@@ -153,16 +153,16 @@ def serve(ctx: typer.Context, params: Params, overrides: Sets = None,
           port: Annotated[int, typer.Option(help="port of the local Prefect server")] = 4200) -> None:
     """Scheduled deployments on a local Prefect server (Ctrl-C stops both).
 
-    Other options go to `python -m entrypoints.deploy` (--flow NAME, --train-cron EXPR,
-    --evaluate-interval SECONDS, --limit N; see `python -m entrypoints.deploy --help`).
+    Other options go to `python -m commands.deploy` (--flow NAME, --train-cron EXPR,
+    --evaluate-interval SECONDS, --limit N; see `python -m commands.deploy --help`).
     """
     overrides = list(overrides or [])
-    from entrypoints import deploy, server
+    from commands import deploy, server
 
     options = ["--params", params, *(a for o in overrides for a in ("-S", o)), *ctx.args]
     deploy.main([*options, "--check"])  # params and schedules, before the server starts
     raise typer.Exit(server.main(["--port", str(port), "--", sys.executable, "-m",
-                                  "entrypoints.deploy", *options]))
+                                  "commands.deploy", *options]))
 
 
 if __name__ == "__main__":

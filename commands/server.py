@@ -1,12 +1,12 @@
 """A local Prefect server on 127.0.0.1: start it, wait until it answers, stop it.
 
-`python -m entrypoints.server --port 4200` runs the server until Ctrl-C. With a command after
-`--` (`python -m entrypoints.server --port 4200 -- python -m entrypoints.deploy --params
+`python -m commands.server --port 4200` runs the server until Ctrl-C. With a command after
+`--` (`python -m commands.server --port 4200 -- python -m commands.deploy --params
 params/prorl.yaml`) the server runs in the background, the command in the foreground with
 `PREFECT_API_URL` pointing at the server, and the server stops when the command ends or on
 Ctrl-C: `make serve` and `brorl serve`.
 
-With `--pipeline` (`make run`, `brorl run`: `python -m entrypoints.server --pipeline -- dvc
+With `--pipeline` (`make run`, `brorl run`: `python -m commands.server --pipeline -- dvc
 repro`) the server runs only the services that record runs (`PIPELINE_SERVER`) on a free port, for the
 whole pipeline, and every stage reports to it.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from brorl import servers
 from brorl.environment import apply_defaults, with_defaults
 from brorl.servers import HOST
-from entrypoints.entry import prefect_api_error
+from commands.entry import prefect_api_error
 
 # The server of a pipeline run records flow runs, task runs, logs and events (what the UI shows)
 # and runs nothing else: no schedules, work pools, automations or cancellation clean-up, whose
@@ -182,7 +182,7 @@ def _interrupt(*_: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m entrypoints.server",
+    parser = argparse.ArgumentParser(prog="python -m commands.server",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=None,
                         help="port on 127.0.0.1 (default 4200; with --pipeline a free one)")
