@@ -96,7 +96,7 @@ chromium:
 # included (exact resume after SIGKILL, learning, the CI pipeline and a real `brorl run`, the
 # flow-level resume, the base's gain, a Trainer on vLLM), within 20 minutes on 2 cores; the
 # slowest 15 are listed at the end. The `gpu` tests (the cuda cases) skip without CUDA.
-test: install chromium
+test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" --durations=15
 
 test-all: install chromium

@@ -37,6 +37,7 @@ def _assert_real_screenshot(png: Path) -> None:
     assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 200, f"{png} looks blank"
 
 
+@pytest.mark.slow  # chromium is installed by make test-all only
 def test_chromium_is_installed() -> None:
     try:
         find_chromium()
@@ -44,6 +45,7 @@ def test_chromium_is_installed() -> None:
         pytest.fail(str(error))
 
 
+@pytest.mark.slow  # the MLflow UI rendered in chromium (installed by make test-all)
 def test_server_lists_both_arms_and_renders_their_metric_charts(ci_arms_updated: Path,
                                                                tmp_path: Path) -> None:
     """The CI pipeline's own runs (conftest `ci_pipeline`), served from its MLflow store; both
