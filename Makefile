@@ -94,8 +94,9 @@ chromium:
 
 # make test: every test but the `slow` ones (README: what stays slow and why), the main promises
 # included (exact resume after SIGKILL, learning, the CI pipeline and a real `brorl run`, the
-# flow-level resume, the base's gain, a Trainer on vLLM), within 20 minutes on 2 cores; the
-# slowest 15 are listed at the end. The `gpu` tests (the cuda cases) skip without CUDA.
+# flow-level resume, the base's gain, a Trainer on vLLM), about 24 minutes on 2 cores from a
+# fresh clone; the slowest 15 are listed at the end. The `gpu` tests (the cuda cases) skip
+# without CUDA.
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" --durations=15
 
