@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,16 +24,37 @@ prefect_home()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselection: `items` is what will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the `gpu` tests (the `cuda` cases of tests/devices.py) where torch sees no CUDA."""
+    """Skip the `gpu` tests (the `cuda` cases of tests/devices.py) where torch sees no CUDA, and
+    put the modules that use a background pipeline (`BACKGROUND`) last, each kept whole and in
+    order, so that the pipelines run beside the other tests."""
     import torch
 
-    if torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="gpu: no CUDA device here (run `pytest -m gpu` on a GPU)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    late = {item.path for item in items if BACKGROUND.keys() & set(item.fixturenames)}
+    items.sort(key=lambda item: item.path in late)  # stable: the order within each part stays
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start each background pipeline a collected test needs (none for `--collect-only`)."""
+    if session.config.option.collectonly:
         return
-    skip = pytest.mark.skip(reason="gpu: no CUDA device here (run `pytest -m gpu` on a GPU)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    needed = set().union(*(item.fixturenames for item in session.items)) & BACKGROUND.keys()
+    for name in sorted(needed):
+        start_background(name, session.config._tmp_path_factory.mktemp(name))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the background pipelines still running (a session cut short)."""
+    for job, _ in RUNNING.values():
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
 
 
 @pytest.fixture()
@@ -64,28 +86,73 @@ def clone_repository(dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="session")
-def ci_pipeline(tmp_path_factory, prefect_harness) -> Path:
-    """A clone after `dvc repro compare` with CI params (a few minutes on 2 cores).
-
-    The clone is `git clone` of this repository plus the working tree's uncommitted files, with
-    `params/pipeline_ci.yaml` copied over `params/pipeline.yaml` (the switch dvc.yaml reads); its
-    flows report to the session's Prefect harness, its MLflow store is `<clone>/mlflow.db`.
-    """
-    from prefect.settings import PREFECT_API_URL
-
-    clone = clone_repository(tmp_path_factory.mktemp("pipeline") / "repo")
+def ci_pipeline_command(clone: Path) -> list[str]:
+    """The CI pipeline: `dvc repro compare` with `params/pipeline_ci.yaml` copied over
+    `params/pipeline.yaml` (the switch dvc.yaml reads), as `make run` runs it."""
     shutil.copy(clone / "params" / "pipeline_ci.yaml", clone / "params" / "pipeline.yaml")
+    return [str(Path(sys.executable).parent / "dvc"), "repro", "compare"]
+
+
+def real_pipeline_command(clone: Path) -> list[str]:
+    """SmolLM2 through the data, model and compare flows at CI size (tests/real_pipeline.py)."""
+    return [sys.executable, str(ROOT / "tests" / "real_pipeline.py"), str(clone / "real.json")]
+
+
+BACKGROUND = {"ci_pipeline": ci_pipeline_command, "smollm2_pipeline": real_pipeline_command}
+"""The pipelines that session fixtures of the same name wait for: each starts when collection
+ends, in its own clone, under a Prefect server of its own (`python -m commands.server
+--pipeline`, as `make run`), its MLflow store `<clone>/mlflow.db`, one thread."""
+RUNNING: dict[str, tuple[subprocess.Popen, Path]] = {}
+"""Name -> the started pipeline and its clone."""
+
+
+def start_background(name: str, folder: Path) -> None:
+    """Clone the checkout into `folder`/repo and start pipeline `name` there, its output in
+    `folder`/log.txt."""
+    clone = clone_repository(folder / "repo")
     venv_bin = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
-           "BRORL_PYTHON": sys.executable,  # scripts/python: the clone has no .venv of its own
-           "PREFECT_API_URL": PREFECT_API_URL.value(), "OMP_NUM_THREADS": "1",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}",
-           "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
-    done = subprocess.run([str(venv_bin / "dvc"), "repro", "compare"], cwd=clone, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env |= {"PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
+            "BRORL_PYTHON": sys.executable,  # scripts/python: the clone has no .venv of its own
+            "PYTHONPATH": str(clone), "OMP_NUM_THREADS": "1",
+            "PREFECT_HOME": str(clone / ".cache" / "prefect"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}",
+            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
+    server = [sys.executable, "-m", "commands.server", "--pipeline", "--"]
+    command = [*server, *BACKGROUND[name](clone)]
+    with open(folder / "log.txt", "wb") as log:
+        job = subprocess.Popen(command, cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    RUNNING[name] = (job, clone)
+
+
+def finish_background(name: str, timeout_s: float = 1500) -> Path:
+    """The clone of background pipeline `name` once it has ended; the test fails with the end of
+    its log when it did not succeed."""
+    job, clone = RUNNING[name]
+    try:
+        job.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    log = (clone.parent / "log.txt").read_text(errors="replace")
+    assert job.returncode == 0, f"the {name} pipeline ended with {job.returncode}:\n{log[-4000:]}"
     return clone
+
+
+@pytest.fixture(scope="session")
+def ci_pipeline() -> Path:
+    """A clone after `dvc repro compare` with CI params (a few minutes on 2 cores), run in the
+    background from the start of the session (`BACKGROUND`)."""
+    return finish_background("ci_pipeline")
+
+
+@pytest.fixture(scope="session")
+def smollm2_pipeline() -> Path:
+    """A clone after SmolLM2's data, model and compare flows at CI size (tests/real_pipeline.py;
+    the model flow's card in `<clone>/real.json`), run in the background from the start of the
+    session (`BACKGROUND`)."""
+    return finish_background("smollm2_pipeline")
 
 
 CI_ARMS = ("prorl_warmup", "prorl", "brorl")
