@@ -144,17 +144,31 @@ def database(home: Path, log: Path | None = None) -> Iterator[dict[str, str]]:
 
 
 def _run_foreground(command: list[str], url: str) -> int:
-    """Run `command` with PREFECT_API_URL=`url`; SIGTERM is passed on, Ctrl-C reaches it directly."""
-    child = subprocess.Popen(command, env={**os.environ, "PREFECT_API_URL": url})
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())  # `prefect serve` stops cleanly
+    """Run `command` with PREFECT_API_URL=`url` in a session of its own, to whose group SIGTERM
+    and Ctrl-C are passed on: `dvc repro` and the stage it runs (or `prefect serve`) stop with
+    it, so nothing it started outlives the server."""
+    child = subprocess.Popen(command, env={**os.environ, "PREFECT_API_URL": url},
+                             start_new_session=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: _signal_group(child, signal.SIGTERM))
     try:
         return child.wait()
-    except KeyboardInterrupt:  # the terminal sent SIGINT to the child too
+    except KeyboardInterrupt:  # Ctrl-C reached this process's group, not the child's
+        _signal_group(child, signal.SIGINT)
         try:
             return child.wait(30)
         except subprocess.TimeoutExpired:
-            child.kill()
+            _signal_group(child, signal.SIGKILL)
             return child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _signal_group(child: subprocess.Popen, sig: signal.Signals) -> None:
+    """Send `sig` to every process of `child`'s group (gone already: nothing to do)."""
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _check_pipeline_params(dvc_yaml: Path = Path("dvc.yaml")) -> str | None:

@@ -24,6 +24,16 @@ prefect_home()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI job's timeout) ends the session as Ctrl-C does: `pytest_sessionfinish` then
+    stops the background pipelines instead of leaving them running."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 @pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselection: `items` is what will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the `gpu` tests (the `cuda` cases of tests/devices.py) where torch sees no CUDA, and
@@ -52,9 +62,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop the background pipelines still running (a session cut short)."""
     for job, _ in RUNNING.values():
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+        stop_background(job)
 
 
 @pytest.fixture()
@@ -126,6 +134,19 @@ def start_background(name: str, folder: Path) -> None:
     RUNNING[name] = (job, clone)
 
 
+def stop_background(job: subprocess.Popen, grace_s: float = 60) -> None:
+    """SIGTERM to `commands.server`, which ends its command and stops the Prefect server and
+    PostgreSQL it started (their own process groups); SIGKILL to its group after `grace_s`."""
+    if job.poll() is not None:
+        return
+    job.terminate()
+    try:
+        job.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
 def finish_background(name: str, timeout_s: float = 1500) -> Path:
     """The clone of background pipeline `name` once it has ended; the test fails with the end of
     its log when it did not succeed."""
@@ -133,8 +154,7 @@ def finish_background(name: str, timeout_s: float = 1500) -> Path:
     try:
         job.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        stop_background(job)
     log = (clone.parent / "log.txt").read_text(errors="replace")
     assert job.returncode == 0, f"the {name} pipeline ended with {job.returncode}:\n{log[-4000:]}"
     return clone

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +68,27 @@ def test_an_invalid_cron_and_a_flow_missing_from_the_checkout_are_named(monkeypa
 def test_foreground_command_sees_the_server_api_url():
     code = "import os, sys; sys.exit(0 if os.environ['PREFECT_API_URL'] == 'http://x/api' else 3)"
     assert server._run_foreground([sys.executable, "-c", code], "http://x/api") == 0
+
+
+def test_sigterm_stops_the_foreground_command_and_what_it_started(tmp_path: Path):
+    """`dvc repro` killed alone leaves its stage running: SIGTERM must reach the whole command."""
+    pid_file = tmp_path / "grandchild.pid"
+    command = ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; wait"]
+    code = (f"from commands.server import _run_foreground\n"
+            f"raise SystemExit(_run_foreground({command!r}, 'http://x/api'))")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and parent.poll() is None, "the command never started"
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) != 0
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{grandchild}").exists() and \
+            Path(f"/proc/{grandchild}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, f"the command's child {grandchild} outlived SIGTERM"
+        time.sleep(0.05)
 
 
 async def _wait_for_deployments(names: list[str], serving: subprocess.Popen, log: Path,
