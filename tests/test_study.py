@@ -479,13 +479,34 @@ def test_revival_needs_a_flat_start_and_every_listed_contrast_higher(tmp_path):
     assert revival(params, strong["contrasts"], capped["plateau"])["brorl"]["revives"] is False
 
 
-def test_the_report_refuses_a_run_without_the_equal_steps_point(tmp_path):
+def test_a_point_a_run_did_not_reach_leaves_its_contrasts_unestimated_and_in_the_holm_family(
+        tmp_path):
     params = _hand_made_study(tmp_path)
     path = tmp_path / "study" / "runs" / "brorl_s1" / "evals.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     path.write_text("".join(json.dumps(x) + "\n" for x in rows if x["step"] != 1))
-    with pytest.raises(ValueError, match="brorl_s1 has no test evaluation at step 1"):
-        build_report(params, tmp_path)
+    r = build_report(params, tmp_path)
+    c = r["contrasts"]
+    short = c["brorl_vs_prorl_steps"]
+    assert "brorl_s1 ended at step 2" in short["not_reached"] and "score" in short
+    assert short["score"] == {"reading": "not_reached"} and "pass_at_k" not in short
+    names = list(c)
+    estimated = [n for n in names if n != "brorl_vs_prorl_steps"]
+    assert all("not_reached" not in c[n] for n in estimated)
+    # the unestimated contrast counts in Holm's m with p = 1: the others are adjusted as planned
+    p = [1.0 if n == "brorl_vs_prorl_steps" else c[n]["score"]["test"]["p_two_sided"]
+         for n in names]
+    assert [c[n]["score"]["p_holm"] for n in estimated] == pytest.approx(
+        [h for n, h in zip(names, holm(p)) if n in estimated], nan_ok=True)
+    assert c["brorl_vs_prorl"]["score"]["reading"] == "higher"
+    assert "steps" not in r["arms"]["brorl"]["at"] and "budget" in r["arms"]["brorl"]["at"]
+    assert r["arms"]["brorl"]["not_reached"]["steps"].startswith("brorl_s1 ended at step 2")
+    text = (tmp_path / "study" / "report.md").read_text()
+    assert "| brorl_vs_prorl_steps | brorl@steps - prorl@steps | not reached |" in text
+    assert any(x.startswith("BroRL (sqrt LR) vs ProRL at equal optimizer steps") and
+               "not estimated: brorl_s1 ended at step 2" in x for x in r["verdict"])
+    assert headline(r)["contrasts"]["brorl_vs_prorl_steps"] == {"reached": 0, "instances": 30}
+    assert headline(r)["contrasts"]["brorl_vs_prorl"]["reached"] == 1
 
 
 # --- DVC: plain repro never starts the study -------------------------------------------------

@@ -15,7 +15,9 @@ The analysis plan is docs/study.md's, fixed before any run of the design:
   family of their TOST p-values (`holm`).
 - The reading of each contrast: `higher` / `lower` (Holm p < alpha), `equivalent` (Holm TOST p <
   alpha: the difference lies within +-margin), both (`higher` or `lower` within the margin), or
-  `inconclusive`.
+  `inconclusive`; `not_reached` when a run of one side has no evaluation at the side's point (a
+  BroRL run whose budget ended before `equal_steps`): the contrast is not estimated and stays a
+  member of both Holm families with p = 1, so the others are adjusted as planned.
 - The plateau: the warm-up's slope test (`brorl.study.warmup`); the revival rule of each arm
   (`study.revival`): its start was shown flat and every listed contrast reads `higher` (a gain
   shown within the margin is no revival).
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from brorl.params.study import StudyParams
 
 READINGS = ("higher", "lower", "equivalent", "higher_within_margin", "lower_within_margin",
-            "inconclusive")
+            "inconclusive", "not_reached")
 
 
 def _iv(x: Interval) -> dict[str, float]:
@@ -75,6 +77,19 @@ def describe(x: np.ndarray, families: list[str], study: StudyParams) -> dict[str
     return out
 
 
+def not_reached(study: StudyParams, runs: list[RunResult], point: str) -> str | None:
+    """Why `runs` have no evaluation at `point` (`steps`: `equal_steps`), or None when they all
+    have one."""
+    if point != "steps":
+        return None
+    short = [f"{r.run.id} ended at step {r.final['step']}" for r in runs
+             if all(row["step"] != study.equal_steps for row in r.evals)]
+    if not short:
+        return None
+    return (f"{'; '.join(short)} (its budget of {study.budget_rollouts} rollouts ran out before "
+            f"step {study.equal_steps})")
+
+
 def point_rows(study: StudyParams, runs: list[RunResult], point: str) -> list[dict[str, Any]]:
     """Each run's evaluation row at `point`: `start` (step 0), `steps` (`equal_steps`) or
     `budget` (the last row, which must be at the budget)."""
@@ -95,14 +110,18 @@ def arm_summary(params: ExperimentParams, name: str, runs: list[RunResult], ids:
     study = params.study
     arm = study.arms[name]
     p = run_params(params, runs[0].run)
-    points = ["steps"] + (["budget"] if arm.stop == "rollouts" else [])
+    planned = ["steps"] + (["budget"] if arm.stop == "rollouts" else [])
+    missing = {point: why for point in planned if (why := not_reached(study, runs, point))}
+    points = [point for point in planned if point not in missing]
     out: dict[str, Any] = {
         "N": p.update.rollouts_per_prompt, "B": p.update.prompts_per_step, "lr": p.update.lr,
         "stop": arm.stop, "about": arm.about, "runs": [r.run.id for r in runs],
         "steps": [r.final["step"] for r in runs],
         "optimizer_steps": [r.optimizer_steps for r in runs],
         "rollouts": [r.final["rollouts"] for r in runs],
-        "rollouts_at_steps": [r.at_step(study.equal_steps)["rollouts"] for r in runs],
+        "rollouts_at_steps": [] if "steps" in missing else
+        [r.at_step(study.equal_steps)["rollouts"] for r in runs],
+        "not_reached": missing,
         "train_seconds": [r.train_seconds for r in runs],
         "eval_seconds": [float(r.summary.get("eval_seconds", math.nan)) for r in runs],
         "pass_rate": over_seeds([r.pass_rate() for r in runs], study),
@@ -130,6 +149,10 @@ def contrast(study: StudyParams, a: str, b: str, arms: dict[str, list[RunResult]
     """b - a on each metric: the two-way bootstrap interval and the seed-level test (module
     docstring). The start is side a only (a fixed policy: one-sample test)."""
     out: dict[str, Any] = {"a": a, "b": b, "instances": len(ids)}
+    why = [w for side in (a, b) if side != "start" and (w := not_reached(
+        study, arms[side.partition("@")[0]], side.partition("@")[2]))]
+    if why:
+        return {**out, "not_reached": "; ".join(why)}
     same_arm = a != "start" and a.partition("@")[0] == b.partition("@")[0]
     for metric in METRICS:
         xa, seeds_a = side_table(study, a, arms, ids, metric, start)
@@ -166,9 +189,17 @@ def contrasts(params: ExperimentParams, arms: dict[str, list[RunResult]], ids: l
     out = {name: {"about": c.about, **contrast(study, c.a, c.b, arms, ids, start)}
            for name, c in study.contrasts.items()}
     names = list(out)
-    p = holm([out[n]["score"]["test"]["p_two_sided"] for n in names])
-    p_tost = holm([out[n]["score"]["test"]["p_equivalence"] for n in names])
+    estimated = [n for n in names if "not_reached" not in out[n]]
+    for name in names:
+        if name not in estimated:
+            out[name]["score"] = {"reading": "not_reached"}
+    # a contrast not estimated stays in both families with p = 1 (module docstring)
+    p = holm([out[n]["score"]["test"]["p_two_sided"] if n in estimated else 1.0 for n in names])
+    p_tost = holm([out[n]["score"]["test"]["p_equivalence"] if n in estimated else 1.0
+                   for n in names])
     for name, ph, pt in zip(names, p, p_tost):
+        if name not in estimated:
+            continue
         c = out[name]["score"]
         c.update(p_holm=ph, p_equivalence_holm=pt,
                  reading=reading(ph, pt, c["test"]["delta"], study.alpha))

@@ -41,7 +41,8 @@ WORDS = {"higher": "higher", "lower": "lower",
          "higher_within_margin": "higher, by less than the margin",
          "lower_within_margin": "lower, by less than the margin",
          "inconclusive": "inconclusive: neither a difference nor equivalence within the margin "
-                         "is shown"}
+                         "is shown",
+         "not_reached": "not estimated: a run of one side has no evaluation at its point"}
 
 
 def load_results(params: ExperimentParams, root: Path) -> list[RunResult]:
@@ -87,9 +88,12 @@ def plateau_sentence(r: dict[str, Any]) -> str:
 
 def contrast_sentence(name: str, c: dict[str, Any], r: dict[str, Any]) -> str:
     """One contrast's numbers and reading in words."""
+    what = c["about"] or name
+    if "not_reached" in c:
+        return (f"{what} ({c['b']} - {c['a']}): not estimated: {c['not_reached']}; it stays in "
+                "the Holm families with p = 1.")
     s, k = c["score"], c["pass_at_k"]
     t = s["test"]
-    what = c["about"] or name
     seeds = f"{s['seeds_b']} seeds against the start" if t["kind"] == "one_sample" else \
         f"{s['seeds_b']} seeds, paired" if t["kind"] == "paired" else \
         f"{s['seeds_a']} and {s['seeds_b']} seeds"
@@ -130,7 +134,8 @@ def arms_table(r: dict[str, Any]) -> str:
         end = "budget" if a["stop"] == "rollouts" else f"step {r['equal_steps']}"
         rows.append([name, a["about"], a["N"], a["B"], f"{a['lr']:.3g}", end, len(a["runs"]),
                      f"{_mean(a['steps']):.1f}", f"{_mean(a['optimizer_steps']):.0f}",
-                     f"{_mean(a['rollouts_at_steps']):.0f}", f"{_mean(a['train_seconds']):.0f}"])
+                     f"{_mean(a['rollouts_at_steps']):.0f}" if a["rollouts_at_steps"] else
+                     "not reached", f"{_mean(a['train_seconds']):.0f}"])
     return markdown_table(header, "llrrrlrrrrr", rows)
 
 
@@ -150,6 +155,10 @@ def contrasts_table(r: dict[str, Any]) -> str:
               "Holm p", "TOST Holm p", "reading", "pass@k points [CI]", "pass@k p"]
     rows = []
     for name, c in r["contrasts"].items():
+        if "not_reached" in c:
+            rows.append([name, f"{c['b']} - {c['a']}", "not reached", *["-"] * 5, "not_reached",
+                         "-", "-"])
+            continue
         s, k = c["score"], c["pass_at_k"]
         rows.append([name, f"{c['b']} - {c['a']}", _diff(s["difference"]), s["test"]["kind"],
                      f"{s['test']['df']:.1f}", p_value(s["test"]["p_two_sided"]),
@@ -207,15 +216,19 @@ def markdown(r: dict[str, Any], names: dict[str, str]) -> str:
 
 def headline(r: dict[str, Any]) -> dict[str, Any]:
     """`metrics/study.json`: each contrast's difference with its two-way interval, seed-level p,
-    Holm p, Holm TOST p, seeds and instances; the plateau test; the revival rule per arm.
+    Holm p, Holm TOST p, seeds and instances (`reached` 0 and the instances alone for a contrast
+    not estimated); the plateau test; the revival rule per arm.
     Differences rounded to 4 decimals, p-values to 3 significant digits (never 0)."""
     def p3(x: float) -> float:
         return float(f"{x:.3g}") if math.isfinite(x) else math.nan
 
     out: dict[str, Any] = {"contrasts": {}}
     for name, c in r["contrasts"].items():
+        if "not_reached" in c:
+            out["contrasts"][name] = {"reached": 0, "instances": c["instances"]}
+            continue
         s = c["score"]
-        out["contrasts"][name] = {
+        out["contrasts"][name] = {"reached": 1,
             "delta": round(s["test"]["delta"], 4), "ci_low": round(s["difference"]["low"], 4),
             "ci_high": round(s["difference"]["high"], 4), "p": p3(s["test"]["p_two_sided"]),
             "p_holm": p3(s["p_holm"]), "p_equivalence_holm": p3(s["p_equivalence_holm"]),
