@@ -54,10 +54,11 @@ def tag_run(params: ExperimentParams, run_id: str, tags: dict[str, str]) -> None
 
 def log_report(params: ExperimentParams, run_id: str, headline: dict[str, Any],
                out_dir: Path) -> None:
-    """The report's files (those in `out_dir`) and each contrast's difference on the parent
-    run, which is then FINISHED."""
+    """The report's files (those in `out_dir`) and each estimated contrast's difference on the
+    parent run, which is then FINISHED."""
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
-    metrics = {f"study/{name}_delta": [c["delta"]] for name, c in headline["contrasts"].items()}
+    metrics = {f"study/{name}_delta": [c["delta"]] for name, c in headline["contrasts"].items()
+               if c["reached"]}
     tracking.log_metric_series(uri, run_id, [0], metrics)
     files = [f for f in sorted(out_dir.glob("*")) if f.is_file()]
     tracking.log_artifacts(uri, run_id, files, subdir="report")
