@@ -83,7 +83,7 @@ def not_reached(study: StudyParams, runs: list[RunResult], point: str) -> str | 
     if point != "steps":
         return None
     short = [f"{r.run.id} ended at step {r.final['step']}" for r in runs
-             if all(row["step"] != study.equal_steps for row in r.evals)]
+             if r.row_at(study.equal_steps) is None]
     if not short:
         return None
     return (f"{'; '.join(short)} (its budget of {study.budget_rollouts} rollouts ran out before "
@@ -188,17 +188,13 @@ def contrasts(params: ExperimentParams, arms: dict[str, list[RunResult]], ids: l
     study = params.study
     out = {name: {"about": c.about, **contrast(study, c.a, c.b, arms, ids, start)}
            for name, c in study.contrasts.items()}
-    names = list(out)
-    estimated = [n for n in names if "not_reached" not in out[n]]
-    for name in names:
-        if name not in estimated:
-            out[name]["score"] = {"reading": "not_reached"}
+    tests = {n: c["score"]["test"] for n, c in out.items() if "not_reached" not in c}
     # a contrast not estimated stays in both families with p = 1 (module docstring)
-    p = holm([out[n]["score"]["test"]["p_two_sided"] if n in estimated else 1.0 for n in names])
-    p_tost = holm([out[n]["score"]["test"]["p_equivalence"] if n in estimated else 1.0
-                   for n in names])
-    for name, ph, pt in zip(names, p, p_tost):
-        if name not in estimated:
+    p = holm([tests[n]["p_two_sided"] if n in tests else 1.0 for n in out])
+    p_tost = holm([tests[n]["p_equivalence"] if n in tests else 1.0 for n in out])
+    for name, ph, pt in zip(list(out), p, p_tost):
+        if name not in tests:
+            out[name]["score"] = {"reading": "not_reached"}
             continue
         c = out[name]["score"]
         c.update(p_holm=ph, p_equivalence_holm=pt,

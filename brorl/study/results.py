@@ -60,11 +60,14 @@ class RunResult(RunRecord):
     def final(self) -> dict[str, Any]:
         return self.evals[-1]
 
+    def row_at(self, step: int) -> dict[str, Any] | None:
+        """The evaluation row at `step`, None when the run has none."""
+        return next((row for row in self.evals if row["step"] == step), None)
+
     def at_step(self, step: int) -> dict[str, Any]:
         """The evaluation row at `step`; a ValueError naming the run when it has none."""
-        for row in self.evals:
-            if row["step"] == step:
-                return row
+        if (row := self.row_at(step)) is not None:
+            return row
         raise ValueError(f"run {self.run.id} has no test evaluation at step {step} (its "
                          f"evaluations: steps {[r['step'] for r in self.evals]}); its budget "
                          "ended before the equal-steps point: raise study.budget_rollouts.")
