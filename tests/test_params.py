@@ -143,14 +143,15 @@ TRAINER_RENAMED = {
     "rollouts_cap": {"update.max_rollouts_per_prompt", "update.rollouts_per_prompt"},
 }
 NOT_THE_TRAINERS = {f"train.{f}" for f in (
-    "algorithm", "run_dir", "save_rollouts", "steps", "max_rollouts", "max_seconds",
+    "algorithm", "run_dir", "save_rollouts", "steps", "max_rollouts", "min_steps", "max_seconds",
     "plateau_patience", "eval_every", "checkpoint_every", "eval_splits", "eval_per_family",
     "eval_seed", "eval_samples", "eval_temperature", "eval_top_p")}
 """`train` fields the run loop reads (budgets, schedules, evaluation, outputs), not
 `TrainerConfig`: `RunConfig` takes them (the evaluation's in its `EvalProtocol`; `algorithm` is
 the MLflow tag)."""
-BASE = ExperimentParams(train=TrainParams(eval_splits=["validation", "test"]))
-"""The defaults with both evaluation splits, so that `plateau_patience` can change alone."""
+BASE = ExperimentParams(train=TrainParams(eval_splits=["validation", "test"], max_rollouts=4096))
+"""The defaults with both evaluation splits and a rollout budget, so that `plateau_patience` and
+`min_steps` can change alone."""
 
 
 def _flat(config) -> dict[str, object]:
@@ -308,6 +309,16 @@ def test_run_config_takes_every_field_from_its_params_field():
             }.isdisjoint(unused)
     assert "train.seed" in unused  # the evaluation never depends on the training seed
     assert RunConfig.from_params(ExperimentParams(name="x"), Path("/r")).name == "x"
+
+
+def test_min_steps_without_a_rollout_budget_or_beyond_the_steps_is_refused():
+    for overrides in (["train.max_rollouts=null", "train.min_steps=48"],
+                      ["train.steps=40", "train.min_steps=48"]):
+        with pytest.raises(ParamsError) as err:
+            load_params(ROOT / "params" / "prorl.yaml", overrides)
+        assert "train.min_steps = 48 needs train.max_rollouts set" in str(err.value)
+    ok = load_params(ROOT / "params" / "prorl.yaml", ["train.steps=60", "train.min_steps=48"])
+    assert ok.train.min_steps == 48
 
 
 def test_plateau_without_validation_and_tis_with_top_p_are_refused_naming_both_keys(tmp_path):

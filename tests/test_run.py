@@ -52,7 +52,8 @@ def _protocol(**changes) -> EvalProtocol:
 
 def _config(**changes) -> RunConfig:
     values = dict(name="t", run_dir="/nonexistent", data_path="data/problems", steps=100,
-                  max_rollouts=None, max_seconds=None, plateau_patience=None, eval_every=4,
+                  max_rollouts=None, min_steps=None, max_seconds=None, plateau_patience=None,
+                  eval_every=4,
                   checkpoint_every=5, save_rollouts=False, eval_splits=("test",),
                   eval_protocol=_protocol(), eval_workers=1, diagnostics=DiagnosticsConfig(
                       enabled=False, probes_per_family=1, step_probes=0, decompose=False, seed=0))
@@ -228,6 +229,30 @@ def test_a_budget_divisible_by_n_ends_exactly_on_it(tmp_path, monkeypatch):
     # 0 and the draw budget (3) ends it: 28 (8 left, cap 2); step 3: one draw capped at 2: 8
     assert [m["generate/rollouts"] for m in summary["history"]] == [28.0, 28.0, 8.0]
     assert summary["rollouts"] == 64 and summary["stopped_by"] == "rollouts"
+
+
+def test_min_steps_runs_past_a_spent_budget_uncapped_and_evaluates_where_it_was_spent(
+        tmp_path, monkeypatch):
+    run = _fake_run(tmp_path, monkeypatch, itertools.cycle([MIXED, WRONG]), max_rollouts=64,
+                    min_steps=5, eval_every=100)
+    summary = run.train()
+    # steps 1-3 spend the budget exactly as without min_steps (above); steps 4 and 5 draw
+    # uncapped (4, 2, 1 groups and the draw budget: 28 rollouts each) and the run stops at 5
+    assert [m["generate/rollouts"] for m in summary["history"]] == [28.0, 28.0, 8.0, 28.0, 28.0]
+    assert summary["steps"] == 5 and summary["stopped_by"] == "rollouts"
+    assert summary["rollouts"] == 120 and summary["budget_step"] == 3
+    # evaluated at the start, at the step that spent the budget (at exactly its rollouts) and
+    # at the last step
+    assert [(r["step"], r["rollouts"]) for r in run.state.evals] == [(0, 0), (3, 64), (5, 120)]
+
+
+def test_min_steps_below_the_step_that_spends_the_budget_changes_nothing(tmp_path, monkeypatch):
+    run = _fake_run(tmp_path, monkeypatch, itertools.cycle([MIXED, WRONG]), max_rollouts=64,
+                    min_steps=2, eval_every=100)
+    summary = run.train()
+    assert [m["generate/rollouts"] for m in summary["history"]] == [28.0, 28.0, 8.0]
+    assert summary["budget_step"] == 3 and summary["stopped_by"] == "rollouts"
+    assert [(r["step"], r["rollouts"]) for r in run.state.evals] == [(0, 0), (3, 64)]
 
 
 def test_training_time_excludes_evaluation_and_checkpoints(tmp_path, monkeypatch):

@@ -69,6 +69,12 @@ class TrainParams(Section):
     """Budget: rollouts generated (refills included), never exceeded: each draw is capped at
     floor(remaining / N) prompts and the run stops once fewer than N remain, so a budget
     divisible by N ends exactly on it; None: no limit."""
+    min_steps: PositiveInt | None = None
+    """Steps the run takes however soon its rollout budget is spent: past the budget its draws
+    are no longer capped and the run stops at `min_steps` (evaluated at the step that spent the
+    budget and at the last step). A study's arm scored at equal rollouts and at equal optimizer
+    steps reaches both points whatever share of its groups the filter drops. None: the budget
+    alone stops the run. Our choice, not the paper's."""
     max_seconds: float | None = Field(None, gt=0)
     """Budget: stop once the run's training stages took this long (s, summed over sessions;
     evaluation and checkpoints excluded); None: none."""
@@ -101,6 +107,12 @@ class TrainParams(Section):
         if len(set(self.eval_splits)) != len(self.eval_splits):
             raise ValueError(f"train.eval_splits {self.eval_splits} names a split twice; list "
                              "each of validation, test at most once.")
+        if self.min_steps is not None and (self.max_rollouts is None
+                                           or self.min_steps > self.steps):
+            raise ValueError(
+                f"train.min_steps = {self.min_steps} needs train.max_rollouts set and at most "
+                f"train.steps = {self.steps} (it keeps a run going past its rollout budget); "
+                "set max_rollouts and steps >= min_steps, or min_steps: null.")
         if self.plateau_patience is not None and "validation" not in self.eval_splits:
             raise ValueError(
                 f"train.plateau_patience = {self.plateau_patience} needs 'validation' in "

@@ -10,10 +10,12 @@ exactly where the checkpoint left them (no repeated evaluation rows).
 
 The budgets are the paper's bookkeeping (spec §4.4, §8): a step never spends past
 `max_rollouts` (its draws are capped at the rollouts left, and the run stops once fewer than N
-remain), and time is the training stages' seconds only (`TRAIN_STAGES`). Evaluations score each
-split of `eval_splits` on fixed instances (`brorl.evals` holds the row format); the plateau
-rule follows `val/score_mean` only. A run's end writes `run.json` beside its policy, so a run
-that starts from that policy continues its prompt stream and seeds (`brorl.train.sampler`).
+remain; with `min_steps` it goes on past the spent budget, uncapped, to that step, and the step
+that spent the budget is evaluated), and time is the training stages' seconds only
+(`TRAIN_STAGES`). Evaluations score each split of `eval_splits` on fixed instances (`brorl.evals`
+holds the row format); the plateau rule follows `val/score_mean` only. A run's end writes
+`run.json` beside its policy, so a run that starts from that policy continues its prompt stream
+and seeds (`brorl.train.sampler`).
 
 The loop is written once, here (`train`, `step`). Orchestration plugs in through a `Driver`:
 `stage(run, name, *args)` runs the stage method `run.<name>(*args)` (the Prefect driver runs it
@@ -106,6 +108,7 @@ class RunConfig:
     data_path: str
     steps: int
     max_rollouts: int | None
+    min_steps: int | None
     max_seconds: float | None
     plateau_patience: int | None
     eval_every: int
@@ -122,7 +125,8 @@ class RunConfig:
         t = params.train
         return cls(
             name=params.name, run_dir=str(root / t.run_dir), data_path=params.data.path,
-            steps=t.steps, max_rollouts=t.max_rollouts, max_seconds=t.max_seconds,
+            steps=t.steps, max_rollouts=t.max_rollouts, min_steps=t.min_steps,
+            max_seconds=t.max_seconds,
             plateau_patience=t.plateau_patience, eval_every=t.eval_every,
             checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
             eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
@@ -140,6 +144,8 @@ class RunState:
     """Seconds of the training stages (`TRAIN_STAGES`): evaluation and checkpoints excluded."""
     eval_seconds: float = 0.0
     checkpoint_seconds: float = 0.0
+    budget_step: int | None = None
+    """The step that spent the rollout budget (fewer than N rollouts of it left); None before."""
     best_eval: float | None = None
     """Best `val/score_mean` so far (the plateau rule's reference); None without validation."""
     best_step: int | None = None
@@ -218,18 +224,26 @@ class Run:
         return self.trainer.step_count
 
     # -- the stop rules and schedules ---------------------------------------------------------
-    def rollouts_left(self) -> int | None:
-        """Rollouts the budget still allows (None: no budget)."""
+    def budget_spent(self) -> bool:
+        """True once not one more group of N fits in the rollout budget (False: no budget)."""
         c = self.config
-        return None if c.max_rollouts is None else c.max_rollouts - self.state.rollouts
+        return c.max_rollouts is not None and \
+            c.max_rollouts - self.state.rollouts < self.trainer.config.rollouts_per_prompt
+
+    def rollouts_left(self) -> int | None:
+        """Rollouts the next step may spend: what the budget still allows; None without a budget
+        or past a spent one (the steps up to `min_steps`)."""
+        c = self.config
+        if c.max_rollouts is None or self.budget_spent():
+            return None
+        return c.max_rollouts - self.state.rollouts
 
     def _budget_reason(self) -> str | None:
         c, s = self.config, self.state
-        left = self.rollouts_left()
         if self.step_count >= c.steps:
             return "steps"
-        if left is not None and left < self.trainer.config.rollouts_per_prompt:
-            return "rollouts"  # not one more group of N fits
+        if self.budget_spent() and self.step_count >= (c.min_steps or 0):
+            return "rollouts"
         if c.max_seconds is not None and s.train_seconds >= c.max_seconds:
             return "seconds"
         return None
@@ -244,9 +258,11 @@ class Run:
         return self.trainer.broadcast(reason)
 
     def eval_due(self) -> bool:
-        """Every `eval_every` steps, and at the step that spends a budget: the arms of a
-        comparison end on an evaluation at the same budget, whatever their step sizes."""
-        due = self.step_count % self.config.eval_every == 0 or self._budget_reason() is not None
+        """Every `eval_every` steps, at the step that spends a budget and at the last step: the
+        arms of a comparison end on an evaluation at the same budget, whatever their step
+        sizes."""
+        due = self.step_count % self.config.eval_every == 0 or self._budget_reason() is not None \
+            or self.state.budget_step == self.step_count
         return self.trainer.broadcast(due)
 
     def checkpoint_due(self) -> bool:
@@ -407,6 +423,8 @@ class Run:
         metrics = stage("ppo_update", collection).value
         s = self.state
         s.rollouts += int(metrics["generate/rollouts"])
+        if s.budget_step is None and self.budget_spent():
+            s.budget_step = self.step_count
         train_seconds = self.trainer.broadcast(sum(work.get(k, 0.0) for k in TRAIN_STAGES))
         s.train_seconds += train_seconds
         metrics.update({"train/seconds": train_seconds, "train/seconds_total": s.train_seconds,
@@ -471,6 +489,7 @@ class Run:
                    "prompts_per_step": t.config.prompts_per_step,
                    "rollouts_per_prompt": t.config.rollouts_per_prompt,
                    "stopped_by": self.stop_reason(), "rollouts": s.rollouts,
+                   "budget_step": s.budget_step,
                    "train_seconds": s.train_seconds, "eval_seconds": s.eval_seconds,
                    "checkpoint_seconds": s.checkpoint_seconds,
                    "best_val_score": s.best_eval, "best_step": s.best_step,
