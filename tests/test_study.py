@@ -26,9 +26,11 @@ from brorl.params import ParamsError, load_params
 from brorl.stats import holm
 from brorl.study import plan_runs, run_params, write_plan
 from brorl.study.plan import StudyRun
+from brorl.study.analysis import point_rows
 from brorl.study.pool import choose, histogram, keep_rate, rescued, summary
 from brorl.study.progress import mark_finished, prepare_run_dir, progress, progress_line
 from brorl.study.report import build_report, headline, verdict
+from brorl.study.results import RunResult
 from brorl.study.warmup import plateau_test, train_to_plateau
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,8 +79,9 @@ def test_every_run_differs_from_the_study_only_in_its_arm_seed_start_pool_and_st
     allowed = {"name", "update.prompts_per_step", "update.rollouts_per_prompt",
                "update.base_samples_per_step", "data.path", "train.seed", "train.algorithm",
                "train.init_checkpoint", "train.continue_stream", "train.max_rollouts",
-               "train.steps", "train.eval_every", "train.checkpoint_every", "train.run_dir",
-               "train.checkpoint_dir", "tracking.metrics_dir", "tracking.plots_dir"}
+               "train.min_steps", "train.steps", "train.eval_every", "train.checkpoint_every",
+               "train.run_dir", "train.checkpoint_dir", "tracking.metrics_dir",
+               "tracking.plots_dir"}
     # the sqrt rule, lr = 1e-4 sqrt(B N / anchor): prorl 128/128, brorl 1024/128 (x 2.83),
     # brorllr 1024/1024 and n16b2 32/32 (ProRL's 1e-4)
     lr = {"prorl": 1e-4, "brorl": 1e-4 * math.sqrt(8), "brorllr": 1e-4, "n16b2": 1e-4}
@@ -97,9 +100,9 @@ def test_every_run_differs_from_the_study_only_in_its_arm_seed_start_pool_and_st
         assert p.train.continue_stream is False  # the pool is not the warm-up's train list
         assert (p.train.eval_per_family, p.train.eval_samples, p.train.eval_seed) == (100, 8, 0)
         if run.arm == "n16b2":
-            assert (p.train.steps, p.train.max_rollouts) == (48, None)
-        else:
-            assert (p.train.steps, p.train.max_rollouts) == (1000, 51200)
+            assert (p.train.steps, p.train.max_rollouts, p.train.min_steps) == (48, None, None)
+        else:  # the budget, and step 48 however many groups the filter drops
+            assert (p.train.steps, p.train.max_rollouts, p.train.min_steps) == (1000, 51200, 48)
         assert p.train.run_dir == f"outputs/study/runs/{run.id}"
 
 
@@ -456,6 +459,9 @@ def test_the_report_reads_each_contrast_from_its_numbers(tmp_path):
     assert h["ci_low"] == round(d["low"], 4) and h["p"] == float(f"{welch.pvalue:.3g}") > 0
     assert r["arms"]["prorl"]["pass_rate"]["mean"] == pytest.approx(0.875)
     assert r["arms"]["prorl"]["optimizer_steps"] == [4, 4, 4]
+    # 256 rollouts: 4 ProRL-CI steps of 4 x 16, 2 BroRL-CI steps of 2 x 64; n16b2 has no budget
+    assert [r["arms"][a]["steps_at_budget"] for a in ("prorl", "brorl", "n16b2")] == \
+        [[4] * 3, [2] * 3, []]
     # the pool's histogram beside the train split's: p = 0.02 and 0.05 in (1/64, 1/16]
     assert "| (0.01562, 0.0625] | 2 | 2 |" in text and "| 0 | 1 | 0 |" in text
     assert "Predicted ProRL pass rate of the pool (start policy): 50.0%" in text
@@ -507,6 +513,21 @@ def test_a_point_a_run_did_not_reach_leaves_its_contrasts_unestimated_and_in_the
                "not estimated: brorl_s1 ended at step 2" in x for x in r["verdict"])
     assert headline(r)["contrasts"]["brorl_vs_prorl_steps"] == {"reached": 0, "instances": 30}
     assert headline(r)["contrasts"]["brorl_vs_prorl"]["reached"] == 1
+
+
+def test_a_run_that_went_past_its_budget_is_scored_at_the_budget_and_at_the_equal_steps():
+    study = load_params(STUDY).study
+    run = next(r for r in plan_runs(study) if r.arm == "brorl")
+    # the filter dropped groups: the budget was spent at step 45, min_steps took the run to 48
+    rows = [_row(0, 0, START), _row(45, study.budget_rollouts, _values("brorl", "budget", 0)),
+            _row(48, study.budget_rollouts + 3 * 1024, _values("brorl", "steps", 0))]
+    result = RunResult(summary={"history": []}, evals=rows, run=run)
+    assert [point_rows(study, [result], p)[0]["step"] for p in ("start", "budget", "steps")] \
+        == [0, 45, 48]
+    short = RunResult(summary={"history": []}, evals=rows[:1] + rows[2:], run=run)
+    with pytest.raises(ValueError, match=f"run {run.id} has no evaluation at its budget of "
+                                         f"{study.budget_rollouts} rollouts"):
+        point_rows(study, [short], "budget")
 
 
 # --- DVC: plain repro never starts the study -------------------------------------------------
@@ -618,6 +639,7 @@ def ci_study(ci_pipeline, prefect_harness, tmp_path_factory):
     clone = tmp_path_factory.mktemp("study") / "repo"
     shutil.copytree(ci_pipeline, clone, symlinks=True)
     env, runs = _env(clone), clone / "outputs" / "ci" / "study" / "runs"
+    (clone / "study" / "dvc.lock").unlink(missing_ok=True)  # the committed full-size study's
     study = load_params(STUDY_CI).study
     log = clone.parent / "first.log"
     with open(log, "w") as out:

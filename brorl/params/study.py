@@ -40,9 +40,10 @@ class StudyArm(Section):
     seeds: PositiveInt = 4
     """Runs, with `train.seed` 0 .. seeds-1 (the prompt order and rollout sampling)."""
     stop: Literal["rollouts", "steps"] = "rollouts"
-    """`rollouts`: run to `budget_rollouts` (equal rollouts), scored at `equal_steps` on the way;
-    `steps`: run `equal_steps` RL steps only (equal optimizer steps; e.g. an N-sweep point
-    whose budget in rollouts would be hundreds of steps)."""
+    """`rollouts`: run to `budget_rollouts` (equal rollouts) and at least `equal_steps` RL steps
+    (`train.min_steps`: a run whose filter dropped many groups goes on past its spent budget),
+    scored at both points; `steps`: run `equal_steps` RL steps only (equal optimizer steps;
+    e.g. an N-sweep point whose budget in rollouts would be hundreds of steps)."""
     about: str = ""
     """One line for the report: what the arm isolates."""
 
@@ -128,7 +129,7 @@ class StudyParams(Section):
     """Name -> arm; the first is the baseline (ProRL). {} is no study."""
     budget_rollouts: PositiveInt = 49_152
     """Equal budget in generated rollouts (refills count) of the arms that stop on rollouts:
-    48 BroRL steps of 2 x 512 when no step refills (the issue's minimum)."""
+    48 BroRL steps of 2 x 512 when no step refills."""
     equal_steps: PositiveInt = 48
     """RL steps at which every arm is also scored (4 mini-batches, so 4 optimizer steps each):
     equal optimizer steps."""

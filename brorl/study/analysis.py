@@ -92,16 +92,12 @@ def not_reached(study: StudyParams, runs: list[RunResult], point: str) -> str | 
 
 def point_rows(study: StudyParams, runs: list[RunResult], point: str) -> list[dict[str, Any]]:
     """Each run's evaluation row at `point`: `start` (step 0), `steps` (`equal_steps`) or
-    `budget` (the last row, which must be at the budget)."""
+    `budget` (at exactly `budget_rollouts`)."""
     if point == "start":
         return [r.evals[0] for r in runs]
     if point == "steps":
         return [r.at_step(study.equal_steps) for r in runs]
-    for r in runs:
-        if r.final["rollouts"] != study.budget_rollouts:
-            raise ValueError(f"run {r.run.id} ended at {r.final['rollouts']} rollouts, not the "
-                             f"study's budget {study.budget_rollouts}: rerun it.")
-    return [r.final for r in runs]
+    return [r.at_budget(study.budget_rollouts) for r in runs]
 
 
 def arm_summary(params: ExperimentParams, name: str, runs: list[RunResult], ids: list[str],
@@ -119,6 +115,8 @@ def arm_summary(params: ExperimentParams, name: str, runs: list[RunResult], ids:
         "steps": [r.final["step"] for r in runs],
         "optimizer_steps": [r.optimizer_steps for r in runs],
         "rollouts": [r.final["rollouts"] for r in runs],
+        "steps_at_budget": [r.at_budget(study.budget_rollouts)["step"] for r in runs]
+        if arm.stop == "rollouts" else [],
         "rollouts_at_steps": [] if "steps" in missing else
         [r.at_step(study.equal_steps)["rollouts"] for r in runs],
         "not_reached": missing,

@@ -5,8 +5,9 @@ A study (`brorl.params.study.StudyParams`) is its arms' runs, one per (arm, seed
 possible). Each run's params are the study file's with only what makes the run itself changed
 (`run_params`): its name, the arm's `update` keys (N, B, the LR's anchor), `train.seed`, the
 start (the study's warm-up policy, a fresh prompt stream over the pool: the pool is not the
-warm-up's train list), the pool as its data, where it stops (the equal rollout budget, or the
-equal step count), its evaluation and checkpoint schedule and its folders `<out_dir>/runs/<run>/`.
+warm-up's train list), the pool as its data, where it stops (the equal rollout budget, and not
+before the equal step count; or the equal step count), its evaluation and checkpoint schedule
+and its folders `<out_dir>/runs/<run>/`.
 
 `write_plan` writes one JSON file per run (its params without the `study` section): a DVC run
 stage depends on its own file, so a changed study reruns exactly the runs whose params changed.
@@ -140,7 +141,8 @@ def run_params(params: ExperimentParams, run: StudyRun) -> ExperimentParams:
         seed=run.seed,
         algorithm="prorl" if arm.update["rollouts_per_prompt"] == baseline_n else "brorl",
         init_checkpoint=f"{warmup_dir(params)}/policy", continue_stream=False,
-        max_rollouts=study.budget_rollouts if rollouts else None, max_seconds=None,
+        max_rollouts=study.budget_rollouts if rollouts else None,
+        min_steps=study.equal_steps if rollouts else None, max_seconds=None,
         steps=params.train.steps if rollouts else study.equal_steps, plateau_patience=None,
         eval_every=every, checkpoint_every=every, eval_splits=["test"], run_dir=folder,
         checkpoint_dir=f"{folder}/checkpoints")

@@ -128,15 +128,19 @@ def verdict(r: dict[str, Any]) -> list[str]:
 
 def arms_table(r: dict[str, Any]) -> str:
     header = ["arm", "what it isolates", "N", "B", "LR", "ends at", "seeds", "RL steps",
-              "optimizer steps", f"rollouts at step {r['equal_steps']}", "training s"]
+              "RL steps at budget", "optimizer steps", f"rollouts at step {r['equal_steps']}",
+              "training s"]
     rows = []
     for name, a in r["arms"].items():
-        end = "budget" if a["stop"] == "rollouts" else f"step {r['equal_steps']}"
+        end = f"budget and step {r['equal_steps']}" if a["stop"] == "rollouts" else \
+            f"step {r['equal_steps']}"
+        at_budget = a.get("steps_at_budget")
         rows.append([name, a["about"], a["N"], a["B"], f"{a['lr']:.3g}", end, len(a["runs"]),
-                     f"{_mean(a['steps']):.1f}", f"{_mean(a['optimizer_steps']):.0f}",
+                     f"{_mean(a['steps']):.1f}", f"{_mean(at_budget):.1f}" if at_budget else "-",
+                     f"{_mean(a['optimizer_steps']):.0f}",
                      f"{_mean(a['rollouts_at_steps']):.0f}" if a["rollouts_at_steps"] else
                      "not reached", f"{_mean(a['train_seconds']):.0f}"])
-    return markdown_table(header, "llrrrlrrrrr", rows)
+    return markdown_table(header, "llrrrlrrrrrr", rows)
 
 
 def scores_table(r: dict[str, Any]) -> str:

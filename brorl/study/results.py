@@ -6,7 +6,8 @@ per (step, split) with per-instance `score` (the family's headline quantity: pas
 code, mean reward for reasoning, spec §7.1), `pass_at_1` (avg@k: the share of the k samples that
 are correct) and `families`, in `problem_ids` order. A run is scored at three points: `start`
 (step 0, the shared start evaluation), `steps` (the row at `study.equal_steps`) and `budget`
-(its last row, at `study.budget_rollouts`, for an arm that stops on rollouts).
+(the row at exactly `study.budget_rollouts` rollouts, for an arm that stops on rollouts: the step
+that spent the budget, evaluated whether or not the run went on to `equal_steps`).
 
 Per instance, `values_of(row, "pass_at_k")` is pass@k with k = the row's samples: 1 when any
 sample was correct (the unbiased estimator with n = k), beside avg@k (spec §5.2 reports pass@k).
@@ -71,6 +72,16 @@ class RunResult(RunRecord):
         raise ValueError(f"run {self.run.id} has no test evaluation at step {step} (its "
                          f"evaluations: steps {[r['step'] for r in self.evals]}); its budget "
                          "ended before the equal-steps point: raise study.budget_rollouts.")
+
+    def at_budget(self, budget: int) -> dict[str, Any]:
+        """The evaluation row at exactly `budget` rollouts (the step that spent the budget); a
+        ValueError naming the run when it has none."""
+        row = next((row for row in self.evals if row["rollouts"] == budget), None)
+        if row is None:
+            raise ValueError(f"run {self.run.id} has no evaluation at its budget of {budget} "
+                             f"rollouts (its evaluations: rollouts "
+                             f"{[r['rollouts'] for r in self.evals]}): rerun it.")
+        return row
 
     @property
     def train_seconds(self) -> float:
