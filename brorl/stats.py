@@ -25,6 +25,8 @@ Seeds as the unit (a study's tests; the paired test above conditions on the seed
   differences for the same seeds scored twice (`paired`: a run at two points) or against one
   fixed value (`one_sample`: the start); with its t interval and the TOST p of equivalence
   within +-margin.
+- `TInference`: what both seed and slope tests report about their estimate (standard error, df,
+  t interval, t, p, margin, TOST p), filled in one place from scipy's t-test.
 - `tost_p(delta, se, df, margin)`: two one-sided t tests (Schuirmann 1987): the larger of the
   p of H0 delta <= -margin and of H0 delta >= +margin; below alpha, the difference lies within
   the margin (the (1 - 2 alpha) interval inside (-margin, +margin)).
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import optimize, stats
@@ -211,25 +214,59 @@ def minimum_detectable_difference(sd_diff: float, n: int, *, alpha: float = 0.05
     return float(lam * sd_diff / np.sqrt(n))
 
 
+@dataclass(frozen=True, kw_only=True)
+class TInference:
+    """A t-based test of one estimate (named by the record that holds it: `delta`, `slope`).
+    Keyword-only, so the holder's own fields stay first among its positional arguments."""
+
+    se: float
+    """Standard error of the estimate (NaN when unknown, 0 when the estimate is exact)."""
+    df: float
+    """Degrees of freedom of the t distribution (Welch-Satterthwaite for two sets of seeds)."""
+    ci_low: float
+    """Lower end of the (1 - alpha) t interval of the estimate."""
+    ci_high: float
+    """Upper end of the (1 - alpha) t interval of the estimate."""
+    t: float
+    """t statistic of H0 estimate = 0."""
+    p_two_sided: float
+    """Two-sided p of H0 estimate = 0."""
+    margin: float
+    """Equivalence margin: the TOST asks whether |estimate| < margin (NaN: no margin)."""
+    p_equivalence: float
+    """TOST p of |estimate| < margin (`tost_p`); NaN without a margin or a defined test."""
+
+
+def _t_inference(estimate: float, se: float, df: float, margin: float, alpha: float,
+                 result: Any = None,
+                 interval: tuple[float, float] = (float("nan"), float("nan"))) -> dict[str, float]:
+    """The `TInference` fields of `estimate`, as keyword arguments of the record that holds it.
+
+    `result` is scipy's t-test of the estimate (`ttest_1samp`, `ttest_ind`): t, p and the
+    (1 - alpha) interval come from it. Without one the test is undefined: t and p are NaN and
+    the interval is `interval` (NaN, or the point where the estimate is exact). The TOST p is
+    computed either way, from `se` and `df`: an exact estimate still knows its equivalence.
+    """
+    t = p = float("nan")
+    if result is not None:
+        ci = result.confidence_interval(confidence_level=1 - alpha)
+        interval = (float(ci.low), float(ci.high))
+        t, p = float(result.statistic), float(result.pvalue)
+    return dict(se=se, df=df, ci_low=interval[0], ci_high=interval[1], t=t, p_two_sided=p,
+                margin=margin, p_equivalence=tost_p(estimate, se, df, margin))
+
+
 @dataclass(frozen=True)
-class SeedTest:
+class SeedTest(TInference):
     """b - a with seeds as the unit: `kind` "welch" (two sets of seeds), "paired" (one set
     scored twice: per-seed differences) or "one_sample" (seeds against one fixed value); the
-    mean difference, its standard error, degrees of freedom, (1 - alpha) t interval, t, the
-    two-sided p, and the TOST p of |b - a| < `margin` (NaN without a margin)."""
+    mean difference `delta` with its t test and the TOST p of |b - a| < `margin` (`TInference`;
+    NaN without a margin)."""
 
     kind: str
     n_a: int
     n_b: int
     delta: float
-    se: float
-    df: float
-    ci_low: float
-    ci_high: float
-    t: float
-    p_two_sided: float
-    margin: float
-    p_equivalence: float
 
 
 def tost_p(delta: float, se: float, df: float, margin: float) -> float:
@@ -277,22 +314,19 @@ def seed_test(a: Sequence[float], b: Sequence[float], *, kind: str = "welch",
         delta = float(d.mean())
         if len(d) < 2 or np.ptp(d) <= _EQUAL:  # one seed: unknown spread; equal ones: none
             se = nan if len(d) < 2 else 0.0
-            return SeedTest(kind, len(xa), len(xb), delta, se, len(d) - 1.0, nan, nan, nan, nan,
-                            margin, tost_p(delta, se, len(d) - 1.0, margin))
+            return SeedTest(kind, len(xa), len(xb), delta,
+                            **_t_inference(delta, se, len(d) - 1.0, margin, alpha))
         result = stats.ttest_1samp(d, 0.0)
         se = float(d.std(ddof=1) / np.sqrt(len(d)))
     else:
         delta = float(xb.mean() - xa.mean())
         if min(len(xa), len(xb)) < 2 or (np.ptp(xa) <= _EQUAL and np.ptp(xb) <= _EQUAL):
-            return SeedTest(kind, len(xa), len(xb), delta, nan, nan, nan, nan, nan, nan, margin,
-                            nan)
+            return SeedTest(kind, len(xa), len(xb), delta,
+                            **_t_inference(delta, nan, nan, margin, alpha))
         result = stats.ttest_ind(xb, xa, equal_var=False)
         se = float(np.sqrt(xa.var(ddof=1) / len(xa) + xb.var(ddof=1) / len(xb)))
-    df = float(result.df)
-    ci = result.confidence_interval(confidence_level=1 - alpha)
-    return SeedTest(kind, len(xa), len(xb), delta, se, df, float(ci.low), float(ci.high),
-                    float(result.statistic), float(result.pvalue), margin,
-                    tost_p(delta, se, df, margin))
+    return SeedTest(kind, len(xa), len(xb), delta,
+                    **_t_inference(delta, se, float(result.df), margin, alpha, result))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -314,22 +348,14 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 
 @dataclass(frozen=True)
-class SlopeTest:
+class SlopeTest(TInference):
     """The slope of a score curve per unit of x with the instances as the unit: mean of the
-    per-instance least-squares slopes (equal to the slope of the mean curve), its standard error,
-    t (df = instances - 1), two-sided p, the margin and the TOST p of |slope| < margin."""
+    per-instance least-squares slopes (equal to the slope of the mean curve) and its t test
+    (`TInference`, df = instances - 1), with the TOST p of |slope| < margin."""
 
     evaluations: int
     instances: int
     slope: float
-    se: float
-    df: float
-    ci_low: float
-    ci_high: float
-    t: float
-    p_two_sided: float
-    margin: float
-    p_equivalence: float
 
 
 def slope_test(scores: np.ndarray, x: Sequence[float], *, margin: float,
@@ -348,15 +374,12 @@ def slope_test(scores: np.ndarray, x: Sequence[float], *, margin: float,
     slopes = centred @ (y - y.mean(axis=0)) / (centred @ centred)
     n, slope = slopes.size, float(slopes.mean())
     se = float(slopes.std(ddof=1) / np.sqrt(n))
-    if se <= _EQUAL:
-        nan = float("nan")
-        return SlopeTest(len(xs), n, slope, 0.0, n - 1.0, slope, slope, nan, nan, margin,
-                         tost_p(slope, 0.0, n - 1.0, margin))
+    if se <= _EQUAL:  # every instance's slope the same: the slope is exact
+        return SlopeTest(len(xs), n, slope,
+                         **_t_inference(slope, 0.0, n - 1.0, margin, alpha, None, (slope, slope)))
     result = stats.ttest_1samp(slopes, 0.0)
-    ci = result.confidence_interval(confidence_level=1 - alpha)
-    return SlopeTest(len(xs), n, slope, se, n - 1.0, float(ci.low), float(ci.high),
-                     float(result.statistic), float(result.pvalue), margin,
-                     tost_p(slope, se, n - 1.0, margin))
+    return SlopeTest(len(xs), n, slope,
+                     **_t_inference(slope, se, n - 1.0, margin, alpha, result))
 
 
 def welch_power(delta: float, sd_a: float, sd_b: float, n_a: int, n_b: int, *,
