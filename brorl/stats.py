@@ -25,8 +25,6 @@ Seeds as the unit (a study's tests; the paired test above conditions on the seed
   differences for the same seeds scored twice (`paired`: a run at two points) or against one
   fixed value (`one_sample`: the start); with its t interval and the TOST p of equivalence
   within +-margin.
-- `TInference`: what both seed and slope tests report about their estimate (standard error, df,
-  t interval, t, p, margin, TOST p), filled in one place from scipy's t-test.
 - `tost_p(delta, se, df, margin)`: two one-sided t tests (Schuirmann 1987): the larger of the
   p of H0 delta <= -margin and of H0 delta >= +margin; below alpha, the difference lies within
   the margin (the (1 - 2 alpha) interval inside (-margin, +margin)).
@@ -214,33 +212,11 @@ def minimum_detectable_difference(sd_diff: float, n: int, *, alpha: float = 0.05
     return float(lam * sd_diff / np.sqrt(n))
 
 
-@dataclass(frozen=True, kw_only=True)
-class TInference:
-    """A t-based test of one estimate (named by the record that holds it: `delta`, `slope`).
-    Keyword-only, so the holder's own fields stay first among its positional arguments."""
-
-    se: float
-    """Standard error of the estimate (NaN when unknown, 0 when the estimate is exact)."""
-    df: float
-    """Degrees of freedom of the t distribution (Welch-Satterthwaite for two sets of seeds)."""
-    ci_low: float
-    """Lower end of the (1 - alpha) t interval of the estimate."""
-    ci_high: float
-    """Upper end of the (1 - alpha) t interval of the estimate."""
-    t: float
-    """t statistic of H0 estimate = 0."""
-    p_two_sided: float
-    """Two-sided p of H0 estimate = 0."""
-    margin: float
-    """Equivalence margin: the TOST asks whether |estimate| < margin (NaN: no margin)."""
-    p_equivalence: float
-    """TOST p of |estimate| < margin (`tost_p`); NaN without a margin or a defined test."""
-
-
 def _t_inference(estimate: float, se: float, df: float, margin: float, alpha: float,
                  result: Any = None,
                  interval: tuple[float, float] = (float("nan"), float("nan"))) -> dict[str, float]:
-    """The `TInference` fields of `estimate`, as keyword arguments of the record that holds it.
+    """The t-test fields of `SeedTest` and `SlopeTest` for `estimate` (se, df, t interval, t,
+    two-sided p, margin, TOST p), as keyword arguments of the record.
 
     `result` is scipy's t-test of the estimate (`ttest_1samp`, `ttest_ind`): t, p and the
     (1 - alpha) interval come from it. Without one the test is undefined: t and p are NaN and
@@ -257,16 +233,24 @@ def _t_inference(estimate: float, se: float, df: float, margin: float, alpha: fl
 
 
 @dataclass(frozen=True)
-class SeedTest(TInference):
+class SeedTest:
     """b - a with seeds as the unit: `kind` "welch" (two sets of seeds), "paired" (one set
     scored twice: per-seed differences) or "one_sample" (seeds against one fixed value); the
-    mean difference `delta` with its t test and the TOST p of |b - a| < `margin` (`TInference`;
-    NaN without a margin)."""
+    mean difference, its standard error, degrees of freedom, (1 - alpha) t interval, t, the
+    two-sided p, and the TOST p of |b - a| < `margin` (NaN without a margin)."""
 
     kind: str
     n_a: int
     n_b: int
     delta: float
+    se: float
+    df: float
+    ci_low: float
+    ci_high: float
+    t: float
+    p_two_sided: float
+    margin: float
+    p_equivalence: float
 
 
 def tost_p(delta: float, se: float, df: float, margin: float) -> float:
@@ -348,14 +332,22 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 
 @dataclass(frozen=True)
-class SlopeTest(TInference):
+class SlopeTest:
     """The slope of a score curve per unit of x with the instances as the unit: mean of the
-    per-instance least-squares slopes (equal to the slope of the mean curve) and its t test
-    (`TInference`, df = instances - 1), with the TOST p of |slope| < margin."""
+    per-instance least-squares slopes (equal to the slope of the mean curve), its standard error,
+    t (df = instances - 1), two-sided p, the margin and the TOST p of |slope| < margin."""
 
     evaluations: int
     instances: int
     slope: float
+    se: float
+    df: float
+    ci_low: float
+    ci_high: float
+    t: float
+    p_two_sided: float
+    margin: float
+    p_equivalence: float
 
 
 def slope_test(scores: np.ndarray, x: Sequence[float], *, margin: float,

@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
-from brorl.verifiers.verdict import BaseVerifier, Verdict, error_verdict
+from brorl.verifiers.verdict import Verdict, error_verdict
 from brorl.verifiers.sandbox import SandboxLimits, SandboxResult, capabilities, run_tests
 from brorl.verifiers.workers import default_workers
 
 
-class CodeVerifier(BaseVerifier):
+class CodeVerifier:
     """Continuous reward: the fraction of test snippets passed in the sandbox."""
 
     family: Family = "code"
@@ -40,7 +40,8 @@ class CodeVerifier(BaseVerifier):
         self, *, workers: int | None = None, timeout_s: float = 5.0,
         limits: SandboxLimits = SandboxLimits(),
     ):
-        super().__init__(workers=workers, timeout_s=timeout_s)
+        self.workers = workers
+        self.timeout_s = timeout_s
         self.limits = limits
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:

@@ -24,14 +24,18 @@ from collections.abc import Sequence
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
-from brorl.verifiers.verdict import BaseVerifier, Verdict
+from brorl.verifiers.verdict import Verdict
 from brorl.verifiers.workers import judge_answers
 
 
-class MathVerifier(BaseVerifier):
+class MathVerifier:
     """Binary reward: 1 when math-verify finds the extracted answer equal to the reference."""
 
     family: Family = "math"
+
+    def __init__(self, *, workers: int | None = None, timeout_s: float = 5.0):
+        self.workers = workers
+        self.timeout_s = timeout_s
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per pair; `timeout_s` bounds each check's wall time."""

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from brorl.prompts import extract_answer
 from brorl.types import Family, Problem
-from brorl.verifiers.verdict import BaseVerifier, Verdict, error_verdict, verdict_for_score
+from brorl.verifiers.verdict import Verdict, error_verdict, verdict_for_score
 from brorl.verifiers.workers import judge_answers
 
 Scorer = Callable[[str | None, dict], float]
@@ -36,10 +36,14 @@ EVALUATING = frozenset({"eval", "exec", "compile", "parse_expr", "sympify", "sim
 """Calls that run (or may run) a string as code: a scorer that makes one is refused."""
 
 
-class ReasoningVerifier(BaseVerifier):
+class ReasoningVerifier:
     """Continuous reward in [0, 1] from reasoning-gym's scorer for each problem's task."""
 
     family: Family = "reasoning"
+
+    def __init__(self, *, workers: int | None = None, timeout_s: float = 5.0):
+        self.workers = workers
+        self.timeout_s = timeout_s
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per pair; scorers are built here, before the workers fork."""

@@ -1,12 +1,10 @@
-"""The verdict of one response, the `Verifier` Protocol every family's verifier implements, and
-`BaseVerifier`, the worker count and time limit each family's verifier is built with.
+"""The verdict of one response and the `Verifier` Protocol every family's verifier implements.
 
 A module of its own so that the family verifiers (`math`, `code`, `reasoning`) and `workers`
 import it without importing the package that dispatches to them (`brorl.verifiers`): the
 dependencies point one way, from the dispatcher to the families to this module.
 
-Deliberately ignored: how a verifier judges; this module only defines what it is built with and
-what it returns.
+Deliberately ignored: anything a verifier does; this module only defines what it returns.
 """
 
 from __future__ import annotations
@@ -41,19 +39,6 @@ class Verifier(Protocol):
     family: Family
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]: ...
-
-
-class BaseVerifier:
-    """What every family's verifier is built with: how many judgements run at once and how long
-    one may take. Each family adds its `family` and `verify` (and any options of its own)."""
-
-    def __init__(self, *, workers: int | None = None, timeout_s: float = 5.0):
-        self.workers = workers
-        """Judgements run at once (forked workers; the code sandboxes' threads); None: the
-        available cores."""
-        self.timeout_s = timeout_s
-        """Wall-time limit of one item in seconds: one answer check (math, reasoning), all tests
-        of one response (code); ProRL's 5 s (spec paper.md §7.1)."""
 
 
 def verdict_for_score(score: float) -> Verdict:
