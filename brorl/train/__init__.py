@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 _HOMES = {"LossConfig": "config", "TrainerConfig": "config", "Direct": "run",
           "Driver": "run", "Timed": "run", "Run": "run", "RunConfig": "run",
-          "RunState": "run", "Collected": "collection", "Trainer": "trainer",
+          "RunState": "state", "Collected": "collection", "Trainer": "trainer",
           "draw_seed": "trainer", "init_distributed": "trainer", "parameter_digest": "trainer"}
 """Each public name's module: loaded when the name is first used, so `python -m brorl.train`
 checks its arguments and inputs before torch and DeepSpeed load (PEP 562)."""
@@ -25,7 +25,8 @@ __all__ = sorted(_HOMES)
 if TYPE_CHECKING:
     from brorl.train.collection import Collected
     from brorl.train.config import LossConfig, TrainerConfig
-    from brorl.train.run import Direct, Driver, Run, RunConfig, RunState
+    from brorl.train.run import Direct, Driver, Run, RunConfig
+    from brorl.train.state import RunState
     from brorl.types import Timed
     from brorl.train.trainer import Trainer, draw_seed, init_distributed, parameter_digest
 

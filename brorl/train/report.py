@@ -9,7 +9,7 @@ validation-only run such as the warm-up has only these), and the rollouts spent 
 run's `summary.json` and `evals.jsonl`). `eval_csv` has one row per evaluation of one split
 (test when the run scored it, else validation): step, rollouts, training seconds, the family
 scores and pass@1 and their means, the data of `dvc plots`. Both read the run's state
-(`brorl.train.run.RunState`) alone.
+(`brorl.train.state.RunState`) alone.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -59,6 +59,7 @@ from brorl.train.diagnostics import (
 )
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
+from brorl.train.state import RunState
 from brorl.train.collection import Collected, Collection
 from brorl.train.report import step_line
 from brorl.train.trainer import RewardFn, Trainer, parameter_digest
@@ -132,36 +133,6 @@ class RunConfig:
             eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
             eval_workers=params.verify.workers,
             diagnostics=DiagnosticsConfig.from_params(params))
-
-
-@dataclass
-class RunState:
-    """What a run has done so far; saved in every checkpoint (`Trainer.save_checkpoint`)."""
-
-    rollouts: int = 0
-    """Rollouts generated, refills included (the budget's unit, spec §4.4 "samples")."""
-    train_seconds: float = 0.0
-    """Seconds of the training stages (`TRAIN_STAGES`): evaluation and checkpoints excluded."""
-    eval_seconds: float = 0.0
-    checkpoint_seconds: float = 0.0
-    budget_step: int | None = None
-    """The step that spent the rollout budget (fewer than N rollouts of it left); None before."""
-    best_eval: float | None = None
-    """Best `val/score_mean` so far (the plateau rule's reference); None without validation."""
-    best_step: int | None = None
-    """The step of `best_eval`."""
-    evals_since_best: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    """Per-step metrics, one dict per finished step."""
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    """Evaluation rows, one per (step, split) (`brorl.evals`)."""
-    probe_start: list[float] | None = None
-    """The held-out probes' reference-token probabilities at the run's start, flat
-    (`brorl.train.diagnostics.Shrinkage.start`); None before the first update."""
-
-    @classmethod
-    def from_dict(cls, saved: dict[str, Any]) -> RunState:
-        return cls(**saved)
 
 
 class Run:

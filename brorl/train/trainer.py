@@ -379,7 +379,7 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, run_state: dict[str, Any] | None = None) -> Path:
         """Write `step_<step>/` atomically on all ranks (see `brorl.train.checkpoint`), with
-        `run_state` (the run's counters and records, `brorl.train.run.RunState`) inside it."""
+        `run_state` (the run's counters and records, `brorl.train.state.RunState`) inside it."""
         root = Path(self.config.checkpoint_dir)
         staged = ckpt.staging_dir(root, self.step_count)
         if self.rank == 0:
