@@ -81,11 +81,8 @@ def trl_dataset(config: Any, data: Path, steps: int, tokenizer: Any) -> tuple[An
 def trl_reward(config: Any, problems: dict, clock: StepClock) -> Callable[..., list[float]]:
     """TRL reward function calling brorl's verifier exactly as `Trainer.verify` does."""
     from brorl.verifiers import verify_batch
-    from brorl.verifiers.sandbox import SandboxLimits
 
-    verify = functools.partial(verify_batch, workers=config.verify_workers,
-                               timeout_s=config.verify_timeout_s,
-                               limits=SandboxLimits(**config.sandbox))
+    verify = functools.partial(verify_batch, config=config.verify)
 
     def brorl_verifier(prompts: list, completions: list[str], problem_id: list[str],
                        **_: Any) -> list[float]:

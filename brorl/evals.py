@@ -36,6 +36,7 @@ import torch
 from brorl.legacy import eval_split
 from brorl.scoring import evaluate_policy, instance_scores
 from brorl.types import Problem
+from brorl.verifiers import VerifyConfig
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -115,13 +116,16 @@ class EvalProtocol:
     top_p: float
     max_response_tokens: int
     seed: int
+    verify: VerifyConfig
+    """How the samples are judged: the run's `verify` section, as its rewards are."""
 
     @classmethod
     def from_params(cls, params: ExperimentParams) -> EvalProtocol:
         t = params.train
         return cls(per_family=t.eval_per_family, samples=t.eval_samples,
                    temperature=t.eval_temperature, top_p=t.eval_top_p,
-                   max_response_tokens=params.generate.max_response_tokens, seed=t.eval_seed)
+                   max_response_tokens=params.generate.max_response_tokens, seed=t.eval_seed,
+                   verify=VerifyConfig.from_params(params.verify))
 
     def instances(self, problems: Sequence[Problem]) -> list[Problem]:
         """The instances of a split that are scored: `per_family` of each family, by `seed`."""
@@ -132,15 +136,14 @@ class EvalProtocol:
         return {"samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
                 "max_response_tokens": self.max_response_tokens, "seed": self.seed}
 
-    def score(self, model, tokenizer, problems: Sequence[Problem], *, split: str,
-              workers: int | None, step: int = 0, seconds: float = 0.0,
-              rollouts: int = 0) -> dict[str, Any]:
+    def score(self, model, tokenizer, problems: Sequence[Problem], *, split: str, step: int = 0,
+              seconds: float = 0.0, rollouts: int = 0) -> dict[str, Any]:
         """The eval row of a policy on `problems`: `samples` samples of each instance (avg@k,
         pass@k beside pass@1) under one seed."""
         scores, rewards = evaluate_policy(
             model, tokenizer, problems, n=self.samples, k_values=sorted({1, self.samples}),
             max_new_tokens=self.max_response_tokens, temperature=self.temperature,
-            top_p=self.top_p, seed=self.seed, workers=workers)
+            top_p=self.top_p, seed=self.seed, verify=self.verify)
         return eval_record(step, split, seconds, rollouts, problems, scores, rewards)
 
 

@@ -31,7 +31,7 @@ import torch
 from brorl.policy.tokens import decode_responses, model_stop_ids, pad_id
 from brorl.prompts import render_prompt
 from brorl.types import Problem
-from brorl.verifiers import verify_batch
+from brorl.verifiers import VerifyConfig, verify_batch
 
 HEADLINE = {"math": "pass_at_1", "code": "pass_at_1", "reasoning": "reward_mean"}
 """Which quantity is each family's score (spec §7.1: binary pass@1 for math and code, the mean
@@ -132,14 +132,15 @@ def sample_responses(model, tokenizer, prompts: Sequence[str], *, n: int, max_ne
 
 def evaluate_policy(model, tokenizer, problems: Sequence[Problem], *, n: int,
                     max_new_tokens: int, temperature: float, top_p: float, seed: int,
-                    k_values: Sequence[int] = (1,), workers: int | None = None
+                    k_values: Sequence[int] = (1,), verify: VerifyConfig = VerifyConfig()
                     ) -> tuple[dict, np.ndarray]:
     """Sample n responses per problem (at most `max_new_tokens` tokens, `temperature` 0 greedy,
-    nucleus `top_p`, one `seed`), verify them, score them: (scores, rewards `[B, n]`)."""
+    nucleus `top_p`, one `seed`), judge them under `verify`, score them: (scores, rewards
+    `[B, n]`)."""
     prompts = [render_prompt(p, tokenizer) for p in problems]
     responses = sample_responses(model, tokenizer, prompts, n=n, max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_p=top_p, seed=seed)
     flat_problems = [p for p in problems for _ in range(n)]
-    verdicts = verify_batch(flat_problems, [r for rs in responses for r in rs], workers=workers)
+    verdicts = verify_batch(flat_problems, [r for rs in responses for r in rs], verify)
     rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(problems), n)
     return score_rewards(problems, rewards, k_values), rewards

@@ -31,7 +31,7 @@ def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[
     model, tokenizer = load_policy(path)
     protocol = EvalProtocol.from_params(p)
     problems = protocol.instances(load_split(root / p.data.path, "test"))
-    row = protocol.score(model, tokenizer, problems, split="test", workers=p.verify.workers)
+    row = protocol.score(model, tokenizer, problems, split="test")
     return {"checkpoint": str(path), **{k: row[k] for k in
                                         ("scores", "problem_ids", "families", "pass_at_1", "score")}}
 

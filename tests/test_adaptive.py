@@ -15,6 +15,7 @@ from brorl.algorithm.filtering import InformativeCollector, informative_groups, 
 from brorl.data.math import generate_math
 from brorl.params import load_params
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig
+from brorl.verifiers import VerifyConfig
 from brorl.train.collection import Collection
 from brorl.train.rollouts import ScoredGroups, merge_rounds, response_mask
 from brorl.types import RolloutBatch
@@ -121,7 +122,7 @@ def _trainer(easy_base: Path, problems, tmp_path: Path, reward_fn, **changes) ->
     small = dict(init_checkpoint=str(easy_base), checkpoint_dir=str(tmp_path / "ckpt"),
                  prompts_per_step=3, rollouts_per_prompt=4, lr=1e-3, mini_batches_per_step=2,
                  micro_batch_rollouts=3, temperature=1.0, max_response_tokens=12,
-                 filter_max_draws=1, verify_workers=1)
+                 filter_max_draws=1, verify=VerifyConfig(workers=1))
     config = replace(TrainerConfig.from_params(params), **{**small, **changes})
     return Trainer(config, problems, reward_fn=reward_fn)
 

@@ -13,6 +13,7 @@ from brorl.base import (band_distance, batch_loss_backward, collate, encode_pair
 from brorl.data import generate_code, make_problem, split_problems
 from brorl.data.math import generate_math
 from brorl.scoring import evaluate_policy
+from brorl.verifiers import VerifyConfig
 from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
 from brorl.prompts import render_prompt, render_target
@@ -161,14 +162,14 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path, warm_up_confi
     tok = build_tokenizer()
     untrained = build_policy(vocab_size=len(tok), **TINY)
     before, _ = evaluate_policy(untrained, tok, test, n=1, max_new_tokens=48, temperature=0.0,
-                                top_p=1.0, seed=0, workers=2)
+                                top_p=1.0, seed=0, verify=VerifyConfig(workers=2))
     # CI sizes and a greedy test; no band top or margin, no LR decay, no family shares
     save_policy(untrained, tok, tmp_path / "model")  # what the model stage writes
     config = warm_up_config(start=str(tmp_path / "model"), max_steps=1500, eval_every=100,
                             batch_size=16, lr=1e-2, seed=0, target_pass_low=0.8,
-                            eval_per_family=12, test_samples=1, max_response_tokens=48)
-    model, tok, report = make_base_checkpoint(splits["train"], splits["validation"], test, config,
-                                              workers=2)
+                            eval_per_family=12, test_samples=1, max_response_tokens=48,
+                            verify=VerifyConfig(workers=2))
+    model, tok, report = make_base_checkpoint(splits["train"], splits["validation"], test, config)
     after = report["test"]["family"]["math"]["pass_at_1"]
     print(json.dumps({"before": before["family"]["math"]["pass_at_1"], "after": after,
                       "steps": report["steps"], "seconds": report["train_seconds"]}))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from brorl.data.code import TEMPLATES, generated_problem
 from brorl.types import Problem
-from brorl.verifiers import verify_batch, zygote
+from brorl.verifiers import VerifyConfig, verify_batch, zygote
 from tests.hostile_programs import PROGRAMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,12 +27,13 @@ import json
 from brorl.data.code import generated_problem
 from brorl.verifiers import zygote
 from brorl.verifiers.code import CodeVerifier
+from brorl.verifiers.config import VerifyConfig
 from tests.hostile_programs import PROGRAMS
 
 problem = generated_problem("add", 3, "f")
 names = sorted(PROGRAMS)
 print(json.dumps({"zygote": zygote.current().pid}), flush=True)  # the corpus starts now
-verdicts = CodeVerifier(workers=2, timeout_s=1.0).verify(
+verdicts = CodeVerifier(VerifyConfig(workers=2, timeout_s=1.0)).verify(
     [problem] * len(names), ["```python\\n%s\\n```" % PROGRAMS[n] for n in names])
 print(json.dumps({n: v.reward for n, v in zip(names, verdicts)}), flush=True)
 """
@@ -71,7 +72,7 @@ def test_verdicts_stay_right_while_another_process_verifies_the_hostile_corpus()
         rounds, wrong = 0, []
         while hostile.poll() is None:
             problems, responses, expected = honest_batch(rounds)
-            verdicts = verify_batch(problems, responses, workers=2, timeout_s=30.0)
+            verdicts = verify_batch(problems, responses, VerifyConfig(workers=2, timeout_s=30.0))
             got = [(round(v.reward, 6), v.reason) for v in verdicts]
             want = [(round(r, 6), reason) for r, reason in expected]
             wrong += [(rounds, responses[i], g) for i, (g, w) in enumerate(zip(got, want)) if g != w]

@@ -10,9 +10,10 @@ Which defaults may stay:
 - defaults of parameters whose names are no knob: the pure-math and plumbing arguments
   (`normaliser`, `k_values`, `first_prompt`, `cpu_threads`, a server's `grace_s`);
 - a default equal to the schema's, on a helper that tests and benchmarks call outside a run
-  (`verify_batch(workers=None, timeout_s=5.0)`, `split_problems(validation_fraction=0.1, ...)`).
+  (`VerifyConfig(workers=None, timeout_s=5.0)`, `split_problems(validation_fraction=0.1, ...)`).
   What a params section configures in a run takes its config record instead, built by one
-  `from_params` (`LossConfig`, `EngineConfig`, `BaseConfig`, `EvalProtocol`, `DataConfig`);
+  `from_params` (`LossConfig`, `EngineConfig`, `BaseConfig`, `EvalProtocol`, `DataConfig`,
+  `VerifyConfig`);
 - `ALLOWED`: a parameter named like a knob that is another quantity, each with why.
 """
 

@@ -15,6 +15,7 @@ from brorl.params import load_params
 from brorl.policy import load_policy
 from brorl.prompts import render_prompt, render_target
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig
+from brorl.verifiers import VerifyConfig
 from brorl.train.diagnostics import (
     build_probes,
     change_metrics,
@@ -186,7 +187,7 @@ def _tiny_run(easy_base: Path, problems, tmp_path: Path, reward_fn, **diagnostic
                      checkpoint_dir=str(tmp_path / "ckpt"), prompts_per_step=3,
                      rollouts_per_prompt=4, lr=1e-3, mini_batches_per_step=1,
                      micro_batch_rollouts=12, temperature=1.0, max_response_tokens=12,
-                     filter_max_draws=1, verify_workers=1)
+                     filter_max_draws=1, verify=VerifyConfig(workers=1))
     run_config = RunConfig.from_params(params, ROOT)
     run_config = replace(run_config, run_dir=str(tmp_path / "run"), steps=10**6,
                          eval_every=10**6, checkpoint_every=1, save_rollouts=False,

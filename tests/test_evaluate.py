@@ -1,20 +1,32 @@
-"""Evaluation primitives: pass@k against brute force, scores by hand."""
+"""Evaluation primitives: pass@k against brute force, scores by hand; what judges an evaluation."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from brorl.base import BaseConfig
 from brorl.data import make_problem
+from brorl.data.math import generate_math
+from brorl.evals import EvalProtocol
+from brorl.params import load_params
+from brorl.policy import build_policy, build_tokenizer
 from brorl.scoring import (
     instance_scores,
     pass_at_k,
     problem_scores,
     score_rewards,
 )
+from brorl.train import TrainerConfig
+from brorl.verifiers import Verdict, VerifyConfig
+from brorl.verifiers.sandbox import SandboxLimits
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _brute_pass_at_k(outcomes: list[bool], k: int) -> float:
@@ -82,3 +94,29 @@ def test_instance_scores_give_avg_at_k_and_each_familys_headline():
     assert out["score"] == [0.75, 0.25, 0.4375]
     with pytest.raises(ValueError, match="one row each"):
         instance_scores(problems[:2], rewards)
+
+
+def test_every_evaluation_judges_under_the_runs_verify_section(monkeypatch):
+    """The run's evaluations and the base stage's checks judge with the `verify` section's
+    workers, time limit and sandbox limits, as the rewards do (not the schema's defaults)."""
+    import brorl.scoring
+
+    params = load_params(ROOT / "params/tiny_ci.yaml",
+                         ["verify.workers=1", "verify.timeout_s=7", "verify.cpu_s=3"])
+    expected = VerifyConfig(workers=1, timeout_s=7.0, limits=SandboxLimits(cpu_s=3))
+    assert BaseConfig.from_params(params).verify == expected
+    assert TrainerConfig.from_params(params).verify == expected
+    seen = []
+
+    def judge(problems, responses, config):
+        seen.append(config)
+        return [Verdict(0.0, "wrong")] * len(problems)
+
+    monkeypatch.setattr(brorl.scoring, "verify_batch", judge)
+    protocol = replace(EvalProtocol.from_params(params), samples=1, max_response_tokens=4)
+    tokenizer = build_tokenizer()
+    model = build_policy(vocab_size=len(tokenizer), hidden_size=16, num_layers=1, num_heads=2,
+                         num_kv_heads=1, intermediate_size=32, max_position_embeddings=256)
+    problems = generate_math(2, seed=0)
+    row = protocol.score(model, tokenizer, problems, split="test")
+    assert seen == [expected] and row["problem_ids"] == [p.id for p in problems]

@@ -21,6 +21,7 @@ import pytest
 from brorl.data.code import generated_problem
 from brorl.verifiers import sandbox, zygote
 from brorl.verifiers.code import CodeVerifier
+from brorl.verifiers.config import VerifyConfig
 from brorl.verifiers.sandbox import NOBODY, capabilities
 from tests.hostile_programs import ESCAPES, HACKS, HONEST, PROBES, PROGRAMS
 from tests.process_tree import descendants, settled
@@ -90,7 +91,7 @@ def corpus(problem):
     forks_from = zygote.current()
     sandbox.run_code = recording
     try:
-        verdicts = CodeVerifier(workers=2, timeout_s=TIMEOUT_S).verify(
+        verdicts = CodeVerifier(VerifyConfig(workers=2, timeout_s=TIMEOUT_S)).verify(
             [problem] * len(responses), responses)
     finally:
         sandbox.run_code = real_run_code

@@ -17,6 +17,7 @@ from brorl.algorithm.downsample import max_variance_subset
 from brorl.params import ParamsError, UpdateParams, load_params
 from brorl.policy import build_policy, build_tokenizer, save_policy
 from brorl.train import Trainer, TrainerConfig
+from brorl.verifiers import VerifyConfig
 from brorl.train import trainer as trainer_module
 from brorl.train.rollouts import ScoredGroups, select_rollouts
 from brorl.types import Problem, RolloutBatch
@@ -192,7 +193,7 @@ def test_a_step_of_4096_rollouts_per_prompt_trains_each_rollout_by_its_own_rewar
     b, n = 1, 4096
     config = _config(random_base, tmp_path / "ck", prompts_per_step=b, rollouts_per_prompt=n,
                      max_response_tokens=8, micro_batch_rollouts=128, mini_batches_per_step=4,
-                     filter_enabled=False, verify_workers=2)
+                     filter_enabled=False, verify=VerifyConfig(workers=2))
     config = replace(config, engine=replace(config.engine, max_concurrent_rollouts=256))
     problems = [Problem(id="p0", family="math", task="t", prompt="2+3=", answer="5")]
     run = _run(config, problems, tmp_path / "run", checkpoint_every=100, reward_fn=_graded)

@@ -135,8 +135,7 @@ TRAINER_RENAMED = {
     "filter_enabled": {"filter.enabled"}, "filter_max_draws": {"filter.max_draws"},
     "filter_oversample": {"filter.oversample"}, "engine.kind": {"generate.engine"},
     "engine.dtype": {"generate.dtype"},
-    "dtype": {"train.dtype"}, "verify_workers": {"verify.workers"},
-    "verify_timeout_s": {"verify.timeout_s"}, "sandbox.memory_bytes": {"verify.memory_mib"},
+    "dtype": {"train.dtype"},
     "adam_betas": {"train.adam_beta1", "train.adam_beta2"},
     # the adaptive allocation's defaults are N / 4 and 4 N
     "first_round": {"update.first_round", "update.rollouts_per_prompt"},
@@ -227,9 +226,19 @@ def _same_name(key: str, sections: tuple[str, ...]) -> set[str]:
     return {f"{owners.pop()}.{name}"}
 
 
+def _verify_owner(leaf: str) -> set[str]:
+    """The params field that sets a `VerifyConfig` leaf (`verify.workers`,
+    `eval_protocol.verify.limits.cpu_s`, ...): none for the sandbox's own limits."""
+    name = leaf.split(".")[-1]
+    if name in ("disk_bytes", "max_files", "result_bytes"):
+        return set()
+    return {"verify.memory_mib" if name == "memory_bytes" else f"verify.{name}"}
+
+
 def test_trainer_config_takes_every_field_from_its_params_field():
     changed, unused = _changed_by(TrainerConfig.from_params, TRAINER_SECTIONS, BASE)
-    expected = {key: TRAINER_RENAMED.get(key) or _same_name(key, TRAINER_SECTIONS)
+    expected = {key: TRAINER_RENAMED.get(key) or _verify_owner(key) if key.startswith("verify.")
+                else TRAINER_RENAMED.get(key) or _same_name(key, TRAINER_SECTIONS)
                 for key in changed}
     assert changed == expected
     assert unused == NOT_THE_TRAINERS
@@ -256,9 +265,11 @@ def test_sim_config_takes_every_field_from_the_simulate_section():
 def test_data_and_base_configs_take_every_field_from_their_sections():
     changed, unused = _changed_by(lambda p: DataConfig.from_params(p.data), ("data",))
     assert changed == {key: {f"data.{key}"} for key in changed} and unused == {"data.path"}
-    changed, unused = _changed_by(BaseConfig.from_params, ("base",))
-    assert changed == {"start": set(), **{key: {f"base.{key}"} for key in changed
-                                          if key != "start"}}
+    changed, unused = _changed_by(BaseConfig.from_params, ("base", "verify"))
+    assert changed == {"start": set(), **{key: _verify_owner(key) for key in changed
+                                          if key.startswith("verify.")},
+                       **{key: {f"base.{key}"} for key in changed
+                          if key != "start" and not key.startswith("verify.")}}
     assert unused == {"base.path"}  # where the checkpoint goes is the task's
     # the warm-up starts from the model stage's folder
     params = ExperimentParams.model_validate({"model": {"path": "outputs/x/checkpoint"}})
@@ -297,7 +308,9 @@ def test_run_config_takes_every_field_from_its_params_field():
     changed, unused = _changed_by(lambda p: RunConfig.from_params(p, Path("/r")),
                                   ("train", "generate", "verify", "data", "diagnostics"), BASE)
     renamed = {"name": set(), "eval_protocol.max_response_tokens": {"generate.max_response_tokens"},
-               "eval_workers": {"verify.workers"}, "data_path": {"data.path"}}
+               "data_path": {"data.path"},
+               **{key: _verify_owner(key) for key in changed
+                  if key.startswith("eval_protocol.verify.")}}
     owner = {key: {key} if key.startswith("diagnostics.") else
              {f"train.eval_{key.removeprefix('eval_protocol.')}"}
              if key.startswith("eval_protocol.") else {f"train.{key}"} for key in changed}

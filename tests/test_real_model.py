@@ -128,7 +128,7 @@ def test_hf_engine_at_temperature_zero_equals_transformers_generate_token_for_to
 def test_each_arm_is_rewarded_on_decoded_text_and_its_update_moves_the_weights(real):
     import pyarrow.parquet as pq
 
-    from brorl.verifiers import verify_batch
+    from brorl.verifiers import VerifyConfig, verify_batch
 
     model, tokenizer = load_policy(real["folder"])
     start = parameter_digest(model)
@@ -142,7 +142,8 @@ def test_each_arm_is_rewarded_on_decoded_text_and_its_update_moves_the_weights(r
                                          skip_special_tokens=True)
         assert texts == decoded and not any("<|im_end|>" in t for t in texts)
         # a generous time limit: what is checked is the text judged, not the speed of a busy CPU
-        verdicts = verify_batch([problems[r["problem_id"]] for r in table], texts, timeout_s=60)
+        verdicts = verify_batch([problems[r["problem_id"]] for r in table], texts,
+                                VerifyConfig(timeout_s=60))
         assert [r["reward"] for r in table] == [v.reward for v in verdicts]
         summary = json.loads((real["ci"] / arm / "summary.json").read_text())
         trained = [m for m in summary["history"] if m.get("update/optimizer_steps", 0) > 0]

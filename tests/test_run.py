@@ -39,7 +39,7 @@ from brorl.train.rollouts import ScoredGroups
 from brorl.train.run import TRAIN_STAGES
 from brorl.train.sampler import PromptSampler
 from brorl.types import Problem, RolloutBatch
-from brorl.verifiers import Verdict
+from brorl.verifiers import Verdict, VerifyConfig
 from tests.stand_ins import TrainerCollection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _protocol(**changes) -> EvalProtocol:
     return EvalProtocol(**{**dict(per_family=1, samples=1, temperature=0.6, top_p=0.95,
-                                  max_response_tokens=8, seed=0), **changes})
+                                  max_response_tokens=8, seed=0, verify=VerifyConfig(workers=1)),
+                           **changes})
 
 
 def _config(**changes) -> RunConfig:
@@ -55,7 +56,7 @@ def _config(**changes) -> RunConfig:
                   max_rollouts=None, min_steps=None, max_seconds=None, plateau_patience=None,
                   eval_every=4,
                   checkpoint_every=5, save_rollouts=False, eval_splits=("test",),
-                  eval_protocol=_protocol(), eval_workers=1, diagnostics=DiagnosticsConfig(
+                  eval_protocol=_protocol(), diagnostics=DiagnosticsConfig(
                       enabled=False, probes_per_family=1, step_probes=0, decompose=False, seed=0))
     return RunConfig(**{**values, **changes})
 

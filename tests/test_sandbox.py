@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from brorl.types import Problem
-from brorl.verifiers import verify_batch, zygote
+from brorl.verifiers import VerifyConfig, verify_batch, zygote
 from brorl.verifiers.sandbox import (
     MISSING,
     NOBODY,
@@ -46,7 +46,7 @@ def reward_of(
     problem = Problem("hostile", "code", "hostile", "?", tests=tuple(tests))
     start = time.monotonic()
     response = f"```python\n{code}\nalive = True\n```"
-    [verdict] = verify_batch([problem], [response], workers=1, timeout_s=timeout_s)
+    [verdict] = verify_batch([problem], [response], VerifyConfig(workers=1, timeout_s=timeout_s))
     return verdict.reward, verdict.reason, time.monotonic() - start
 
 

@@ -23,6 +23,7 @@ from brorl.scoring import evaluate_policy
 from brorl.params import load_params
 from brorl.policy import load_policy
 from brorl.servers import free_port
+from brorl.verifiers import VerifyConfig
 from brorl.stats import paired_test
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
 from brorl.verifiers import Verdict
@@ -36,7 +37,7 @@ def _config(base: Path, ckpt_dir: Path, **changes) -> TrainerConfig:
     small = dict(
         init_checkpoint=str(base), checkpoint_dir=str(ckpt_dir), prompts_per_step=4,
         rollouts_per_prompt=8, lr=1e-3, mini_batches_per_step=2, micro_batch_rollouts=8,
-        temperature=1.0, max_response_tokens=24, filter_max_draws=3, verify_workers=1,
+        temperature=1.0, max_response_tokens=24, filter_max_draws=3, verify=VerifyConfig(workers=1),
         keep_checkpoints=2, reference_reset_every=2)
     return replace(config, **{**small, **changes})
 
@@ -121,7 +122,7 @@ def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, easy_split, 
         _, rewards = evaluate_policy(
             model, tokenizer, held_out, n=protocol.samples,
             max_new_tokens=trainer.config.max_response_tokens, temperature=protocol.temperature,
-            top_p=protocol.top_p, seed=protocol.seed, workers=1)
+            top_p=protocol.top_p, seed=protocol.seed, verify=VerifyConfig(workers=1))
         return rewards.mean(axis=1).tolist()
 
     before = held_out_rewards(trainer.reference)

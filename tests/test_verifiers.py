@@ -16,7 +16,7 @@ import pytest
 import reasoning_gym
 
 from brorl.types import Problem
-from brorl.verifiers import Verdict, verify_batch
+from brorl.verifiers import Verdict, VerifyConfig, verify_batch
 from brorl.verifiers.workers import judge_answers, map_with_deadline
 
 
@@ -41,7 +41,7 @@ def math_problem(answer: str) -> Problem:
     ],
 )
 def test_math_truth_table(reference, response, expected):
-    [verdict] = verify_batch([math_problem(reference)], [response], workers=1)
+    [verdict] = verify_batch([math_problem(reference)], [response], VerifyConfig(workers=1))
     assert (verdict.reward, verdict.reason) == expected
 
 
@@ -59,7 +59,7 @@ def test_reasoning_right_answers_score_one_and_missing_tags_zero(name):
     problems = gym_problems(name, 4)
     right = [f"<answer>{p.answer}</answer>" for p in problems]
     bare = [p.answer for p in problems]  # the answer without its tag
-    verdicts = verify_batch(problems * 2, right + bare, workers=2)
+    verdicts = verify_batch(problems * 2, right + bare, VerifyConfig(workers=2))
     assert [v.reward for v in verdicts] == [1.0] * 4 + [0.0] * 4
     assert {v.reason for v in verdicts[4:]} == {"no_answer"}
 
@@ -72,7 +72,7 @@ def test_reasoning_scorer_works_on_json_round_tripped_metadata(name):
                 metadata=json.loads(json.dumps(p.metadata)))
         for p in gym_problems(name, 3)
     ]
-    verdicts = verify_batch(problems, [f"<answer>{p.answer}</answer>" for p in problems], workers=1)
+    verdicts = verify_batch(problems, [f"<answer>{p.answer}</answer>" for p in problems], VerifyConfig(workers=1))
     assert [v.reward for v in verdicts] == [1.0, 1.0, 1.0]
 
 
@@ -81,7 +81,7 @@ def test_reasoning_scores_the_extracted_answer_not_the_whole_response():
     wrong = str(int(problem.answer) + 1)
     # the reference appears in the text, but the tagged answer is wrong
     response = f"maybe {problem.answer}? no: <answer>{wrong}</answer>"
-    [verdict] = verify_batch([problem], [response], workers=1)
+    [verdict] = verify_batch([problem], [response], VerifyConfig(workers=1))
     score = reasoning_gym.get_score_answer_fn("chain_sum")
     entry = {"question": problem.prompt, "answer": problem.answer, "metadata": problem.metadata}
     # the scorer's value for the tagged answer alone; on the whole text it would give credit
@@ -92,7 +92,7 @@ def test_reasoning_keeps_the_scorers_continuous_partial_credit():
     [problem] = gym_problems("chain_sum", 1)
     # chain_sum's scorer gives len(answer)/len(response) when the answer is a substring
     response = f"<answer>x{problem.answer}</answer>"
-    [verdict] = verify_batch([problem], [response], workers=1)
+    [verdict] = verify_batch([problem], [response], VerifyConfig(workers=1))
     expected = len(problem.answer) / (len(problem.answer) + 1)
     assert verdict == Verdict(pytest.approx(expected), "partial")
 
@@ -113,8 +113,8 @@ def test_reasoning_scorers_are_built_once_per_task(monkeypatch):
     getattr(reasoning._scorer, "cache_clear", lambda: None)()  # a fresh cache either side
     problems = gym_problems("chain_sum", 2) + gym_problems("spell_backward", 2)
     answers = [f"<answer>{p.answer}</answer>" for p in problems]
-    first = verify_batch(problems, answers, workers=1)
-    second = verify_batch(problems, answers, workers=1)
+    first = verify_batch(problems, answers, VerifyConfig(workers=1))
+    second = verify_batch(problems, answers, VerifyConfig(workers=1))
     assert sorted(built) == ["chain_sum", "spell_backward"]
     assert first == second and all(v.reward == 1.0 for v in first)
     getattr(reasoning._scorer, "cache_clear", lambda: None)()  # a fresh cache either side
@@ -122,7 +122,7 @@ def test_reasoning_scorers_are_built_once_per_task(monkeypatch):
 
 def test_unknown_reasoning_task_gives_zero_with_an_error_reason():
     problem = Problem("x", "reasoning", "no_such_task", "?", answer="1")
-    [verdict] = verify_batch([problem], ["<answer>1</answer>"], workers=1)
+    [verdict] = verify_batch([problem], ["<answer>1</answer>"], VerifyConfig(workers=1))
     assert verdict.reward == 0.0 and verdict.reason.startswith("error:")
 
 
@@ -147,7 +147,7 @@ def code_problem() -> Problem:
     ],
 )
 def test_code_truth_table(response, expected):
-    [verdict] = verify_batch([code_problem()], [response], workers=1)
+    [verdict] = verify_batch([code_problem()], [response], VerifyConfig(workers=1))
     assert (verdict.reward, verdict.reason) == expected
 
 
@@ -161,13 +161,13 @@ def test_mixed_batch_keeps_order_under_parallelism():
     items += [(code_problem(), square, 1.0), (code_problem(), "no code", 0.0)] * 2
     random.Random(0).shuffle(items)
     problems, responses, expected = zip(*items)
-    verdicts = verify_batch(list(problems), list(responses), workers=2)
+    verdicts = verify_batch(list(problems), list(responses), VerifyConfig(workers=2))
     assert [v.reward for v in verdicts] == list(expected)
 
 
 def test_length_mismatch_is_a_caller_bug():
     with pytest.raises(ValueError, match="one response per problem"):
-        verify_batch([math_problem("1")], [], workers=1)
+        verify_batch([math_problem("1")], [], VerifyConfig(workers=1))
 
 
 def test_empty_batch():
@@ -224,7 +224,8 @@ def test_math_check_that_hangs_gives_timeout(monkeypatch):
     math_verifier._warm_up()  # the parent's own warm-up runs the real check, once per process
     monkeypatch.setattr(math_verifier, "math_equal", lambda ref, ans: time.sleep(30))
     start = time.monotonic()
-    [verdict] = verify_batch([math_problem("1")], ["<answer>1</answer>"], timeout_s=0.5)
+    [verdict] = verify_batch([math_problem("1")], ["<answer>1</answer>"],
+                              VerifyConfig(timeout_s=0.5))
     assert verdict == Verdict(0.0, "timeout")
     assert time.monotonic() - start < 5.0
 
@@ -243,7 +244,7 @@ def test_repeated_pairs_are_judged_once(monkeypatch):
     monkeypatch.setattr(verifiers, "_verify_family", counting)
     a, b = math_problem("3"), math_problem("4")
     responses = ["\\boxed{3}", "\\boxed{3}", "\\boxed{5}", "\\boxed{3}", "\\boxed{4}"]
-    verdicts = verify_batch([a, a, a, b, b], responses, workers=1)
+    verdicts = verify_batch([a, a, a, b, b], responses, VerifyConfig(workers=1))
     assert [v.reward for v in verdicts] == [1.0, 1.0, 0.0, 0.0, 1.0]
     assert sorted(seen) == [0, 2, 3, 4]
 
@@ -284,7 +285,7 @@ def test_math_answers_reach_sympys_eval_based_parser_only_as_number_literals(mon
     answers = ["3/4", "0.75", "x**2 + 1", "__import__('os').getcwd()", "2^10", "-4.0",
                "} 1+1 \\boxed{"]
     verdicts = verify_batch([math_problem("0.75")] * len(answers),
-                            [f"<answer>{a}</answer>" for a in answers], workers=1)
+                            [f"<answer>{a}</answer>" for a in answers], VerifyConfig(workers=1))
     assert [v.reward for v in verdicts] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert not marker.exists()
 
@@ -300,5 +301,5 @@ def test_reasoning_tasks_whose_scorer_evaluates_text_are_refused():
         reasoning_problems("countdown", size=1, seed=0)
     problem = Problem("c", "reasoning", "countdown", "?", answer="1+2",
                       metadata={"source_dataset": "countdown"})
-    [verdict] = verify_batch([problem], ["<answer>__import__('os')</answer>"], workers=1)
+    [verdict] = verify_batch([problem], ["<answer>__import__('os')</answer>"], VerifyConfig(workers=1))
     assert verdict.reward == 0.0 and "refused" in verdict.reason

@@ -26,6 +26,7 @@ from brorl.params import load_params  # noqa: E402
 from brorl.policy import build_policy, build_tokenizer, save_policy  # noqa: E402
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig  # noqa: E402
 from brorl.train.ppo import score_batch  # noqa: E402
+from brorl.verifiers import VerifyConfig  # noqa: E402
 from brorl.verifiers import Verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +61,8 @@ def trainer(tmp_path_factory) -> Trainer:
                      checkpoint_dir=str(folder / "ck"), prompts_per_step=2,
                      rollouts_per_prompt=8, mini_batches_per_step=1, micro_batch_rollouts=8,
                      temperature=1.0, top_p=1.0, max_response_tokens=16, filter_max_draws=3,
-                     verify_workers=1, reference_reset_every=None, lr=1e-2, warmup_steps=0,
-                     zero_stage=0)  # the tests move the weights outside DeepSpeed's optimizer
+                     verify=VerifyConfig(workers=1), reference_reset_every=None, lr=1e-2,
+                     warmup_steps=0, zero_stage=0)  # the tests move the weights outside DeepSpeed's optimizer
 
     assert config.engine.kind == "vllm" and config.loss.tis_mode == "truncate"  # the schema's TIS
     return Trainer(config, generate_math(4, seed=0), reward_fn=_reward, resume=False)

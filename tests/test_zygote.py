@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from brorl.types import Problem
-from brorl.verifiers import Verdict, verify_batch, zygote
+from brorl.verifiers import Verdict, VerifyConfig, verify_batch, zygote
 from brorl.verifiers.sandbox import capabilities, run_code, run_tests
 from tests.process_tree import descendants, settled, stat_fields
 
@@ -136,7 +136,7 @@ def test_verify_batch_is_right_from_background_threads_beside_torch_threads():
     def verify_three_times():
         try:
             for _ in range(3):
-                results.append(verify_batch(problems, responses, workers=2, timeout_s=PATIENT_S))
+                results.append(verify_batch(problems, responses, VerifyConfig(workers=2, timeout_s=PATIENT_S)))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)
 

@@ -26,8 +26,8 @@ from brorl.types import Problem
 
 
 def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem],
-                         test: Sequence[Problem], config: BaseConfig, *,
-                         workers: int | None = None) -> tuple[object, object, dict]:
+                         test: Sequence[Problem], config: BaseConfig
+                         ) -> tuple[object, object, dict]:
     """Load the model stage's checkpoint `config.start`, warm it up, score it.
 
     The warm-up (`warm_up`) stops and selects on validation with the band [target_pass_low,
@@ -43,13 +43,12 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
     model, tokenizer = load_policy(c.start)
     started = time.perf_counter()
     history = warm_up(model, tokenizer, train,
-                      sample_per_family(validation, c.eval_per_family, c.seed), c,
-                      workers=workers)
+                      sample_per_family(validation, c.eval_per_family, c.seed), c)
     train_seconds = time.perf_counter() - started
     scores, _ = evaluate_policy(model, tokenizer, test, n=c.test_samples, k_values=(1,),
                                 max_new_tokens=c.max_response_tokens,
                                 temperature=c.eval_temperature, top_p=c.eval_top_p, seed=c.seed,
-                                workers=workers)
+                                verify=c.verify)
     report = {"history": history, "test": scores, "steps": history[-1]["step"],
               "selected_step": next(h["step"] for h in history if h["selected"]),
               "train_seconds": train_seconds,

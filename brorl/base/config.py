@@ -1,7 +1,7 @@
 """The base stage's settings as one frozen record, and its one conversion from the params.
 
-`BaseConfig.from_params` builds it from the `base` section (and `model.checkpoint`, where the
-warm-up starts); the warm-up (`brorl.base.supervised.warm_up`) and the stage
+`BaseConfig.from_params` builds it from the `base` section (with `model.checkpoint`, where the
+warm-up starts, and the `verify` section, how its samples are judged); the warm-up (`brorl.base.supervised.warm_up`) and the stage
 (`brorl.base.checkpoint.make_base_checkpoint`) read it. No field has a default: the defaults live
 in `brorl.params` only (`BaseParams` documents each field).
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from brorl.verifiers.config import VerifyConfig
+
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
 
@@ -18,10 +20,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class BaseConfig:
     """The base stage's settings, no defaults (the schema has them): the `base` section's fields
-    but `path` (`brorl.params.BaseParams` documents each), and `start`, the model stage's
-    checkpoint the warm-up begins from (`model.checkpoint`)."""
+    but `path` (`brorl.params.BaseParams` documents each), `start`, the model stage's
+    checkpoint the warm-up begins from (`model.checkpoint`), and `verify`."""
 
     start: str
+    verify: VerifyConfig
+    """How the checks' and the test's samples are judged (the `verify` section)."""
     max_steps: int
     eval_every: int
     batch_size: int
@@ -43,6 +47,7 @@ class BaseConfig:
 
     @classmethod
     def from_params(cls, params: ExperimentParams) -> BaseConfig:
-        """`start` = `model.checkpoint`; the rest from `base` by name, so a field on one side
-        only is a TypeError. Where to save is the caller's (`base.path`)."""
-        return cls(start=params.model.checkpoint, **params.base.model_dump(exclude={"path"}))
+        """`start` = `model.checkpoint`, `verify` from the `verify` section; the rest from `base`
+        by name, so a field on one side only is a TypeError. Where to save is the caller's (`base.path`)."""
+        return cls(start=params.model.checkpoint, verify=VerifyConfig.from_params(params.verify),
+                   **params.base.model_dump(exclude={"path"}))

@@ -178,7 +178,7 @@ def band_distance(passes: Mapping[str, float], low: float, high: float) -> float
 
 
 def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Problem],
-            config: BaseConfig, *, workers: int | None = None) -> list[dict]:
+            config: BaseConfig) -> list[dict]:
     """Train in rounds of `eval_every` steps until every family's validation pass@1 reaches the
     band's low end, then keep the weights of the check closest to the band: [target_pass_low,
     target_pass_high] of `config` narrowed by `band_margin` at each end. Each check samples one
@@ -202,7 +202,7 @@ def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Pro
         scores, _ = evaluate_policy(model, tokenizer, validation, n=1,
                                     max_new_tokens=c.max_response_tokens,
                                     temperature=c.eval_temperature, top_p=c.eval_top_p,
-                                    seed=c.seed, workers=workers)
+                                    seed=c.seed, verify=c.verify)
         passes = {f: s["pass_at_1"] for f, s in scores["family"].items()}
         shares = round_shares(passes, target_pass_low=low, reached_share=c.reached_share,
                               family_shares=c.family_shares)

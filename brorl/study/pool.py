@@ -40,6 +40,7 @@ from brorl.types import Problem
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
+    from brorl.verifiers import VerifyConfig
 
 POOL_FILE = "pool.json"
 EDGES = (0.0, 1 / 512, 1 / 64, 1 / 16, 0.25, 0.5, 0.75, 15 / 16, 1.0)
@@ -73,7 +74,7 @@ def histogram(p: np.ndarray) -> list[dict[str, Any]]:
 
 def count_solves(engine, tokenizer, problems: Sequence[Problem], n: int, *, temperature: float,
                  top_p: float, max_response_tokens: int, seed: int, correct_reward: float,
-                 workers: int | None, chunk_rollouts: int = 4096) -> np.ndarray:
+                 verify: VerifyConfig, chunk_rollouts: int = 4096) -> np.ndarray:
     """`[len(problems)]` correct rollouts of n each, sampled by `engine` in chunks of prompts
     (each chunk its own seed, seed + chunk index) and judged by the family verifiers."""
     from brorl.engines import SamplingConfig
@@ -87,8 +88,7 @@ def count_solves(engine, tokenizer, problems: Sequence[Problem], n: int, *, temp
         batch = engine.generate([render_prompt(p, tokenizer) for p in chunk], n, SamplingConfig(
             temperature=temperature, top_p=top_p, max_response_tokens=max_response_tokens,
             seed=seed + k))
-        verdicts = verify_batch([p for p in chunk for _ in range(n)], batch.texts,
-                                workers=workers)
+        verdicts = verify_batch([p for p in chunk for _ in range(n)], batch.texts, verify)
         rewards = np.array([v.reward for v in verdicts]).reshape(len(chunk), n)
         solves[start:start + len(chunk)] = (rewards >= correct_reward).sum(axis=1)
     return solves
@@ -100,6 +100,7 @@ def estimate(params: ExperimentParams, policy: Path, problems: Sequence[Problem]
     from brorl.engines import build_engine
     from brorl.policy import load_policy
     from brorl.train.config import EngineConfig
+    from brorl.verifiers import VerifyConfig
 
     pool, g = params.study.pool, params.generate
     model, tokenizer = load_policy(policy)
@@ -108,7 +109,8 @@ def estimate(params: ExperimentParams, policy: Path, problems: Sequence[Problem]
                           max_model_len=0)
     count = dict(temperature=g.temperature, top_p=g.top_p,
                  max_response_tokens=g.max_response_tokens,
-                 correct_reward=params.filter.correct_reward, workers=params.verify.workers)
+                 correct_reward=params.filter.correct_reward,
+                 verify=VerifyConfig.from_params(params.verify))
     solves = count_solves(engine, tokenizer, problems, pool.samples, seed=pool.seed * 1_000_003,
                           **count)
     tries = np.full(len(problems), pool.samples)

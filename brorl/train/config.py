@@ -11,9 +11,10 @@ sources in the paper are documented on the params fields.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from brorl.params.loading import same_named
+from brorl.verifiers.config import VerifyConfig
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams, UpdateParams
@@ -143,12 +144,8 @@ class TrainerConfig:
     max_response_tokens: int
     """generate.max_response_tokens: longest response (tokens)."""
     # verification
-    verify_workers: int | None
-    """verify.workers: verifier processes per family (None: every core)."""
-    verify_timeout_s: float
-    """verify.timeout_s: wall-clock limit per item (s)."""
-    sandbox: dict[str, Any]
-    """`SandboxLimits` keywords from verify.cpu_s, memory_mib (as bytes), open_files, ..."""
+    verify: VerifyConfig
+    """How the rollouts are judged (`VerifyConfig.from_params` of the `verify` section)."""
     # optimisation (DeepSpeed)
     zero_stage: Literal[0, 1, 2]
     """train.zero_stage: DeepSpeed ZeRO stage."""
@@ -171,7 +168,7 @@ class TrainerConfig:
     @classmethod
     def from_params(cls, params: ExperimentParams) -> TrainerConfig:
         """The trainer's settings of one experiment; `lr` is `update.lr` (the sqrt rule)."""
-        u, f, g, v, t = params.update, params.filter, params.generate, params.verify, params.train
+        u, f, g, t = params.update, params.filter, params.generate, params.train
         return cls(
             init_checkpoint=t.init_checkpoint, checkpoint_dir=t.checkpoint_dir,
             seed=t.seed, continue_stream=t.continue_stream, prompts_per_step=u.prompts_per_step,
@@ -187,10 +184,7 @@ class TrainerConfig:
             correct_reward=f.correct_reward, wrong_reward=f.wrong_reward,
             engine=EngineConfig.from_params(params), temperature=g.temperature, top_p=g.top_p,
             max_response_tokens=g.max_response_tokens,
-            verify_workers=v.workers, verify_timeout_s=v.timeout_s,
-            sandbox={"cpu_s": v.cpu_s, "memory_bytes": v.memory_mib * 2**20,
-                     "open_files": v.open_files, "file_bytes": v.file_bytes,
-                     "output_bytes": v.output_bytes},
+            verify=VerifyConfig.from_params(params.verify),
             zero_stage=t.zero_stage, dtype=resolve_dtype(t.dtype), weight_decay=t.weight_decay,
             adam_betas=(t.adam_beta1, t.adam_beta2), adam_eps=t.adam_eps,
             max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps,

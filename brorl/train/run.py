@@ -117,7 +117,6 @@ class RunConfig:
     save_rollouts: bool
     eval_splits: tuple[str, ...]
     eval_protocol: EvalProtocol
-    eval_workers: int | None
     diagnostics: DiagnosticsConfig
 
     @classmethod
@@ -131,7 +130,6 @@ class RunConfig:
             plateau_patience=t.plateau_patience, eval_every=t.eval_every,
             checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
             eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
-            eval_workers=params.verify.workers,
             diagnostics=DiagnosticsConfig.from_params(params))
 
 
@@ -333,8 +331,7 @@ class Run:
         """One eval row of `split` under the evaluation protocol."""
         return self.config.eval_protocol.score(
             self.trainer.model, self.trainer.tokenizer, problems, split=split,
-            workers=self.config.eval_workers, step=self.step_count,
-            seconds=self.state.train_seconds, rollouts=self.state.rollouts)
+            step=self.step_count, seconds=self.state.train_seconds, rollouts=self.state.rollouts)
 
     def evaluate(self, rows: list[dict[str, Any]] | None = None) -> Timed[dict[str, float]]:
         """Score every evaluated split (rank 0 samples; all ranks record); evals.jsonl rewritten;

@@ -66,7 +66,6 @@ from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, re
 from brorl.train.verification import RewardFn
 from brorl.types import Problem, RolloutBatch
 from brorl.verifiers import Verdict, verify_batch
-from brorl.verifiers.sandbox import SandboxLimits
 
 
 def init_distributed() -> tuple[int, int]:
@@ -143,9 +142,7 @@ class Trainer:
             if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # NCCL's object collectives use the current device
-        self.reward_fn = reward_fn or partial(
-            verify_batch, workers=config.verify_workers, timeout_s=config.verify_timeout_s,
-            limits=SandboxLimits(**config.sandbox))
+        self.reward_fn = reward_fn or partial(verify_batch, config=config.verify)
         self.resumed_from = ckpt.latest_checkpoint(config.checkpoint_dir) if resume else None
         start = self.resumed_from / "policy" if self.resumed_from else Path(config.init_checkpoint)
         model, self.tokenizer = load_policy(start, device=self.device)

@@ -18,9 +18,9 @@ DeepScaleR's own math grader (math-verify alone). Paper: spec paper.md §7.1 dat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from brorl.types import Family, Problem
+from brorl.verifiers.config import VerifyConfig
 from brorl.verifiers.verdict import (
     REASONS,
     Verdict,
@@ -29,52 +29,35 @@ from brorl.verifiers.verdict import (
     verdict_for_score,
 )
 
-if TYPE_CHECKING:
-    from brorl.verifiers.sandbox import SandboxLimits
-
-__all__ = ["REASONS", "Verdict", "Verifier", "error_verdict", "make_verifier", "verdict_for_score",
-           "verify_batch"]
+__all__ = ["REASONS", "Verdict", "Verifier", "VerifyConfig", "error_verdict", "make_verifier",
+           "verdict_for_score", "verify_batch"]
 
 
-def make_verifier(
-    family: Family, *, workers: int | None, timeout_s: float, limits: SandboxLimits | None = None
-) -> Verifier:
-    """The verifier for `family`, with `workers` parallel processes and a per-item time limit.
-
-    `limits` are the code sandbox's resource limits (None: `SandboxLimits()` defaults).
-    """
+def make_verifier(family: Family, config: VerifyConfig) -> Verifier:
+    """The verifier for `family`, judging with `config`'s workers, time limit and sandbox."""
     match family:
         case "math":
             from brorl.verifiers.math import MathVerifier
 
-            return MathVerifier(workers=workers, timeout_s=timeout_s)
+            return MathVerifier(config)
         case "code":
             from brorl.verifiers.code import CodeVerifier
-            from brorl.verifiers.sandbox import SandboxLimits
 
-            return CodeVerifier(workers=workers, timeout_s=timeout_s,
-                                limits=limits or SandboxLimits())
+            return CodeVerifier(config)
         case "reasoning":
             from brorl.verifiers.reasoning import ReasoningVerifier
 
-            return ReasoningVerifier(workers=workers, timeout_s=timeout_s)
+            return ReasoningVerifier(config)
     raise ValueError(f"unknown family {family!r}: expected one of 'math', 'code', 'reasoning'")
 
 
-def verify_batch(
-    problems: Sequence[Problem],
-    responses: Sequence[str],
-    *,
-    workers: int | None = None,
-    timeout_s: float = 5.0,
-    limits: SandboxLimits | None = None,
-) -> list[Verdict]:
+def verify_batch(problems: Sequence[Problem], responses: Sequence[str],
+                 config: VerifyConfig = VerifyConfig()) -> list[Verdict]:
     """One verdict per (problem, response) pair, in input order; never raises.
 
-    `workers`: parallel processes per family (None: the available cores). `timeout_s`: the
-    time limit per item (math and reasoning: one check; code: all tests of one response;
-    ProRL's 5 s, spec §7.1). `limits`: the code sandbox's resource limits (None: defaults).
-    A length mismatch is the caller's bug and does raise.
+    `config`: the workers per family, the time limit per item and the code sandbox's limits
+    (the run's `VerifyConfig.from_params`; the schema's defaults without one). A length
+    mismatch is the caller's bug and does raise.
     """
     if len(problems) != len(responses):
         raise ValueError(
@@ -91,18 +74,17 @@ def verify_batch(
         if source[i] == i:
             by_family.setdefault(problem.family, []).append(i)
     for family, indices in by_family.items():
-        family_verdicts = _verify_family(family, indices, problems, responses,
-                                         dict(workers=workers, timeout_s=timeout_s, limits=limits))
+        family_verdicts = _verify_family(family, indices, problems, responses, config)
         for i, verdict in zip(indices, family_verdicts):
             verdicts[i] = verdict
     out = [verdicts[j] for j in source]
     return [v if v is not None else Verdict(0.0, "error:missing verdict") for v in out]
 
 
-def _verify_family(family, indices, problems, responses, options: dict) -> list[Verdict]:
+def _verify_family(family, indices, problems, responses, config: VerifyConfig) -> list[Verdict]:
     """Verdicts for the items at `indices`, all of `family`; a failure rewards each with 0."""
     try:
-        verifier = make_verifier(family, **options)
+        verifier = make_verifier(family, config)
         out = verifier.verify([problems[i] for i in indices], [responses[i] for i in indices])
         if len(out) != len(indices):
             raise RuntimeError(f"{family} verifier returned {len(out)} verdicts for {len(indices)}")

@@ -25,29 +25,23 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from brorl.prompts import extract_answer
-from brorl.types import Family, Problem
+from brorl.types import Problem
+from brorl.verifiers.config import VerifyConfig
 from brorl.verifiers.verdict import Verdict, error_verdict
-from brorl.verifiers.sandbox import SandboxLimits, SandboxResult, capabilities, run_tests
+from brorl.verifiers.sandbox import SandboxResult, capabilities, run_tests
 from brorl.verifiers.workers import default_workers
 
 
 class CodeVerifier:
     """Continuous reward: the fraction of test snippets passed in the sandbox."""
 
-    family: Family = "code"
-
-    def __init__(
-        self, *, workers: int | None = None, timeout_s: float = 5.0,
-        limits: SandboxLimits = SandboxLimits(),
-    ):
-        self.workers = workers
-        self.timeout_s = timeout_s
-        self.limits = limits
+    def __init__(self, config: VerifyConfig = VerifyConfig()):
+        self.config = config
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per pair, sandboxes run `workers` at a time."""
         _warn_if_partial()
-        with ThreadPoolExecutor(max_workers=self.workers or default_workers()) as pool:
+        with ThreadPoolExecutor(max_workers=self.config.workers or default_workers()) as pool:
             return list(pool.map(self.verify_one, problems, responses))
 
     def verify_one(self, problem: Problem, response: str) -> Verdict:
@@ -62,7 +56,8 @@ class CodeVerifier:
                 compile(code, "<candidate>", "exec")
             except (SyntaxError, ValueError):
                 return Verdict(0.0, "syntax_error")
-            result = run_tests(code, problem.tests, timeout_s=self.timeout_s, limits=self.limits)
+            result = run_tests(code, problem.tests, timeout_s=self.config.timeout_s,
+                               limits=self.config.limits)
             return verdict_of(result)
         except Exception as exc:  # noqa: BLE001 - a verifier must never stop the run
             return error_verdict(exc)

@@ -23,7 +23,8 @@ import logging
 from collections.abc import Sequence
 
 from brorl.prompts import extract_answer
-from brorl.types import Family, Problem
+from brorl.types import Problem
+from brorl.verifiers.config import VerifyConfig
 from brorl.verifiers.verdict import Verdict
 from brorl.verifiers.workers import judge_answers
 
@@ -31,18 +32,15 @@ from brorl.verifiers.workers import judge_answers
 class MathVerifier:
     """Binary reward: 1 when math-verify finds the extracted answer equal to the reference."""
 
-    family: Family = "math"
-
-    def __init__(self, *, workers: int | None = None, timeout_s: float = 5.0):
-        self.workers = workers
-        self.timeout_s = timeout_s
+    def __init__(self, config: VerifyConfig = VerifyConfig()):
+        self.config = config
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per pair; `timeout_s` bounds each check's wall time."""
         _warm_up()
         answers = [extract_answer(response, "math") for response in responses]
-        return judge_answers(_check, problems, answers, workers=self.workers,
-                             timeout_s=self.timeout_s)
+        return judge_answers(_check, problems, answers, workers=self.config.workers,
+                             timeout_s=self.config.timeout_s)
 
 
 def math_equal(reference: str, answer: str) -> bool:

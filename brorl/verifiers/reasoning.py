@@ -26,7 +26,8 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from brorl.prompts import extract_answer
-from brorl.types import Family, Problem
+from brorl.types import Problem
+from brorl.verifiers.config import VerifyConfig
 from brorl.verifiers.verdict import Verdict, error_verdict, verdict_for_score
 from brorl.verifiers.workers import judge_answers
 
@@ -39,11 +40,8 @@ EVALUATING = frozenset({"eval", "exec", "compile", "parse_expr", "sympify", "sim
 class ReasoningVerifier:
     """Continuous reward in [0, 1] from reasoning-gym's scorer for each problem's task."""
 
-    family: Family = "reasoning"
-
-    def __init__(self, *, workers: int | None = None, timeout_s: float = 5.0):
-        self.workers = workers
-        self.timeout_s = timeout_s
+    def __init__(self, config: VerifyConfig = VerifyConfig()):
+        self.config = config
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per pair; scorers are built here, before the workers fork."""
@@ -52,7 +50,8 @@ class ReasoningVerifier:
         answers = [None if isinstance(scorers[name], Exception) else extract_answer(r, "reasoning")
                    for name, r in zip(names, responses)]  # a refused task's rows need no worker
         verdicts = judge_answers(functools.partial(_check, scorers), problems, answers,
-                                 workers=self.workers, timeout_s=self.timeout_s)
+                                 workers=self.config.workers,
+                                 timeout_s=self.config.timeout_s)
         return [error_verdict(scorer) if isinstance(scorer := scorers[name], Exception) else v
                 for name, v in zip(names, verdicts)]
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from brorl.types import Family, Problem
+from brorl.types import Problem
 
 REASONS = (
     "correct", "wrong", "partial", "no_answer", "syntax_error", "timeout", "runtime_error",
@@ -34,9 +34,8 @@ class Verdict:
 
 
 class Verifier(Protocol):
-    """Judges responses to problems of one family; `verify` returns one verdict per pair."""
-
-    family: Family
+    """Judges responses to problems of one family (`make_verifier` picks it by the family);
+    `verify` returns one verdict per pair."""
 
     def verify(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]: ...
 
