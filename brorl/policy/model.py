@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from brorl.policy.tokenizer import SPECIAL_TOKENS
+from brorl.policy.tokenizer import SPECIAL_IDS, SPECIAL_TOKENS
 
 
 def build_policy(
@@ -60,17 +60,13 @@ def build_policy(
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
         use_cache=True,
+        **SPECIAL_IDS,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = 0
-    model.generation_config.eos_token_id = 2
-    model.generation_config.bos_token_id = 1
+    model.generation_config.update(**SPECIAL_IDS)
     return model.to(torch.float32).eval()
 
 

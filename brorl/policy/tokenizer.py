@@ -23,6 +23,12 @@ from transformers import PreTrainedTokenizerFast
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 """Special tokens, in id order: `<pad>` = 0, `<bos>` = 1, `<eos>` = 2, `<unk>` = 3."""
+SPECIAL_ROLES = {"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK}
+"""Each special token by its role, as `PreTrainedTokenizerFast` takes them."""
+SPECIAL_IDS = {f"{role}_id": SPECIAL_TOKENS.index(token) for role, token in SPECIAL_ROLES.items()
+               if token != UNK}
+"""`pad_token_id`, `bos_token_id`, `eos_token_id`: the ids a model built for this tokenizer
+(`build_policy`) puts in its config and generation config."""
 
 DEFAULT_ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
 """Newline plus printable ASCII (space to `~`): 96 characters, so V = 100 with the specials."""
@@ -60,11 +66,8 @@ def build_tokenizer(alphabet: str | None = None, *,
     core.decoder = decoders.Fuse()
     core.add_special_tokens(list(SPECIAL_TOKENS))
     return PreTrainedTokenizerFast(
+        **SPECIAL_ROLES,
         tokenizer_object=core,
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        unk_token=UNK,
         chat_template=chat_template,
         padding_side="left",
         clean_up_tokenization_spaces=False,
