@@ -121,10 +121,11 @@ class EvalProtocol:
 
     @classmethod
     def from_params(cls, params: ExperimentParams) -> EvalProtocol:
-        t = params.train
-        return cls(per_family=t.eval_per_family, samples=t.eval_samples,
-                   temperature=t.eval_temperature, top_p=t.eval_top_p,
-                   max_response_tokens=params.generate.max_response_tokens, seed=t.eval_seed,
+        """`train.eval_*`, the rollouts' `generate.max_response_tokens` and the `verify`
+        section."""
+        return cls(**{name: getattr(params.train, f"eval_{name}")
+                      for name in ("per_family", "samples", "temperature", "top_p", "seed")},
+                   max_response_tokens=params.generate.max_response_tokens,
                    verify=VerifyConfig.from_params(params.verify))
 
     def instances(self, problems: Sequence[Problem]) -> list[Problem]:

@@ -204,10 +204,9 @@ def _check_same_run(folder: Path, params: ExperimentParams) -> None:
     except run_files.CheckpointError as err:
         raise InputError(f"{err}; pass --allow-changed-params to resume without comparing, or "
                          "start over in a new train.checkpoint_dir.") from None
-    if recorded is None:
-        return
-    changed = run_files.changed_params(recorded, params.model_dump(mode="json"))
-    if not changed:
+    changed = [] if recorded is None else run_files.changed_params(
+        recorded, params.model_dump(mode="json"))
+    if not changed:  # the same params, or none recorded (`brorl.legacy`)
         return
     shown = ", ".join(f"{key} ({old!r} there, {new!r} now)" for key, old, new in changed[:4])
     more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
