@@ -8,9 +8,10 @@ flow-run heartbeats; measured by `benchmarks/prefect_overhead.py`); the server's
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def prefect_home() -> None:
@@ -35,3 +36,15 @@ def prefect_settings() -> Iterator[None]:
 
     with temporary_settings(updates={"flows.heartbeat_frequency": None}):
         yield
+
+
+def run_stage(task: Callable[[Any], dict[str, Any]], log: Callable[..., str], logged: set[str],
+              params_path: str, overrides: list[str] | None) -> dict[str, Any]:
+    """The body of a one-task stage's flow (`data`, `model`, `base`): load the params, run the
+    stage's task, record it in one MLflow run whose params are the `logged` sections; return the
+    task's summary with the run's id."""
+    import tracking
+    from brorl.params import load_params
+
+    params = load_params(params_path, overrides or [])
+    return tracking.record_stage(log, params, logged, task(params))

@@ -17,14 +17,11 @@ from typing import Any
 
 from prefect import flow
 
-from brorl.params import load_params
-import tracking
+from flows import run_stage
 from tasks.base import log_base, train_base
 
 
 @flow(name="base")
 def base(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Warm the model stage's checkpoint up with the `base` section's knobs."""
-    params = load_params(params_path, overrides or [])
-    result = train_base(params, tracking.stage_metrics(params, params.base_label))
-    return tracking.record_stage(log_base, params, {"model", "base"}, result)
+    return run_stage(train_base, log_base, {"model", "base"}, params_path, overrides)

@@ -16,14 +16,11 @@ from typing import Any
 
 from prefect import flow
 
-from brorl.params import load_params
-import tracking
+from flows import run_stage
 from tasks.data import build_data, log_data
 
 
 @flow(name="data")
 def data(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Build, split and save the problems named by the params file's `data` section."""
-    params = load_params(params_path, overrides or [])
-    result = build_data(params.data, tracking.stage_metrics(params, params.data_label))
-    return tracking.record_stage(log_data, params, {"data"}, result)
+    return run_stage(build_data, log_data, {"data"}, params_path, overrides)

@@ -17,14 +17,11 @@ from typing import Any
 
 from prefect import flow
 
-from brorl.params import load_params
-import tracking
+from flows import run_stage
 from tasks.model import log_model, make_model
 
 
 @flow(name="model")
 def model(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Make the checkpoint the `model` section names."""
-    params = load_params(params_path, overrides or [])
-    result = make_model(params, tracking.stage_metrics(params, params.model_label))
-    return tracking.record_stage(log_model, params, {"model"}, result)
+    return run_stage(make_model, log_model, {"model"}, params_path, overrides)

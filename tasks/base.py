@@ -37,13 +37,15 @@ def base_metrics(report: dict, target_pass_low: float, target_pass_high: float) 
 
 
 @task(name="base", cache_policy=NO_CACHE, persist_result=False)
-def train_base(params: ExperimentParams, metrics_path: str) -> dict[str, Any]:
+def train_base(params: ExperimentParams) -> dict[str, Any]:
     """Warm up on the splits at `data.path`, save the HF folder at `base.path`; the headline
-    (the paper's score per family) to `metrics_path`, every metric to `<base>/../report.json`.
+    (the paper's score per family) to `<tracking.metrics_dir>/<base_label>.json` for DVC, every
+    metric to `<base>/../report.json`.
 
     `base/in_band` reports the held-out scores against [target_pass_low, target_pass_high].
     """
     config, path = BaseConfig.from_params(params), params.base.path
+    metrics_path = tracking.stage_metrics(params, params.base_label)
     splits = {name: load_split(params.data.path, name) for name in ("train", "validation", "test")}
     model, tokenizer, report = make_base_checkpoint(
         splits["train"], splits["validation"], splits["test"], config)

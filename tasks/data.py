@@ -10,22 +10,25 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from brorl.data import DataConfig, make_splits, save_splits, split_counts
-from brorl.params import DataParams
+from brorl.params import ExperimentParams
 from brorl.files import atomic_write_text
 import tracking
 
 
 @task(name="data", cache_policy=NO_CACHE, persist_result=False)
-def build_data(params: DataParams, metrics_path: str) -> dict[str, Any]:
-    """Save the train/validation/test `DatasetDict` at `params.path`; return it and the counts."""
-    splits = make_splits(DataConfig.from_params(params))
-    save_splits(splits, params.path)
+def build_data(params: ExperimentParams) -> dict[str, Any]:
+    """Save the train/validation/test `DatasetDict` at `data.path`, the headline (problems) at
+    `<tracking.metrics_dir>/<data_label>.json` for DVC, the counts beside the splits; return the
+    paths and the counts."""
+    data, metrics_path = params.data, tracking.stage_metrics(params, params.data_label)
+    splits = make_splits(DataConfig.from_params(data))
+    save_splits(splits, data.path)
     counts = {f"data/{key}": n for key, n in split_counts(splits).items()}
     problems = sum(n for key, n in counts.items() if key.endswith("/total"))
     atomic_write_text(Path(metrics_path), json.dumps({"problems": problems}, indent=2) + "\n")
-    atomic_write_text(Path(params.path).parent / "counts.json",
+    atomic_write_text(Path(data.path).parent / "counts.json",
                       json.dumps(counts, indent=2, sort_keys=True) + "\n")
-    return {"path": params.path, "metrics_path": metrics_path, "counts": counts}
+    return {"path": data.path, "metrics_path": metrics_path, "counts": counts}
 
 
 @task(name="data-mlflow", cache_policy=NO_CACHE, persist_result=False)

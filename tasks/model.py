@@ -16,12 +16,13 @@ import tracking
 
 
 @task(name="model", cache_policy=NO_CACHE, persist_result=False)
-def make_model(params: ExperimentParams, metrics_path: str) -> dict[str, Any]:
+def make_model(params: ExperimentParams) -> dict[str, Any]:
     """Write the checkpoint (or, for an `hf` source, its card) at `model.path` (paths taken from
     the working folder, as the data and base stages'); the card's headline (parameters,
-    vocabulary) to `metrics_path` for DVC."""
+    vocabulary) to `<tracking.metrics_dir>/<model_label>.json` for DVC."""
     from brorl.model.make import make_checkpoint
 
+    metrics_path = tracking.stage_metrics(params, params.model_label)
     card = make_checkpoint(ModelConfig.from_params(params.model), params.model.path)
     headline = {k: card[k] for k in ("parameters", "vocab_size")}
     atomic_write_text(Path(metrics_path), json.dumps(headline, indent=2, sort_keys=True) + "\n")

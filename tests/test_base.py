@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from brorl.data import generate_code, make_problem, split_problems
 from brorl.data.math import generate_math
 from brorl.scoring import evaluate_policy
 from brorl.verifiers import VerifyConfig
-from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams
+from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, TrackingParams
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
 from brorl.prompts import render_prompt, render_target
 
@@ -189,7 +190,8 @@ def _ci_params(tmp_path) -> ExperimentParams:
                         eval_every=2, batch_size=4, lr=1e-3, seed=0, target_pass_low=0.2,
                         eval_per_family=2, test_samples=1, eval_temperature=0.6, eval_top_p=0.95,
                         max_response_tokens=4, band_margin=0.0, warmup_steps=20,
-                        min_lr_ratio=1.0, micro_batches=1, reached_share=1.0))
+                        min_lr_ratio=1.0, micro_batches=1, reached_share=1.0),
+        tracking=TrackingParams(metrics_dir=str(tmp_path / "metrics")))
 
 
 def _ci_tasks(tmp_path):
@@ -200,9 +202,9 @@ def _ci_tasks(tmp_path):
     from tasks.model import make_model
 
     params = _ci_params(tmp_path)
-    data = build_data.fn(params.data, str(tmp_path / "d.json"))
-    make_model.fn(params, str(tmp_path / "m.json"))
-    base = train_base.fn(params, str(tmp_path / "b.json"))
+    data = build_data.fn(params)
+    make_model.fn(params)
+    base = train_base.fn(params)
     return data, base
 
 
@@ -211,14 +213,16 @@ def test_data_and_base_tasks_write_splits_checkpoint_and_metrics(tmp_path):
     counts = json.loads((tmp_path / "counts.json").read_text())  # beside the splits
     assert counts == data["counts"] and counts["data/train/code"] > 0
     total = sum(counts[f"data/{split}/total"] for split in ("train", "validation", "test"))
-    assert json.loads((tmp_path / "d.json").read_text()) == {"problems": total}  # the headline
+    assert data["metrics_path"] == str(tmp_path / "metrics" / f"{tmp_path.name}.json")
+    assert json.loads(Path(data["metrics_path"]).read_text()) == {"problems": total}  # headline
     assert (tmp_path / "problems" / "dataset_dict.json").is_file()
     report = json.loads((tmp_path / "base" / "report.json").read_text())
     metrics = report["metrics"]
     assert metrics == base["metrics"] and metrics["base/steps"] == 2.0
     assert {"base/pass_at_1_math", "base/pass_at_1_code", "base/pass_at_1_reasoning",
             "base/in_band"} <= set(metrics)
-    headline = json.loads((tmp_path / "b.json").read_text())  # the paper's score per family
+    assert base["metrics_path"] == str(tmp_path / "metrics" / "base.json")  # base.path's folder
+    headline = json.loads(Path(base["metrics_path"]).read_text())  # the score per family
     assert headline == {f: round(metrics[f"base/score_{f}"], 4)
                         for f in ("math", "code", "reasoning")}
     model, _ = load_policy(base["path"])
@@ -229,8 +233,6 @@ def test_data_and_base_tasks_write_splits_checkpoint_and_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_data_and_base_flows_run_on_a_prefect_server(tmp_path, monkeypatch):
-    from pathlib import Path
-
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.base import base
