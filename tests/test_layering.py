@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import yaml
+
 import brorl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,35 +121,23 @@ def test_every_flow_module_opens_with_the_entry_guard():
     assert [p.name for p in flows if not main_guard_lines(p)] == []
 
 
-def write_tree(root: Path, files: Mapping[str, str]) -> None:
-    """Each relative path of `files` written under `root` with its text."""
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+PLANTED = yaml.safe_load((Path(__file__).parent / "planted_trees.yaml").read_text())
+"""Trees with known import faults, by name: file path -> text (tests/planted_trees.yaml)."""
+
+
+def write_tree(root: Path, tree: str) -> None:
+    """The planted `tree` under `root`: each file with its text, each folder on the way a package
+    (an empty `__init__.py` where the tree gives none)."""
+    for name, text in PLANTED[tree].items():
+        path = root / name
+        for folder in reversed(path.relative_to(root).parents[:-1]):
+            (root / folder).mkdir(exist_ok=True)
+            (root / folder / "__init__.py").touch()
+        path.write_text(text)
 
 
 def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tmp_path: Path):
-    files = {
-        "brorl/__init__.py": "",
-        "brorl/ok.py": "import prefectlike\nfrom . import ok\nfrom .sub import thing\n",
-        "brorl/sub/__init__.py": "from .. import ok\nfrom ..ok import x\n",
-        "brorl/lazy.py": "import os\n\n\ndef f():\n    import prefect\n",
-        "brorl/deep/mod.py": "class C:\n    def m(self):\n        from mlflow.tracking import MlflowClient\n",
-        "brorl/rel.py": "from ... import flows\n",
-        "tasks/__init__.py": "",
-        "tasks/t.py": "import brorl\nimport mlflow\nif True:\n    from flows import cli\n",
-        "tasks/u.py": "def f():\n    from commands import server\n",
-        "tracking/__init__.py": "import mlflow\nimport brorl\nfrom tasks import train\n",
-        "flows/f.py": "import tasks\nimport prefect\n",
-        "flows/train.py": ('if __name__ == "__main__":\n    from commands.entry import main\n\n'
-                           '    main("train")\n\nimport tracking\n'),
-        "flows/other.py": ('if __name__ == "__main__":\n    from commands.entry import main\n'
-                           '    main("train")\n'),  # another flow's name: not the guard
-        "flows/more.py": ('if __name__ == "__main__":\n    from commands.entry import main\n'
-                          '    main("more")\n    from commands import server\n'),
-        "flows/late.py": "def f():\n    from commands.entry import check\n",
-    }
-    write_tree(tmp_path, files)
+    write_tree(tmp_path, "layers")
 
     assert violations(tmp_path) == [
         "brorl/deep/mod.py:3 imports mlflow.tracking",
@@ -233,15 +223,7 @@ def test_no_import_cycle_anywhere_in_brorl():
 
 
 def test_the_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path: Path):
-    files = {
-        "pkg/__init__.py": "from pkg.a import run\n",
-        "pkg/a.py": "def run():\n    from pkg import b\n",
-        "pkg/b.py": "from pkg import Thing\n",  # a name in pkg/__init__: the package itself
-        "pkg/c.py": "from .d import x\n",
-        "pkg/d.py": "import pkg.c\n",
-        "pkg/e.py": "import os\nfrom pkg import a\n",
-    }
-    write_tree(tmp_path, files)
+    write_tree(tmp_path, "cycles")
     graph = import_graph(tmp_path, "pkg")
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg"}
     assert import_cycles(graph) == [["pkg", "pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
@@ -360,19 +342,7 @@ def test_light_modules_never_import_torch_heavy_ones_not_even_inside_a_function(
 
 
 def test_the_checker_finds_an_upward_import_inside_a_function(tmp_path: Path):
-    files = {
-        "brorl/__init__.py": "",
-        "brorl/preflight.py": "def check():\n    from brorl.train import checkpoint as ckpt\n",
-        "brorl/params/__init__.py": "from brorl.params.x import y\n",
-        "brorl/params/x.py": "def f():\n    import transformers\n",
-        "brorl/train/__init__.py": "",
-        "brorl/train/checkpoint.py": "import json\nfrom brorl.train.state import s\n",
-        "brorl/train/state.py": "if True:\n    import torch\n",
-        "brorl/shapes.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
-        "flows/__init__.py": "",
-        "tasks/__init__.py": "",
-    }
-    write_tree(tmp_path, files)
+    write_tree(tmp_path, "light")
     assert heavy_modules(tmp_path) == {"brorl.train.checkpoint", "brorl.train.state"}
     assert light_violations(tmp_path) == ["brorl/params/x.py:2 imports transformers",
                                           "brorl/preflight.py:2 imports brorl.train.checkpoint"]
