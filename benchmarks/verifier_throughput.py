@@ -98,7 +98,8 @@ def measure(batch, workers: int | None, timeout_s: float) -> tuple[float, float,
     """(seconds, mean reward, verdicts disagreeing with the label) for one batch."""
     problems, responses, labels = zip(*batch)
     start = time.perf_counter()
-    verdicts = verify_batch(list(problems), list(responses), VerifyConfig(workers=workers, timeout_s=timeout_s))
+    verdicts = verify_batch(list(problems), list(responses),
+                            VerifyConfig(workers=workers, timeout_s=timeout_s))
     seconds = time.perf_counter() - start
     rewards = [v.reward for v in verdicts]
     return seconds, sum(rewards) / len(rewards), sum(r != y for r, y in zip(rewards, labels))

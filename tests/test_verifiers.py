@@ -72,7 +72,8 @@ def test_reasoning_scorer_works_on_json_round_tripped_metadata(name):
                 metadata=json.loads(json.dumps(p.metadata)))
         for p in gym_problems(name, 3)
     ]
-    verdicts = verify_batch(problems, [f"<answer>{p.answer}</answer>" for p in problems], VerifyConfig(workers=1))
+    verdicts = verify_batch(problems, [f"<answer>{p.answer}</answer>" for p in problems],
+                            VerifyConfig(workers=1))
     assert [v.reward for v in verdicts] == [1.0, 1.0, 1.0]
 
 
@@ -301,5 +302,6 @@ def test_reasoning_tasks_whose_scorer_evaluates_text_are_refused():
         reasoning_problems("countdown", size=1, seed=0)
     problem = Problem("c", "reasoning", "countdown", "?", answer="1+2",
                       metadata={"source_dataset": "countdown"})
-    [verdict] = verify_batch([problem], ["<answer>__import__('os')</answer>"], VerifyConfig(workers=1))
+    [verdict] = verify_batch([problem], ["<answer>__import__('os')</answer>"],
+                             VerifyConfig(workers=1))
     assert verdict.reward == 0.0 and "refused" in verdict.reason

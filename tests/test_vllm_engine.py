@@ -62,7 +62,8 @@ def trainer(tmp_path_factory) -> Trainer:
                      rollouts_per_prompt=8, mini_batches_per_step=1, micro_batch_rollouts=8,
                      temperature=1.0, top_p=1.0, max_response_tokens=16, filter_max_draws=3,
                      verify=VerifyConfig(workers=1), reference_reset_every=None, lr=1e-2,
-                     warmup_steps=0, zero_stage=0)  # the tests move the weights outside DeepSpeed's optimizer
+                     warmup_steps=0,
+                     zero_stage=0)  # the tests move the weights outside DeepSpeed's optimizer
 
     assert config.engine.kind == "vllm" and config.loss.tis_mode == "truncate"  # the schema's TIS
     return Trainer(config, generate_math(4, seed=0), reward_fn=_reward, resume=False)

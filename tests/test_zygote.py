@@ -136,7 +136,8 @@ def test_verify_batch_is_right_from_background_threads_beside_torch_threads():
     def verify_three_times():
         try:
             for _ in range(3):
-                results.append(verify_batch(problems, responses, VerifyConfig(workers=2, timeout_s=PATIENT_S)))
+                results.append(verify_batch(problems, responses,
+                                            VerifyConfig(workers=2, timeout_s=PATIENT_S)))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)
 

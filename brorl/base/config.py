@@ -1,8 +1,9 @@
 """The base stage's settings as one frozen record, and its one conversion from the params.
 
 `BaseConfig.from_params` builds it from the `base` section (with `model.checkpoint`, where the
-warm-up starts, and the `verify` section, how its samples are judged); the warm-up (`brorl.base.supervised.warm_up`) and the stage
-(`brorl.base.checkpoint.make_base_checkpoint`) read it. No field has a default: the defaults live
+warm-up starts, and the `verify` section, how its samples are judged); the warm-up
+(`brorl.base.supervised.warm_up`) and the stage (`brorl.base.checkpoint.make_base_checkpoint`)
+read it. No field has a default: the defaults live
 in `brorl.params` only (`BaseParams` documents each field).
 """
 
@@ -48,6 +49,7 @@ class BaseConfig:
     @classmethod
     def from_params(cls, params: ExperimentParams) -> BaseConfig:
         """`start` = `model.checkpoint`, `verify` from the `verify` section; the rest from `base`
-        by name, so a field on one side only is a TypeError. Where to save is the caller's (`base.path`)."""
+        by name, so a field on one side only is a TypeError. Where to save is the caller's
+        (`base.path`)."""
         return cls(start=params.model.checkpoint, verify=VerifyConfig.from_params(params.verify),
                    **params.base.model_dump(exclude={"path"}))
