@@ -1,4 +1,6 @@
-"""`VerifyConfig`: how responses are judged, the params' `verify` section as one record.
+"""`VerifyConfig`: how responses are judged, the params' `verify` section as one record, with
+the code sandbox's `SandboxLimits` (settings only: the sandbox itself is `sandbox.py`, loaded when
+code is judged).
 
 Every judgement of a run reads it: the rewards of training (`Trainer`), every evaluation
 (`EvalProtocol.score`, the base warm-up's checks and held-out test, the study's pool), so a
@@ -10,10 +12,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from brorl.verifiers.sandbox import SandboxLimits
-
 if TYPE_CHECKING:
     from brorl.params import VerifyParams
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one sandboxed run (the wall-clock limit is a `run_tests` argument)."""
+
+    cpu_s: int = 5
+    """RLIMIT_CPU, CPU seconds (ProRL's 5 s, spec paper.md §7.1)."""
+    memory_bytes: int = 512 * 2**20
+    """RLIMIT_AS, bytes of address space (the interpreter itself needs about 30 MiB)."""
+    open_files: int = 32
+    """RLIMIT_NOFILE, open file descriptors."""
+    file_bytes: int = 2**20
+    """RLIMIT_FSIZE, the largest file (stdout and stderr included) the candidate may write."""
+    output_bytes: int = 16 * 2**10
+    """How much of stdout and of stderr is read back."""
+    disk_bytes: int = 8 * 2**20
+    """Size of the tmpfs that is the candidate's whole file system (all its files together)."""
+    max_files: int = 256
+    """Inodes of that tmpfs: how many files and directories the candidate may create."""
+    result_bytes: int = 2**20
+    """How much of the result channel is read: values past it count as missing (test failed)."""
 
 
 @dataclass(frozen=True)

@@ -47,31 +47,10 @@ from typing import Literal
 
 from brorl.verifiers import zygote
 from brorl.verifiers.checks import decode, parse_tests
+from brorl.verifiers.config import SandboxLimits
 
 NOBODY = 65534
 """The uid and gid the candidate runs as when the verifier is root."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one sandboxed run (the wall-clock limit is a `run_tests` argument)."""
-
-    cpu_s: int = 5
-    """RLIMIT_CPU, CPU seconds (ProRL's 5 s, spec paper.md §7.1)."""
-    memory_bytes: int = 512 * 2**20
-    """RLIMIT_AS, bytes of address space (the interpreter itself needs about 30 MiB)."""
-    open_files: int = 32
-    """RLIMIT_NOFILE, open file descriptors."""
-    file_bytes: int = 2**20
-    """RLIMIT_FSIZE, the largest file (stdout and stderr included) the candidate may write."""
-    output_bytes: int = 16 * 2**10
-    """How much of stdout and of stderr is read back."""
-    disk_bytes: int = 8 * 2**20
-    """Size of the tmpfs that is the candidate's whole file system (all its files together)."""
-    max_files: int = 256
-    """Inodes of that tmpfs: how many files and directories the candidate may create."""
-    result_bytes: int = 2**20
-    """How much of the result channel is read: values past it count as missing (test failed)."""
 
 
 MISSING = object()
