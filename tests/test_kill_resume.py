@@ -89,13 +89,16 @@ def outcome(folder: Path) -> dict:
     client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("kill-resume")
     runs = client.search_runs([experiment.experiment_id])
-    logged = {}
+    logged, resumed_at = {}, {}
     for r in runs:
+        resumed_at[r.info.run_id] = r.data.tags.get("resumed_at_step")
         points = client.get_metric_history(r.info.run_id, "verify/reward_mean")
         logged[r.info.run_id] = sorted((m.step, m.value) for m in points)
     pointer = (run / "checkpoints" / ckpt.LATEST_FILE).read_text().strip()
     return {
         "digest": parameter_digest(load_policy(run / "policy")[0]), "history": history,
+        "reference": parameter_digest(load_policy(run / "checkpoints" / pointer / "reference")[0]),
+        "resumed_at": list(resumed_at.values()),
         "evals": evals, "prompts": prompts, "statuses": [r.info.status for r in runs],
         "logged": list(logged.values()), "latest_complete":
             ckpt.is_complete(run / "checkpoints" / pointer),
@@ -120,10 +123,16 @@ def test_a_run_killed_at_any_point_resumes_to_the_reference(point, reference, ea
     params = write_params(tmp_path, easy_base, easy_data)
     killed = run_script(params, point, POINTS[point])
     assert killed.returncode == -9, (killed.returncode, killed.stderr[-3000:])  # SIGKILL
+    left = ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints")
+    resumes_at = ckpt.read_state(left)["step"] if left else 0
     resumed = run_script(params)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = outcome(tmp_path)
+    assert got["resumed_at"] == [str(resumes_at)]  # the resumed process began at the checkpoint
+    if point in IN_MAKE_TEST:
+        assert resumes_at == 2  # a real resume: a rerun from step 0 would say "0"
     assert got["digest"] == reference["digest"]
+    assert got["reference"] == reference["reference"]  # the KL reference restored, not rebuilt
     assert got["history"] == reference["history"]
     assert got["evals"] == reference["evals"]  # no repeated row
     assert len({(e["step"], e["split"]) for e in got["evals"]}) == len(got["evals"])
@@ -139,7 +148,7 @@ def test_a_run_folder_naming_a_missing_mlflow_run_resumes_into_a_new_run(easy_ba
     params = write_params(tmp_path, easy_base, easy_data)
     killed = run_script(params, "update", 3)
     assert killed.returncode == -9
-    marker = tmp_path / "run" / "mlflow_run.json"
+    marker = tmp_path / "run.mlflow_run.json"  # beside the run's folder (`mlflow_marker`)
     old = json.loads(marker.read_text())["run_id"]
     marker.write_text(json.dumps({"run_id": "0" * 32}) + "\n")  # a run the store does not have
     resumed = run_script(params)

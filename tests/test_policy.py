@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
@@ -94,3 +99,42 @@ def test_save_policy_replaces_existing_folder_and_leaves_no_temp(tmp_path):
 def test_load_policy_names_a_folder_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_policy(tmp_path)
+
+
+def test_a_loaded_policy_holds_its_weights_in_aligned_memory_of_its_own(tmp_path):
+    model, tok = _policy(seed=4)
+    save_policy(model, tok, tmp_path / "ckpt")
+    loaded, _ = load_policy(tmp_path / "ckpt")
+    # from_pretrained alone leaves views into the file's memory map, at the offset its header
+    # gives (not a multiple of 64): kernels may round those differently from aligned copies
+    assert {t.data_ptr() % 64 for t in [*loaded.parameters(), *loaded.buffers()]} == {0}
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight  # still tied
+    assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+SAME_LOGITS = """
+import copy, sys, torch
+from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
+tok = build_tokenizer()
+built = build_policy(vocab_size=len(tok), hidden_size=576, num_layers=1, num_heads=9,
+                     num_kv_heads=3, intermediate_size=1536, max_position_embeddings=64, seed=0)
+save_policy(built, tok, sys.argv[1])
+loaded, _ = load_policy(sys.argv[1])
+with torch.no_grad():
+    for ids in ([[5]], [[5, 9, 13, 4, 22, 7]], [[5, 9], [13, 4], [22, 7]]):
+        ids = torch.tensor(ids)
+        for other in (loaded, copy.deepcopy(loaded)):
+            assert torch.equal(built(ids).logits, other(ids).logits), ids.tolist()
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not torch.backends.mkl.is_available(),
+                    reason="MKL's instruction-set switch exists on x86 builds only")
+def test_built_loaded_and_copied_policies_give_the_same_logits_on_every_kernel_path(tmp_path):
+    """A resumed run's reference (loaded) must score as the uninterrupted run's (built or
+    copied). MKL's SSE4.2 path, which MKL picks on some CPUs, rounds a one-row product
+    differently on a misaligned weight: forced here, it shows what a machine's default hides."""
+    env = {**os.environ, "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", SAME_LOGITS, str(tmp_path / "ckpt")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

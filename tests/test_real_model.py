@@ -186,7 +186,27 @@ def test_the_registered_model_loads_with_transformers_and_generates(real):
     assert out.shape[1] > ids.shape[1]
 
 
-def test_a_killed_run_resumes_to_the_uninterrupted_runs_weights(real, tmp_path):
+def final_state(run: Path) -> dict:
+    """A finished run's policy and reference (its last checkpoint's) and its per-step metrics
+    without the ones that measure time."""
+    from brorl.train import checkpoint as ckpt
+
+    last = ckpt.latest_checkpoint(run / "checkpoints")
+    history = json.loads((run / "summary.json").read_text())["history"]
+    return {"policy": parameter_digest(load_policy(run / "policy")[0]),
+            "reference": parameter_digest(load_policy(last / "reference")[0]),
+            "history": [{k: v for k, v in step.items() if not any(x in k for x in VOLATILE)}
+                        for step in history]}
+
+
+VOLATILE = ("time/", "seconds", "_per_s", "orchestration")
+"""Metric keys that measure time: they differ between any two runs."""
+
+
+def test_a_killed_run_resumes_at_its_checkpoint_to_the_uninterrupted_runs_policy_and_reference(
+        real, tmp_path):
+    from mlflow.tracking import MlflowClient
+
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({
         "extends": str(real["clone"] / "params" / "smollm2_prorl_ci.yaml"),
@@ -203,8 +223,13 @@ def test_a_killed_run_resumes_to_the_uninterrupted_runs_weights(real, tmp_path):
     resumed = subprocess.run([sys.executable, str(script), str(params), "none", "0"], cwd=clone,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    digest = parameter_digest(load_policy(tmp_path / "run" / "policy")[0])
-    assert digest == parameter_digest(load_policy(real["ci"] / "prorl" / "policy")[0])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (mlflow_run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert mlflow_run.data.tags["resumed_at_step"] == "1"  # step 1's checkpoint, not step 0
+    got, uninterrupted = final_state(tmp_path / "run"), final_state(real["ci"] / "prorl")
+    assert got["reference"] == uninterrupted["reference"]
+    assert got["history"] == uninterrupted["history"]  # step 2's update/kl included
+    assert got["policy"] == uninterrupted["policy"]
 
 
 def test_vllm_engine_on_the_real_model_matches_the_trainers_logprobs(real):

@@ -109,7 +109,25 @@ def load_policy(
             "pass a folder written by save_policy or save_pretrained."
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    return model.to(device).eval(), load_tokenizer(path)
+    return own_memory(model.to(device)).eval(), load_tokenizer(path)
+
+
+def own_memory(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every parameter and buffer copied into memory of its own (in place; tied
+    weights stay tied), as a freshly built or deep-copied model holds them.
+
+    `from_pretrained` leaves CPU tensors as views into the checkpoint file's memory map, at
+    offsets its header length decides (40 bytes past a 64-byte boundary for a typical folder).
+    Some CPU kernels (MKL's, by the instruction set it picks on a machine) round differently on
+    differently aligned inputs, so the same weights loaded from two folders, or loaded against
+    deep-copied, can give log-probabilities that differ in the last bits: a resumed run's
+    reference then scored its KL apart from the uninterrupted run's. Owned tensors are aligned
+    by torch's allocator whatever the file, so a model computes the same however it was made.
+    """
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = tensor.data.clone(memory_format=torch.contiguous_format)
+    return model
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

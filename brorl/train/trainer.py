@@ -37,7 +37,6 @@ engine and HF saves), sequence packing, asynchronous (off-policy) rollouts.
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import time
@@ -146,10 +145,10 @@ class Trainer:
         self.resumed_from = ckpt.latest_checkpoint(config.checkpoint_dir) if resume else None
         start = self.resumed_from / "policy" if self.resumed_from else Path(config.init_checkpoint)
         model, self.tokenizer = load_policy(start, device=self.device)
-        if self.resumed_from:
-            self.reference, _ = load_policy(self.resumed_from / "reference", device=self.device)
-        else:
-            self.reference = copy.deepcopy(model)
+        # The reference loads as the policy does, from the checkpoint it was saved in or from
+        # the start: one load path, so a resumed run scores its KL exactly as the run it resumes.
+        reference = self.resumed_from / "reference" if self.resumed_from else start
+        self.reference, _ = load_policy(reference, device=self.device)
         self.reference.requires_grad_(False).eval()
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
                                       betas=config.adam_betas, eps=config.adam_eps,
