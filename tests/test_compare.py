@@ -5,12 +5,13 @@ the budget check, pooled Table 2 fractions, Table 1 columns and the report's wor
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from brorl.compare import (
-    ArmResult, build_report, headline, paired, report_metrics, table1, table2,
+    ArmResult, build_report, headline, paired, report_metrics, start_and_end, table1, table2,
 )
 from brorl.params import ParamsError, compare_arms, load_params
 
@@ -185,6 +186,58 @@ def test_paired_matches_instances_by_id_across_shuffled_partly_overlapping_rows(
     assert result["families"]["code"]["delta"] == pytest.approx(((0.4 - 0.3) + (0.8 - 0.4)) / 2)
     flipped = paired(brorl, prorl)
     assert flipped["delta"] == pytest.approx(-result["delta"]) and flipped["t"] < 0
+
+
+def test_start_and_end_per_family_is_the_baseline_start_each_arms_last_row_and_the_change(
+        tmp_path):
+    """Two instances per family, so every number is worked by hand. The bootstrap interval of a
+    mean of two scores is [lower, higher]: a resample's mean is the lower one with probability
+    1/4 (about 2500 of the 10,000 draws), far more than the 2.5% tail. The change's t interval
+    has 1 degree of freedom (a Cauchy: quantile tan(pi (q - 1/2))): mean +- T se, with
+    se = |d1 - d2| / 2 and t = mean / se; |t| = 1 gives p = 0.5 (half a Cauchy's mass lies
+    beyond +-1). Equal differences make the interval the point and p NaN (`paired_test`)."""
+    t_975 = math.tan(0.475 * math.pi)  # 12.706
+    prorl = _arm(tmp_path, "prorl", [
+        _row(0, 0, BASE),  # the start: math 0.0 0.5, code 0.25 0.75, reasoning 0.3 0.4
+        _row(2, 256, [1.0] * 6),  # not the last row: ignored
+        _row(4, 512, [0.5, 0.5, 0.25, 0.25, 0.6, 0.7])])
+    brorl = _arm(tmp_path, "brorl", [
+        _row(0, 0, [1.0] * 6),  # its own step 0: the start is the baseline's, not this
+        _row(1, 512, [1.0, 0.5, 0.0, 0.5, 0.2, 0.4])])
+    got = start_and_end([brorl, prorl], "prorl")  # the baseline by name, not the first arm
+    assert got["start_step"] == 0 and list(got["families"]) == ["math", "code", "reasoning"]
+    fams = got["families"]
+
+    def interval(mean, low, high):
+        return pytest.approx({"mean": mean, "low": low, "high": high})
+
+    def change(mean, se, p):
+        return pytest.approx({"mean": mean, "low": mean - t_975 * se,
+                              "high": mean + t_975 * se, "p": p}, nan_ok=True)
+
+    assert [fams[f]["instances"] for f in fams] == [2, 2, 2]
+    assert fams["math"]["start"] == interval(0.25, 0.0, 0.5)  # (0.0 + 0.5) / 2
+    assert fams["code"]["start"] == interval(0.5, 0.25, 0.75)  # (0.25 + 0.75) / 2
+    assert fams["reasoning"]["start"] == interval(0.35, 0.3, 0.4)  # (0.3 + 0.4) / 2
+    # prorl ends at math 0.5 0.5, code 0.25 0.25, reasoning 0.6 0.7
+    assert fams["math"]["prorl"]["end"] == interval(0.5, 0.5, 0.5)
+    assert fams["code"]["prorl"]["end"] == interval(0.25, 0.25, 0.25)
+    assert fams["reasoning"]["prorl"]["end"] == interval(0.65, 0.6, 0.7)
+    # math: end - start = 0.5, 0.0: mean +0.25, se 0.25, t 1
+    assert fams["math"]["prorl"]["change"] == change(0.25, 0.25, 0.5)
+    # code: 0.0, -0.5: mean -0.25 (a loss), se 0.25, t -1
+    assert fams["code"]["prorl"]["change"] == change(-0.25, 0.25, 0.5)
+    # reasoning: 0.3, 0.3: equal, the interval is the point +0.3
+    assert fams["reasoning"]["prorl"]["change"] == change(0.3, 0.0, math.nan)
+    # brorl ends at math 1.0 0.5, code 0.0 0.5, reasoning 0.2 0.4
+    assert fams["math"]["brorl"]["end"] == interval(0.75, 0.5, 1.0)
+    assert fams["code"]["brorl"]["end"] == interval(0.25, 0.0, 0.5)
+    assert fams["reasoning"]["brorl"]["end"] == interval(0.3, 0.2, 0.4)
+    # math: 1.0, 0.0: mean +0.5, se 0.5; code: -0.25, -0.25: the point -0.25;
+    # reasoning: -0.1, 0.0: mean -0.05, se 0.05, t -1
+    assert fams["math"]["brorl"]["change"] == change(0.5, 0.5, 0.5)
+    assert fams["code"]["brorl"]["change"] == change(-0.25, 0.0, math.nan)
+    assert fams["reasoning"]["brorl"]["change"] == change(-0.05, 0.05, 0.5)
 
 
 def test_table1_reads_a_family_without_score_by_its_headline_quantity(tmp_path):

@@ -74,7 +74,13 @@ def test_random_weights_keep_the_config_and_tokenizer_and_follow_the_seed(tmp_pa
                            config_folder=str(folder), seed=2), tmp_path / "c")
     digests = [parameter_digest(load_policy(tmp_path / x)[0]) for x in "abc"]
     assert digests[0] == digests[1] != digests[2]
-    assert json.loads((tmp_path / "a" / "config.json").read_text())["hidden_size"] == 32
+    # the whole config survives, key for key (heads, kv heads, rope, eps, tied embeddings,
+    # token ids...); no key is excluded: the same transformers writes both files, so even
+    # `transformers_version` and `dtype` agree, and config.json holds no `_name_or_path`
+    source = json.loads((folder / "config.json").read_text())
+    written = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert written == source
+    assert (written["hidden_size"], written["num_key_value_heads"]) == (32, 1)  # TINY's values
     assert (tmp_path / "a" / "tokenizer.json").read_text() == \
         (folder / "tokenizer.json").read_text()
     assert one["random_weights"] is True and "gguf" not in one

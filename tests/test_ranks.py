@@ -26,7 +26,9 @@ def _reward(problems, responses) -> list[Verdict]:
 
 def _steps(folder: Path) -> dict:
     """`STEPS` steps of the run in `folder` on this process's rank: the problem ids of its share
-    of every draw (empty when it had none), the parameter digest after every step, and more."""
+    of every draw (empty when it had none), the parameter digest after every step, and more.
+    Rank 0 saves every gathered draw under `run/rollouts/`; each rank saves its final weights
+    as `weights_rank<r>.pt`."""
     from brorl.params import load_params
     from brorl.train import Direct, Run, parameter_digest
 
@@ -35,7 +37,7 @@ def _steps(folder: Path) -> dict:
         f"train.checkpoint_dir={folder / 'ck'}", f"train.run_dir={folder / 'run'}",
         "update.prompts_per_step=5", "update.rollouts_per_prompt=4", "filter.max_draws=3",
         "generate.max_response_tokens=8", "generate.max_concurrent_rollouts=6",
-        "train.eval_every=1000", "train.checkpoint_every=1000", "train.save_rollouts=false",
+        "train.eval_every=1000", "train.checkpoint_every=1000", "train.save_rollouts=true",
         "verify.workers=1"])
     run = Run.open(params, ROOT, resume=False, reward_fn=_reward)
     draws: list[list[str]] = []
@@ -52,6 +54,8 @@ def _steps(folder: Path) -> dict:
         metrics = run.step(Direct())
         digests.append(parameter_digest(run.trainer.model))
         kept.append(metrics["filter/groups_kept"])
+    torch.save({k: v.detach().clone() for k, v in run.trainer.model.state_dict().items()},
+               folder / f"weights_rank{run.trainer.rank}.pt")
     return {"draws": draws, "digests": digests, "kept": kept, "rollouts": run.state.rollouts,
             "world": run.trainer.world}
 
@@ -84,6 +88,14 @@ def _two_ranks_beside_one(folder: Path) -> tuple[list[dict], dict]:
     return [json.loads((folder / "two" / f"rank{r}.json").read_text()) for r in range(2)], one
 
 
+def _rollout_tables(run_dir: Path) -> dict[str, list[dict]]:
+    """Every draw a run saved (`run_dir/rollouts/*.parquet`, by file name): its rows."""
+    import pyarrow.parquet as pq
+
+    return {f.name: pq.read_table(f).to_pylist()
+            for f in sorted((run_dir / "rollouts").glob("*.parquet"))}
+
+
 def test_two_ranks_generate_disjoint_shares_of_one_process_draws_and_keep_equal_weights(
         tmp_path):
     from brorl.data import save_splits
@@ -105,8 +117,34 @@ def test_two_ranks_generate_disjoint_shares_of_one_process_draws_and_keep_equal_
     for whole, first, second in zip(one["draws"], two[0]["draws"], two[1]["draws"]):
         assert first + second == whole and not set(first) & set(second)
         assert len(first) - len(second) in (0, 1)
+    # the rollouts themselves: every draw the ranks gathered (rank 0's share, then rank 1's;
+    # rank 0 saved it) is the one process's draw row for row: problem, rollout index, response
+    # text and token ids, finish reason, reward. Each rank seeds a row by its place in the whole
+    # draw, so rank 1's rows are the ones one process made there. Log-probabilities come from
+    # batches of another shape (3 or 2 prompts, not 5): equal up to float32 rounding (measured
+    # 5e-7 on values near -4.6, where one float32 step is 5e-7)
+    gathered = _rollout_tables(tmp_path / "two" / "run")
+    whole = _rollout_tables(tmp_path / "one" / "run")
+    assert list(gathered) == list(whole) and len(whole) == len(one["draws"])
+    for (name, rows), ids in zip(whole.items(), one["draws"]):
+        assert list(dict.fromkeys(r["problem_id"] for r in rows)) == ids, name
+        for got, want in zip(gathered[name], rows, strict=True):
+            logprobs = torch.tensor(got.pop("logprobs")), torch.tensor(want.pop("logprobs"))
+            assert got == want, name
+            assert torch.allclose(*logprobs, rtol=0, atol=1e-5), name
     # each step trained on the groups one process keeps, and both ranks hold the same weights
     assert two[0]["kept"] == two[1]["kept"] == one["kept"] and min(one["kept"]) > 0
     assert two[0]["rollouts"] == two[1]["rollouts"] == one["rollouts"]
     assert two[0]["digests"] == two[1]["digests"]
     assert len(set(two[0]["digests"])) == STEPS  # every step changed them
+    # ...and those are the one process's weights. Not bit for bit: the ranks sum their halves
+    # of each gradient apart and all-reduce them, a different float32 summation order (measured
+    # 9e-8, about one float32 step at |w| <= 1). 1e-6 is ten times that and 1/50 of the learning
+    # rate (5.6e-5), about what one Adam update moves a weight: a step trained on other
+    # rollouts stands out
+    one_weights = torch.load(tmp_path / "one" / "weights_rank0.pt")
+    for r in range(2):
+        weights = torch.load(tmp_path / "two" / f"weights_rank{r}.pt")
+        assert weights.keys() == one_weights.keys()
+        for key, want in one_weights.items():
+            assert torch.allclose(weights[key], want, rtol=0, atol=1e-6), (r, key)
