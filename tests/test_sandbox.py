@@ -35,7 +35,10 @@ from tests.process_tree import descendants, settled
 CAPS = capabilities()
 IS_ROOT = os.geteuid() == 0
 TIMEOUT_S = 2.0
-LIMIT_MARGIN_S = 2.0  # process start-up, clean-up and a loaded 2-core machine
+HANG_S = 60.0
+"""A ceiling on a verdict's wall time that only catches a hang (the hostile candidates run
+forever or 1000 s): far above any limit here, whatever else shares the cores. That a limit was
+enforced is asserted by the verdict's reason and the processes it leaves, not by seconds."""
 
 
 def reward_of(
@@ -70,9 +73,12 @@ def test_hostile_candidate_gets_zero_within_its_limit(name):
     code, reason = HOSTILE[name]
     # filling 512 MiB takes over a second on a loaded machine: give it room to hit the limit
     timeout_s = 10.0 if name == "memory_bomb" else TIMEOUT_S
+    forks_from = zygote.current()
     reward, got, seconds = reward_of(code, timeout_s=timeout_s)
-    assert (reward, got) == (0.0, reason)
-    assert seconds < timeout_s + LIMIT_MARGIN_S
+    assert (reward, got) == (0.0, reason)  # "timeout": killed at its limit, not left to run
+    if CAPS["namespaces"]:  # every process of the run (forks, threads) is gone with it
+        assert settled(lambda: descendants(forks_from.pid)) == []
+    assert seconds < HANG_S
 
 
 def test_fork_and_threads_fail_inside_the_sandbox():
@@ -122,7 +128,7 @@ def test_writing_outside_its_directory_gets_zero_and_leaves_nothing(where, tmp_p
     name = f"brorl-pwned-{tmp_path.name}"
     reward, reason, seconds = reward_of(f"open({where!r} + '/{name}', 'w').write('x')")
     assert (reward, reason) == (0.0, "runtime_error")  # PermissionError at the top level
-    assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
+    assert seconds < HANG_S
     assert not [w for w in OUTSIDE if (Path(w) / name).exists()]
 
 
@@ -141,7 +147,7 @@ def test_reading_the_verifiers_environment_gets_zero(monkeypatch):
             "assert 's3cr3t' in found")
     reward, reason, seconds = reward_of(code)
     assert (reward, reason) == (0.0, "runtime_error")  # AssertionError: nothing found
-    assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
+    assert seconds < HANG_S
 
 
 @pytest.mark.skipif(not CAPS["namespaces"], reason="no network namespace on this machine")
@@ -154,7 +160,7 @@ def test_opening_a_socket_to_the_host_gets_zero():
         with pytest.raises(TimeoutError):
             server.accept()  # nothing reached the test process's listener
     assert (reward, reason) == (0.0, "runtime_error")  # no interface: the connect raises
-    assert seconds < TIMEOUT_S + LIMIT_MARGIN_S
+    assert seconds < HANG_S
 
 
 @pytest.mark.skipif(not CAPS["uid_dropped"], reason="without the uid drop a candidate can kill us")

@@ -11,6 +11,8 @@ import random
 import re
 import sys
 import time
+from functools import partial
+from pathlib import Path
 
 import pytest
 import reasoning_gym
@@ -18,6 +20,7 @@ import reasoning_gym
 from brorl.types import Problem
 from brorl.verifiers import Verdict, VerifyConfig, verify_batch
 from brorl.verifiers.workers import judge_answers, map_with_deadline
+from tests.process_tree import stat_fields
 
 
 def math_problem(answer: str) -> Problem:
@@ -175,22 +178,29 @@ def test_empty_batch():
     assert verify_batch([], []) == []
 
 
-def _slow_or_dying(x: float) -> float:
+def _slow_or_dying(folder: Path, x: float) -> float:
+    """Sleep `x` seconds, with a marker in `folder` when the sleep begins (holding the
+    worker's pid) and one when it ends; a negative `x` kills the worker instead."""
     if x < 0:
         os._exit(3)  # the worker dies mid-share
+    (folder / f"began-{x}").write_text(str(os.getpid()))
     time.sleep(x)
+    (folder / f"ended-{x}").touch()
     return x
 
 
-def test_deadline_workers_time_out_hung_items_and_survive_dead_workers():
+def test_deadline_workers_time_out_hung_items_and_survive_dead_workers(tmp_path):
     items = [0.0, 30.0, 0.0, -1.0, 0.0, 0.0]
-    start = time.monotonic()
-    outcomes = map_with_deadline(_slow_or_dying, items, workers=2, timeout_s=1.0)
-    elapsed = time.monotonic() - start
+    outcomes = map_with_deadline(partial(_slow_or_dying, tmp_path), items, workers=2,
+                                 timeout_s=1.0)
     assert outcomes[1] == ("timeout", None)
     assert outcomes[3] == ("error", "worker process died")
     assert [outcomes[i] for i in (0, 2, 4, 5)] == [("ok", 0.0)] * 4
-    assert elapsed < 5.0  # one 1 s time-out, not the 30 s sleep
+    # the hung item's worker was killed and reaped before its 30 s sleep ended: the call
+    # returned at the item's time-out, not after the sleep
+    assert not (tmp_path / "ended-30.0").exists()
+    began = tmp_path / "began-30.0"  # absent only if it was killed before it began
+    assert not began.exists() or stat_fields(int(began.read_text())) is None
 
 
 def _judge_in_worker(item: tuple[Problem, str]) -> Verdict:
@@ -219,16 +229,17 @@ def test_answers_are_judged_once_per_distinct_pair_and_none_without_a_worker(mon
     assert sent == []  # nothing to judge: no worker forked
 
 
-def test_math_check_that_hangs_gives_timeout(monkeypatch):
+def test_math_check_that_hangs_gives_timeout(monkeypatch, tmp_path):
     import brorl.verifiers.math as math_verifier
 
     math_verifier._warm_up()  # the parent's own warm-up runs the real check, once per process
-    monkeypatch.setattr(math_verifier, "math_equal", lambda ref, ans: time.sleep(30))
-    start = time.monotonic()
+    ended = tmp_path / "ended"  # written by the check if its 30 s sleep ever ends
+    monkeypatch.setattr(math_verifier, "math_equal",
+                        lambda ref, ans: time.sleep(30) or ended.touch())
     [verdict] = verify_batch([math_problem("1")], ["<answer>1</answer>"],
                               VerifyConfig(timeout_s=0.5))
     assert verdict == Verdict(0.0, "timeout")
-    assert time.monotonic() - start < 5.0
+    assert not ended.exists()  # the verdict came at the time-out: the check was killed
 
 
 def test_repeated_pairs_are_judged_once(monkeypatch):
