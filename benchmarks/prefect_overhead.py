@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.record import Table, save, show  # noqa: E402
 from brorl.environment import apply_defaults  # noqa: E402
+from brorl.servers import run_in_session  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 import flows  # noqa: E402  (imports no prefect)
@@ -204,9 +204,10 @@ def stage_seconds(repeats: int, tmp: Path) -> dict[str, list[float]]:
 
     def run(mode: str, quiet: bool, extra: dict[str, str]) -> None:
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", PROBE, "quiet" if quiet else "-", *args],
-                              cwd=ROOT, env={**env, **extra}, check=True, capture_output=True,
-                              text=True)
+        # without PREFECT_API_URL the stage starts a temporary server: stopped with it on SIGTERM
+        done = run_in_session([sys.executable, "-c", PROBE, "quiet" if quiet else "-", *args],
+                              cwd=ROOT, env={**env, **extra}, capture=True)
+        done.check_returncode()
         wall, ended = time.perf_counter() - started, time.time()
         imports, work = map(float, done.stdout.split("PHASES")[-1].split()[:2])
         teardown = ended - float(done.stdout.split("FINAL")[-1].split()[0])
@@ -249,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{TASKS} tasks")
     results = {}
     for name in args.configs:
-        done = subprocess.run([sys.executable, __file__, "--child", name,
-                               "-k", str(args.iterations)], capture_output=True, text=True)
+        # the child starts the servers; SIGTERM and Ctrl-C reach it, and it stops them
+        done = run_in_session([sys.executable, __file__, "--child", name,
+                               "-k", str(args.iterations)], capture=True, grace_s=60)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode != 0 or not lines:
             print(f"{name}: failed (exit {done.returncode})\n{done.stderr[-3000:]}",
