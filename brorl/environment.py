@@ -5,7 +5,9 @@ the `brorl` command, `python -m commands.server`, `python -m commands.deploy`, `
 brorl.train`, `python -m commands.mlflow_ui`, the test suite's conftest) calls `apply_defaults()` first, before
 prefect, mlflow, transformers or vLLM load; a variable already set wins. Child processes (the
 Prefect and MLflow servers, `dvc repro` and its stages) inherit them, so `make run`, `dvc repro`
-and `python -m flows.NAME` run alike. Creating folders is left to what writes into them.
+and `python -m flows.NAME` run alike. Creating folders is left to what writes into them. The caches
+live in the `.cache` folder of the checkout the command runs in (`brorl.checkout`), not of the
+one the code is installed from.
 
 It also holds the Prefect settings that decide orchestration overhead (measured by
 `benchmarks/prefect_overhead.py`) and that an environment variable can say;
@@ -19,16 +21,23 @@ import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-"""The checkout: caches live under `<ROOT>/.cache`."""
+from brorl.checkout import find_root
+
+CACHES = {"PREFECT_HOME": "prefect", "HF_HOME": "hf", "TORCH_EXTENSIONS_DIR": "torch_extensions",
+          "VLLM_CACHE_ROOT": "vllm"}
+"""The cache folders, each under `<checkout>/.cache` (`brorl.checkout`) unless set."""
 
 
-def defaults(environ: Mapping[str, str] | None = None, root: Path = ROOT) -> dict[str, str]:
-    """Every default, the Prefect paths under the PREFECT_HOME `environ` sets (else
-    `<root>/.cache/prefect`)."""
+def defaults(environ: Mapping[str, str] | None = None, root: Path | None = None) -> dict[str, str]:
+    """Every default, the caches under `root` (default: the checkout, `brorl.checkout.find_root`,
+    looked for only when `environ` lacks one of them: a `CheckoutError` outside any), the Prefect
+    paths under the PREFECT_HOME `environ` sets (else `<root>/.cache/prefect`)."""
     environ = os.environ if environ is None else environ
-    cache = root / ".cache"
-    home = Path(environ.get("PREFECT_HOME") or cache / "prefect")
+    if root is None and not CACHES.keys() <= environ.keys():
+        root = find_root(environ)
+    caches = {key: environ[key] if root is None else str(root / ".cache" / folder)
+              for key, folder in CACHES.items()}
+    home = Path(environ.get("PREFECT_HOME") or caches["PREFECT_HOME"])
     return {
         "PREFECT_HOME": str(home),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -51,10 +60,10 @@ def defaults(environ: Mapping[str, str] | None = None, root: Path = ROOT) -> dic
         "DVC_NO_ANALYTICS": "1",
         "HF_HUB_OFFLINE": "1",  # every model and tokenizer is a local folder
         "HF_HUB_DISABLE_TELEMETRY": "1",
-        "HF_HOME": str(cache / "hf"),
+        "HF_HOME": caches["HF_HOME"],
         "TOKENIZERS_PARALLELISM": "false",
-        "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"),  # DeepSpeed's JIT ops
-        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCH_EXTENSIONS_DIR": caches["TORCH_EXTENSIONS_DIR"],  # DeepSpeed's JIT ops
+        "VLLM_CACHE_ROOT": caches["VLLM_CACHE_ROOT"],
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in the trainer's process
     }
 

@@ -6,6 +6,8 @@ key, value or file prints one line naming it and exits with code 2), then calls 
 `run` is the whole pipeline (`dvc repro`, as `make run`) and `serve` the scheduled deployments on
 a local Prefect server (as `make serve`). Flows, prefect, mlflow and torch are imported only after
 the checks, so `--help` and every error answer in about a second, and a flow this checkout lacks fails only its own command.
+Every command works in the checkout it is started in (`brorl.checkout`), not in the one the
+script was installed from: one virtualenv serves every clone.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Annotated, Any
 
 import typer
 
-from brorl.environment import apply_defaults
-from commands.entry import check
+from brorl.servers import interrupts
+from commands.entry import check, environment
 
 app = typer.Typer(help="BroRL: simulate, train, compare and evaluate RLVR runs (Prefect flows).",
                   no_args_is_help=True, add_completion=False)
@@ -31,8 +33,9 @@ Sets = Annotated[list[str] | None, typer.Option(
 
 @app.callback()
 def _environment() -> None:
-    """Offline, project-local defaults for every command (`brorl.environment`)."""
-    apply_defaults()
+    """Offline, project-local defaults for every command (`brorl.environment`): the caches of
+    the checkout it runs in (`brorl.checkout`; outside one, one `error:` line, exit code 2)."""
+    environment()
 
 
 def _check(params: str, overrides: list[str], stage: str | None = None, **inputs: Any) -> None:
@@ -64,7 +67,8 @@ def _run_flow(name: str, params: str, overrides: list[str] | None, checks: dict 
     from flows import prefect_home
 
     prefect_home()
-    summary = _flow(name)(params_path=params, overrides=overrides, **extra)
+    with interrupts():  # SIGTERM stops a temporary Prefect server as Ctrl-C does (run_flow_cli)
+        summary = _flow(name)(params_path=params, overrides=overrides, **extra)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
 

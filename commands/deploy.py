@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from brorl.environment import apply_defaults
 from brorl.params import ParamsError, load_params
-from commands.entry import prefect_api_error
+from commands.entry import environment, prefect_api_error
 
 # Served flows: deployment prefix -> (flow "module:function", default schedule).
 # A schedule is ("cron", "MIN HOUR DAY MONTH WEEKDAY") or ("interval", seconds).
@@ -134,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    apply_defaults()
+    environment()
     args = parser().parse_args(argv)
     try:
         load_params(args.params, args.overrides)

@@ -14,6 +14,9 @@ that a server answers there. A bad one prints one `error:` line and exits with c
 about a second, before any Prefect server, model or MLflow run starts; only then is the flow
 module imported and its flow run. The `brorl` command (`commands/cli.py`) runs the same `check`.
 `python -m flows.study` takes a mode instead (`--warmup`, `--run RUN`, ...): `study_main`.
+Every command works in the checkout it is started in (`brorl.checkout`: `$BRORL_ROOT`, else the
+folder from the working directory up that holds dvc.yaml and params/); outside one it stops
+with one `error:` line saying so (`environment`).
 """
 
 from __future__ import annotations
@@ -25,13 +28,11 @@ import socket
 import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any, NoReturn
 
+from brorl.checkout import CheckoutError, find_root
 from brorl.environment import apply_defaults
-
-ROOT = Path(__file__).resolve().parents[1]
-"""The checkout: relative paths of params files are taken from here (as `tracking.ROOT`)."""
+from brorl.servers import interrupts
 
 API_TIMEOUT_S = 3.0
 """How long `prefect_api_error` waits for an answer (a refused connection answers at once)."""
@@ -69,8 +70,8 @@ def check(params_path: str, overrides: list[str], stage: str | None = None, *,
 
     try:
         params = load_params(params_path, overrides)
-        notes = check_inputs(params, stage, ROOT, **inputs) if stage else []
-    except (ParamsError, InputError) as err:
+        notes = check_inputs(params, stage, find_root(), **inputs) if stage else []
+    except (ParamsError, InputError, CheckoutError) as err:
         fail(str(err))
     if api and (error := prefect_api_error()):
         fail(error)
@@ -81,6 +82,14 @@ def check(params_path: str, overrides: list[str], stage: str | None = None, *,
 def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def environment() -> None:
+    """`apply_defaults()`, or, outside any checkout, one `error:` line and exit code 2."""
+    try:
+        apply_defaults()
+    except CheckoutError as err:
+        fail(str(err))
 
 
 def parser(name: str) -> argparse.ArgumentParser:
@@ -98,13 +107,15 @@ def parser(name: str) -> argparse.ArgumentParser:
 def run_flow_cli(name: str, argv: list[str] | None = None) -> Any:
     """Parse `--params FILE` and repeated `-S key=value`, check them, then import `flows.<name>`
     and call its flow `<name>(params_path, overrides)`; returns the flow's summary."""
-    apply_defaults()
+    environment()
     args = parser(name).parse_args(argv)
     allow = {"allow_changed_params": args.allow_changed_params} if name == "train" else {}
     check(args.params, args.overrides, name, api=True, **allow)
     from flows import prefect_settings
 
-    with prefect_settings():  # no heartbeat thread joined at the end of each flow run
+    # interrupts: SIGTERM leaves as Ctrl-C does, through the exit that stops the temporary
+    # Prefect server a flow run starts when no PREFECT_API_URL is set
+    with prefect_settings(), interrupts():  # prefect_settings: no heartbeat thread to join
         flow = getattr(importlib.import_module(f"flows.{name}"), name)
         return flow(params_path=args.params, overrides=list(args.overrides))
 
@@ -146,16 +157,16 @@ def check_study(argv: list[str] | None = None) -> argparse.Namespace:
 
     args = study_parser().parse_args(argv)
     try:
-        params = load_params(args.params, args.overrides)
+        params, root = load_params(args.params, args.overrides), find_root()
         if args.warmup:  # the pipeline's data and the base policy
-            check_inputs(warmup_params(params), "train", ROOT)
+            check_inputs(warmup_params(params), "train", root)
         if args.pool:  # the train split and the study's warm-up policy
-            check_split(ROOT / params.data.path, "train")
-            check_checkpoint(ROOT / warmup_dir(params) / "policy", "the study's warm-up policy")
+            check_split(root / params.data.path, "train")
+            check_checkpoint(root / warmup_dir(params) / "policy", "the study's warm-up policy")
         if args.run or args.start:  # the pool and the warm-up policy (or the run's checkpoint)
             run = find_run(params.study, args.run) if args.run else plan_runs(params.study)[0]
-            check_inputs(run_params(params, run), "train", ROOT, resume=bool(args.run))
-    except (ParamsError, InputError, ValueError) as err:
+            check_inputs(run_params(params, run), "train", root, resume=bool(args.run))
+    except (ParamsError, InputError, ValueError, CheckoutError) as err:
         fail(str(err))
     if error := prefect_api_error():
         fail(error)
@@ -165,13 +176,13 @@ def check_study(argv: list[str] | None = None) -> argparse.Namespace:
 def study_main(argv: list[str] | None = None) -> Any:
     """`python -m flows.study`: apply the environment defaults, check (`check_study`), then
     import `flows.study` and run the mode's flow; returns its summary."""
-    apply_defaults()
+    environment()
     args = check_study(argv)
     from flows import prefect_settings
 
     study = importlib.import_module("flows.study")  # prefect, mlflow, torch: after the checks
     started = os.environ.get("BRORL_STUDY_STARTED")  # epoch seconds, set by `make study`
-    with prefect_settings():  # no heartbeat thread joined at the end of each flow run
+    with prefect_settings(), interrupts():  # as run_flow_cli
         if args.run:
             return study.study_run(args.params, args.run, args.overrides,
                                    float(started) if started else None)

@@ -1,9 +1,10 @@
 """MLflow UI: serve a store on 127.0.0.1 (`make ui`) and the URLs of its run-comparison pages.
 
 `serve` runs `mlflow server` (UI + REST API) through `brorl.servers.running`: its own process
-group, ready once `/health` answers, the whole group stopped on exit; `make ui` runs it in the
-foreground (`python -m commands.mlflow_ui`). Two pages compare runs: `compare_runs_url`
-(MLflow's "Comparing N Runs" page: a parallel-coordinates chart, run/param/metric tables) and
+group, ready once `/health` answers, the whole group stopped on exit, SIGTERM and Ctrl-C
+included; `make ui` runs it in the foreground (`python -m commands.mlflow_ui`). Two pages
+compare runs: `compare_runs_url` (MLflow's "Comparing N Runs" page: a parallel-coordinates
+chart, run/param/metric tables) and
 `run_charts_url` (the experiment's chart view filtered to the runs: one line chart per metric,
 one trace per run); tests/browser.py renders them in headless Chromium.
 Deliberately ignored: authentication, remote stores, artifact proxying beyond a local folder.
@@ -23,9 +24,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from brorl.checkout import CheckoutError, find_root
 from brorl.environment import apply_defaults, with_defaults
-from brorl.servers import HOST, free_port, running
-from tracking import ROOT, resolve_tracking_uri
+from brorl.servers import HOST, Terminated, free_port, running
+from tracking import resolve_tracking_uri
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ def artifacts_dir_for(tracking_uri: str) -> Path:
     """`mlartifacts/` beside a SQLite store (as `tracking.ensure_experiment` lays it out)."""
     if tracking_uri.startswith("sqlite:///"):
         return Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts"
-    return ROOT / "mlartifacts"
+    return find_root() / "mlartifacts"
 
 
 def server_command(tracking_uri: str, artifacts_dir: Path, port: int, workers: int = 1) -> list[str]:
@@ -91,8 +93,11 @@ def run_charts_url(base_url: str, experiment_id: str, run_ids: Sequence[str]) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`make ui`: serve the project's store on 127.0.0.1 in the foreground until Ctrl-C."""
-    apply_defaults()
+    """`make ui`: serve the checkout's store on 127.0.0.1 in the foreground until Ctrl-C."""
+    try:
+        apply_defaults()
+    except CheckoutError as err:
+        raise SystemExit(f"error: {err}") from None
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--backend-store-uri", default=None,
@@ -100,14 +105,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--artifacts-destination", type=Path, default=None,
                         help="default: mlartifacts/ beside the SQLite store")
     args = parser.parse_args(argv)
-    uri = args.backend_store_uri or resolve_tracking_uri()
-    # Ctrl-C or `kill` leave through `serve`'s cleanup, even if the shell started us with SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        uri = args.backend_store_uri or resolve_tracking_uri()
+    except CheckoutError as err:
+        raise SystemExit(f"error: {err}") from None
+    # Ctrl-C or `kill` leave through `serve`'s cleanup (`brorl.servers.launched`), even if the
+    # shell started us with SIGINT ignored.
     try:
         with serve(uri, args.artifacts_destination, args.port) as server:
             print(f"MLflow UI for {uri} at {server.url} (Ctrl-C stops it)", flush=True)
             server.process.wait()
+    except Terminated:
+        raise SystemExit(128 + signal.SIGTERM) from None
     except KeyboardInterrupt:
         pass
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,9 +32,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from brorl import servers
-from brorl.environment import apply_defaults, with_defaults
+from brorl.environment import with_defaults
 from brorl.servers import HOST
-from commands.entry import prefect_api_error
+from commands.entry import environment, prefect_api_error
 
 # The server of a pipeline run records flow runs, task runs, logs and events (what the UI shows)
 # and runs nothing else: no schedules, work pools, automations or cancellation clean-up, whose
@@ -115,8 +114,8 @@ def postgres(data: Path, log: Path | None = None, timeout_s: float = 60) -> Iter
     # synchronous_commit off: a crash may lose the last commits of run history, never corrupt it
     command = [*as_user, str(bin_dir / "postgres"), "-D", str(data), "-h", HOST, "-p", str(port),
                "-c", "unix_socket_directories=", "-c", "synchronous_commit=off"]
-    process = servers.start(command, log=log)
-    try:
+    # stopped with SIGTERM (a smart shutdown: clients are gone by then), on SIGTERM to us too
+    with servers.launched(command, log=log) as process:
         ready = [str(bin_dir / "pg_isready"), "-q", "-h", HOST, "-p", str(port), "-U", "prefect"]
         deadline = time.monotonic() + timeout_s
         while subprocess.run(ready).returncode != 0:
@@ -125,8 +124,6 @@ def postgres(data: Path, log: Path | None = None, timeout_s: float = 60) -> Iter
                 raise RuntimeError(f"PostgreSQL did not start on port {port}:\n{tail}")
             time.sleep(0.1)
         yield f"postgresql+asyncpg://prefect@{HOST}:{port}/postgres"
-    finally:
-        servers.stop(process)  # SIGTERM: a smart shutdown, clients are gone by then
 
 
 @contextmanager
@@ -144,31 +141,10 @@ def database(home: Path, log: Path | None = None) -> Iterator[dict[str, str]]:
 
 
 def _run_foreground(command: list[str], url: str) -> int:
-    """Run `command` with PREFECT_API_URL=`url` in a session of its own, to whose group SIGTERM
-    and Ctrl-C are passed on: `dvc repro` and the stage it runs (or `prefect serve`) stop with
-    it, so nothing it started outlives the server."""
-    child = subprocess.Popen(command, env={**os.environ, "PREFECT_API_URL": url},
-                             start_new_session=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: _signal_group(child, signal.SIGTERM))
-    try:
-        return child.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached this process's group, not the child's
-        _signal_group(child, signal.SIGINT)
-        try:
-            return child.wait(30)
-        except subprocess.TimeoutExpired:
-            _signal_group(child, signal.SIGKILL)
-            return child.wait()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _signal_group(child: subprocess.Popen, sig: signal.Signals) -> None:
-    """Send `sig` to every process of `child`'s group (gone already: nothing to do)."""
-    try:
-        os.killpg(child.pid, sig)
-    except ProcessLookupError:
-        pass
+    """Run `command` with PREFECT_API_URL=`url`; SIGTERM and Ctrl-C are passed on to its whole
+    group (`servers.run_in_session`): `dvc repro` and the stage it runs (or `prefect serve`) stop
+    with it, so nothing it started outlives the server."""
+    return servers.run_in_session(command, env={**os.environ, "PREFECT_API_URL": url}).returncode
 
 
 def _check_pipeline_params(dvc_yaml: Path = Path("dvc.yaml")) -> str | None:
@@ -191,10 +167,6 @@ def _check_pipeline_params(dvc_yaml: Path = Path("dvc.yaml")) -> str | None:
     return None
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM takes the path of Ctrl-C: the server is stopped on the way out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m commands.server",
                                      description=__doc__.split("\n")[0])
@@ -211,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="after `--`: a command to run in the foreground against the server")
     args = parser.parse_args(argv)
-    apply_defaults()
+    environment()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.pipeline and (error := _check_pipeline_params()):
         print(f"error: {error}", file=sys.stderr)
@@ -224,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     home = args.home or Path(os.environ["PREFECT_HOME"])
     port = args.port or (servers.free_port() if args.pipeline else 4200)
     log = home / "server.log" if args.pipeline else None
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
+    try:  # SIGTERM takes the path of Ctrl-C while a server runs (`servers.launched`)
         with ExitStack() as stack:
             settings = stack.enter_context(database(home, home / "postgres.log"))
             settings |= PIPELINE_SERVER if args.pipeline else {}

@@ -16,6 +16,7 @@ if __name__ == "__main__":  # arguments and inputs checked before prefect and to
 
 from prefect import flow
 
+from brorl.checkout import find_root
 from brorl.params import load_params
 import tracking
 from tasks.simulate import log_to_mlflow, simulate_run, write_report
@@ -28,10 +29,10 @@ def simulate(params_path: str, overrides: list[str] | None = None) -> dict:
     sim = params.simulate
     seeds = [sim.seed + k for k in range(sim.num_seeds)]
     merged = [simulate_run(sim, n, seeds) for n in sorted(set(sim.rollouts_per_prompt))]
-    where = params.tracking
-    out_dir = tracking.ROOT / where.output_dir / "simulate"
-    paths = write_report(merged, out_dir, tracking.ROOT / where.plots_dir / "simulate",
-                         tracking.ROOT / where.metrics_dir / "simulate.json", sim.report_steps)
+    where, root = params.tracking, find_root()
+    out_dir = root / where.output_dir / "simulate"
+    paths = write_report(merged, out_dir, root / where.plots_dir / "simulate",
+                         root / where.metrics_dir / "simulate.json", sim.report_steps)
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
     run_id = log_to_mlflow(params.model_dump(mode="json"), sim, merged,
                            [paths["figure"], paths["csv"], paths["json"], paths["table"]],

@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from brorl.data import load_split
 from brorl.evals import EvalProtocol
+from brorl.checkout import find_root
 from brorl.params import ExperimentParams
 from brorl.policy import load_policy
 from brorl.run_files import policy_to_evaluate
@@ -25,7 +26,7 @@ def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[
     """Held-out pass@1 per task and family of `checkpoint` (HF folder) on the test split, under
     the run's evaluation protocol (the instances and sampling of its own evaluations)."""
     p = ExperimentParams.model_validate(params)
-    root = tracking.ROOT
+    root = find_root()
     path = Path(checkpoint) if checkpoint else policy_to_evaluate(
         root / p.train.run_dir, root / p.train.checkpoint_dir, root / p.train.init_checkpoint)
     model, tokenizer = load_policy(path)
@@ -40,14 +41,15 @@ def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[
 def record(params: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """Write `<tracking.output_dir>/evaluate/<name>.json` and one MLflow run with the scores."""
     p = ExperimentParams.model_validate(params)
-    out = tracking.ROOT / p.tracking.output_dir / "evaluate" / f"{p.name}.json"
+    root = find_root()
+    out = root / p.tracking.output_dir / "evaluate" / f"{p.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
     metrics = {f"eval/{q}_{fam}": [v] for fam, row in result["scores"]["family"].items()
                for q, v in row.items()}
     tags = {"stage": "evaluate", "algorithm": p.train.algorithm, "checkpoint": result["checkpoint"],
-            "data_version": tracking.data_version(tracking.ROOT / p.data.path)}
+            "data_version": tracking.data_version(root / p.data.path)}
     with tracking.mlflow_run(p.tracking.experiment, uri, f"{p.name}-evaluate", tags) as run_id:
         tracking.log_params(uri, run_id, p.model_dump(mode="json", include={"name", "train"}))
         tracking.log_metric_series(uri, run_id, [0], metrics)

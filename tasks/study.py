@@ -12,6 +12,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from brorl.checkout import find_root
 from brorl.params import ExperimentParams
 from brorl.study import warmup_params, write_plan
 from brorl.study import progress as prog
@@ -27,7 +28,7 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 @task(name="study-plan", **_TASK)
 def plan(params: dict[str, Any]) -> list[str]:
     """Write the plan files (`<out_dir>/plan/`); the run ids."""
-    return write_plan(ExperimentParams.model_validate(params), tracking.ROOT)
+    return write_plan(ExperimentParams.model_validate(params), find_root())
 
 
 @task(name="study-warmup-params", **_TASK)
@@ -39,14 +40,14 @@ def warmup(params: dict[str, Any]) -> dict[str, Any]:
 @task(name="study-pool", **_TASK)
 def pool(params: dict[str, Any]) -> dict[str, Any]:
     """Estimate the start's pass rates, choose and save the pool; its summary (no estimates)."""
-    record = write_pool(ExperimentParams.model_validate(params), tracking.ROOT)
+    record = write_pool(ExperimentParams.model_validate(params), find_root())
     return {k: v for k, v in record.items() if k not in ("estimates", "pool_ids")}
 
 
 @task(name="study-start", **_TASK)
 def score_start(params: dict[str, Any]) -> str:
     """Score the start evaluation every run shares; its file (`brorl.study.start`)."""
-    return str(write_start(ExperimentParams.model_validate(params), tracking.ROOT))
+    return str(write_start(ExperimentParams.model_validate(params), find_root()))
 
 
 @task(name="study-prepare-run", **_TASK)
@@ -54,7 +55,7 @@ def prepare_run(params: dict[str, Any], run_id: str, started: float | None) -> d
     """Print the progress line, get the run's folder ready (resume, or start over; the MLflow
     run of a cleared folder is deleted); the run's resolved params and tags."""
     p = ExperimentParams.model_validate(params)
-    prepared = prog.prepare_session(p, tracking.ROOT, run_id, started)
+    prepared = prog.prepare_session(p, find_root(), run_id, started)
     get_run_logger().info(prepared["line"])
     if prepared["cleared_mlflow_run"]:
         study_record.forget_run(tracking.resolve_tracking_uri(p.tracking.tracking_uri),
@@ -80,7 +81,7 @@ def finish_run(prepared: dict[str, Any], summary: dict[str, Any]) -> None:
 def report(params: dict[str, Any]) -> dict[str, Any]:
     """report.md, report.json and the PNGs; the headline as `<metrics_dir>/<study_label>.json`."""
     p = ExperimentParams.model_validate(params)
-    result = build_report(p, tracking.ROOT)
+    result = build_report(p, find_root())
     write_headline(result, Path(tracking.stage_metrics(p, p.study_label)))
     get_run_logger().info("\n".join(result["verdict"]))
     return result
@@ -90,4 +91,4 @@ def report(params: dict[str, Any]) -> dict[str, Any]:
 def log_report(params: dict[str, Any], run_id: str, result: dict[str, Any]) -> None:
     """The report's files and headline on the parent run, which is then FINISHED."""
     p = ExperimentParams.model_validate(params)
-    study_record.log_report(p, run_id, headline(result), tracking.ROOT / p.study.out_dir)
+    study_record.log_report(p, run_id, headline(result), find_root() / p.study.out_dir)

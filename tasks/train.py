@@ -6,23 +6,27 @@ nothing big is pickled or sent to the Prefect API. The stage tasks carry the nam
 stage methods (`STAGES`); the flow's driver (`flows/train.py`) runs each stage through them.
 `verify` retries (a verifier crash is transient); `ppo_update` and `checkpoint` never do (a
 retry would apply an update twice). The run's MLflow record (one MLflow run per training run,
-reopened on resume) is `tracking/train_record.py`'s.
+reopened on resume) is `tracking/train_record.py`'s; the Prefect logger it writes to comes from
+here (`run_logger`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 
+from brorl.checkout import find_root
 from brorl.params import ExperimentParams
 from brorl.train import Run
-from brorl.train.report import dvc_files
+from brorl.train.report import dvc_files, step_line
 from brorl.types import Timed
 from brorl.train.collection import Collection
-from tracking import ROOT, train_record
-from tracking.train_record import Tracker, log_step  # the flow's driver logs each step with it
+from tracking import train_record
+from tracking.train_record import Tracker
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
@@ -30,13 +34,29 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 @task(name="open-run", **_TASK)
 def open_run(params: dict[str, Any]) -> Run:
     """Build (or resume, from the newest checkpoint) the run of `params`."""
-    return Run.open(ExperimentParams.model_validate(params), ROOT)
+    return Run.open(ExperimentParams.model_validate(params), find_root())
 
 
 @task(name="start-mlflow-run", **_TASK)
 def start_tracking(run: Run, params: dict[str, Any], parent_run_id: str | None = None) -> Tracker:
     """The run's MLflow run, new or reopened (`train_record.open_record`)."""
-    return train_record.open_record(run, ExperimentParams.model_validate(params), parent_run_id)
+    p = ExperimentParams.model_validate(params)
+    return train_record.open_record(run, p, parent_run_id, run_logger())
+
+
+def run_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The flow run's logger; the module's outside a flow (the task functions called directly)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+def log_step(tracker: Tracker, step: int, metrics: dict[str, float], name: str) -> None:
+    """A finished step's metrics to MLflow (queued), its progress line to the flow log. Not a
+    task: the flow's driver calls it once per step (a task run would cost more than the call)."""
+    train_record.log_step_metrics(tracker, step, metrics)
+    run_logger().info(step_line(name, step, metrics))
 
 
 @task(name="sample_prompts", **_TASK)
@@ -86,8 +106,9 @@ def finish_run(run: Run, tracker: Tracker, params: dict[str, Any]) -> dict[str, 
     record closed (`train_record.close_record`)."""
     p = ExperimentParams.model_validate(params)
     summary = run.finish()
-    dvc_files(run.state, ROOT / p.tracking.metrics_dir / f"{p.run_label}.json",
-              ROOT / p.tracking.plots_dir / p.run_label / "eval.csv")
+    root = find_root()
+    dvc_files(run.state, root / p.tracking.metrics_dir / f"{p.run_label}.json",
+              root / p.tracking.plots_dir / p.run_label / "eval.csv")
     version = train_record.close_record(tracker, run, p, summary["policy"])
     return {**{k: v for k, v in summary.items() if k != "history"},
             "mlflow_run_id": tracker.run_id, "model_version": version}

@@ -1,13 +1,14 @@
 """MLflow plumbing shared by the tasks and flows: where the store is, runs, params, batched metrics.
 
 The `tracking` package records runs and writes nothing else; it imports brorl and the tracking
-libraries only (tests/test_layering.py). A training run's record is `tracking.train_record`, a
-study's parent run `tracking.study_record`.
+libraries only, no prefect: a logger comes in from the tasks (tests/test_layering.py). A training
+run's record is `tracking.train_record`, a study's parent run `tracking.study_record`.
 
-Local default: a SQLite store `mlflow.db` and an artifact folder `mlartifacts/` at the repository
-root (platform notes: the `./mlruns` file store is deprecated). `MLFLOW_TRACKING_URI`, then the
-params' `tracking.tracking_uri`, override it. Metric names are sanitised to what MLflow accepts
-(verl#119: `@` and parentheses crash it), and a step's metrics go in one `log_batch` call.
+Local default: a SQLite store `mlflow.db` and an artifact folder `mlartifacts/` at the root of
+the checkout the command runs in (`brorl.checkout`; platform notes: the `./mlruns` file store
+is deprecated). `MLFLOW_TRACKING_URI`, then the params' `tracking.tracking_uri`, override it.
+Metric names are sanitised to what MLflow accepts (verl#119: `@` and parentheses crash it), and
+a step's metrics go in one `log_batch` call.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from brorl.checkout import CheckoutError, find_root, in_checkout
+
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
 
-ROOT = Path(__file__).resolve().parents[1]
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
 _MAX_PARAM_VALUE = 6000
 _BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
@@ -40,13 +42,14 @@ colour hashed from the run id, which can give both arms the same one."""
 
 
 def resolve_tracking_uri(configured: str | None = None) -> str:
-    """$MLFLOW_TRACKING_URI, else the params value, else the project's SQLite store."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or configured or f"sqlite:///{ROOT / 'mlflow.db'}"
+    """$MLFLOW_TRACKING_URI, else the params value, else the checkout's SQLite store."""
+    return (os.environ.get("MLFLOW_TRACKING_URI") or configured
+            or f"sqlite:///{find_root() / 'mlflow.db'}")
 
 
 def stage_metrics(params: ExperimentParams, label: str) -> str:
     """Where a stage writes its headline for DVC: `<tracking.metrics_dir>/<label>.json`."""
-    return str(ROOT / params.tracking.metrics_dir / f"{label}.json")
+    return str(in_checkout(params.tracking.metrics_dir) / f"{label}.json")
 
 
 def record_stage(log: Callable[[dict, dict, str, str], str], params: ExperimentParams,
@@ -89,12 +92,12 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def git_commit() -> str:
-    """The repository's HEAD commit, or 'unknown' outside a git checkout."""
+    """The checkout's HEAD commit, or 'unknown' outside a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=find_root(), capture_output=True,
                              text=True, timeout=10, check=True)
         return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, CheckoutError):
         return "unknown"
 
 

@@ -1,11 +1,13 @@
 """A training run's MLflow record: its MLflow run opened or reopened, backfilled, fed, closed.
 
-One training run is one MLflow run, its id kept in `<run_dir>/mlflow_run.json`: reopened when the
-run resumes from a checkpoint, and also when it was killed before its first one (a run that is
-not FINISHED). A step's metrics go in one asynchronous `log_batch`, flushed when the run ends;
-the final policy becomes a version of the registered model named after the arm. The Prefect
-tasks of a run (`tasks/train.py`) and the flow's driver (`log_step`) call these; this module
-defines no task.
+One training run is one MLflow run, its id kept in `<run_dir>.mlflow_run.json` beside the run's
+folder (`brorl.run_files.mlflow_marker`: a new id in every fresh run, so not inside what DVC
+hashes): reopened when the run resumes from a checkpoint, and also when it was killed before its
+first one (a run that is not FINISHED). A step's metrics go in one asynchronous `log_batch`,
+flushed when the run ends; the final policy becomes a version of the registered model named
+after the arm. The Prefect tasks of a run (`tasks/train.py`) and the flow's driver
+(`tasks.train.log_step`) call these; this module defines no task and imports no prefect: a
+warning goes to the logger the caller passes.
 
 Deliberately ignored: remote artifact stores (artifacts are logged from the run's own folder).
 """
@@ -18,15 +20,16 @@ from dataclasses import dataclass
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from prefect import get_run_logger
-from prefect.exceptions import MissingContextError
 
+from brorl.checkout import in_checkout
 from brorl.evals import eval_metrics
 from brorl.params import ExperimentParams
+from brorl.run_files import mlflow_marker
+from brorl.timings import timings_path
 from brorl.train import Run
-from brorl.train.report import step_line
 import tracking
 
+_LOG = logging.getLogger(__name__)
 STEP_KEYS = ("train/step", "train/seconds_total")
 """Metrics logged at step 0 and at every later step: their last step is what a run holds."""
 
@@ -41,17 +44,19 @@ class Tracker:
     logged_through: int = -1
 
 
-def open_record(run: Run, p: ExperimentParams, parent_run_id: str | None) -> Tracker:
-    """The run's MLflow run: the one `<run_dir>/mlflow_run.json` names, reopened and backfilled,
-    or a new one. A marker naming a run the store does not have is reported and replaced."""
+def open_record(run: Run, p: ExperimentParams, parent_run_id: str | None,
+                log: logging.Logger | logging.LoggerAdapter = _LOG) -> Tracker:
+    """The run's MLflow run: the one `<run_dir>.mlflow_run.json` names, reopened and backfilled,
+    or a new one. A marker naming a run the store does not have is reported (to `log`) and
+    replaced."""
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
-    marker, client = run.run_dir / "mlflow_run.json", MlflowClient(uri)
+    marker, client = mlflow_marker(run.run_dir), MlflowClient(uri)
     if marker.is_file():
         run_id = json.loads(marker.read_text())["run_id"]
         try:
             status = client.get_run(run_id).info.status
         except MlflowException:
-            _logger().warning(
+            log.warning(
                 f"{marker} names MLflow run {run_id}, which the store {uri} does not have; "
                 "this run is recorded in a new MLflow run.")
             status = None
@@ -99,33 +104,24 @@ def run_tags(p: ExperimentParams) -> dict[str, str]:
     return {"algorithm": p.train.algorithm, "rollouts_per_prompt": str(p.update.rollouts_per_prompt),
             "prompts_per_step": str(p.update.prompts_per_step), "seed": str(p.train.seed),
             "data_path": p.data.path,
-            "data_version": tracking.data_version(tracking.ROOT / p.data.path)}
+            "data_version": tracking.data_version(in_checkout(p.data.path))}
 
 
-def log_step(tracker: Tracker, step: int, metrics: dict[str, float], name: str) -> None:
-    """A step's metrics to MLflow in one asynchronous batch (unless the run already holds that
-    step: a resumed run's replay); a progress line to the flow log. Not a task: it runs once
-    per step in the flow's own context and only queues (a task run would cost more than the
-    call)."""
+def log_step_metrics(tracker: Tracker, step: int, metrics: dict[str, float]) -> None:
+    """A step's metrics to MLflow in one asynchronous batch, unless the run already holds that
+    step (a resumed run's replay)."""
     if step > tracker.logged_through:
         tracking.log_metric_series(tracker.tracking_uri, tracker.run_id, [step],
                                    {k: [v] for k, v in metrics.items()}, synchronous=False)
-    _logger().info(step_line(name, step, metrics))
-
-
-def _logger() -> logging.Logger | logging.LoggerAdapter:
-    """The flow run's logger; the module's outside a flow (the task functions called directly)."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger(__name__)
 
 
 def close_record(tracker: Tracker, run: Run, p: ExperimentParams, policy: str) -> str:
-    """The finished run's summary, evaluations and `policy` folder as artifacts, the policy as a
-    new version of the arm's registered model (returned), the MLflow run FINISHED."""
+    """The finished run's summary, evaluations, timings (`brorl.timings`) and `policy` folder as
+    artifacts, the policy as a new version of the arm's registered model (returned), the MLflow
+    run FINISHED."""
     client = MlflowClient(tracker.tracking_uri)
-    for artifact in (run.run_dir / "summary.json", run.run_dir / "evals.jsonl"):
+    for artifact in (run.run_dir / "summary.json", run.run_dir / "evals.jsonl",
+                     timings_path(run.run_dir)):
         if artifact.is_file():
             client.log_artifact(tracker.run_id, str(artifact))
     client.log_artifacts(tracker.run_id, policy, artifact_path="policy")

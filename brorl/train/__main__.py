@@ -8,11 +8,13 @@ honours every stop rule and schedule of the params file (`train.steps`, `max_rol
 `max_seconds`, `plateau_patience`, `eval_every`, `checkpoint_every`). `--steps K` runs at most K
 more steps now. Each rank prints one JSON line (rank, step, stop reason, parameter digest, last
 metrics); `--report-dir` also writes it to `<dir>/rank<r>.json`. Resumes from the newest
-checkpoint in `train.checkpoint_dir` unless `--fresh`. Relative paths are taken from the current
-folder. The Prefect flow adds MLflow tracking and the DVC metrics files. The params and every
-file the run reads (`brorl.preflight.check_inputs`: splits, checkpoints, the resumed one written
-by the same run unless `--allow-changed-params`) are checked before torch loads: a bad one is one
-`error:` line and exit code 2 within about a second.
+checkpoint in `train.checkpoint_dir` unless `--fresh`. Relative paths in the params are taken
+from the checkout it runs in (`brorl.checkout`: `$BRORL_ROOT`, else the folder from the working
+directory up that holds dvc.yaml and params/). The Prefect flow adds MLflow tracking and the
+DVC metrics files. The params and every file the run reads (`brorl.preflight.check_inputs`:
+splits, checkpoints, the resumed one written by the same run unless `--allow-changed-params`)
+are checked before torch loads: a bad one is one `error:` line and exit code 2 within about a
+second.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ import json
 import sys
 from pathlib import Path
 
+from brorl.checkout import CheckoutError, find_root
 from brorl.environment import apply_defaults
 from brorl.params import ParamsError, load_params
 from brorl.preflight import InputError, check_inputs
 
 
 def main(argv: list[str] | None = None) -> int:
-    apply_defaults()
     parser = argparse.ArgumentParser(prog="python -m brorl.train", description=__doc__.split("\n")[0])
     parser.add_argument("--params", required=True, help="params YAML file, e.g. params/prorl.yaml")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
@@ -43,10 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-dir", type=Path, default=None, help="write rank<r>.json here")
     args = parser.parse_args(argv)
     try:
+        apply_defaults()
+        root = find_root()
         params = load_params(args.params, args.set)
-        notes = check_inputs(params, "train", resume=not args.fresh,
+        notes = check_inputs(params, "train", root, resume=not args.fresh,
                              allow_changed_params=args.allow_changed_params)
-    except (ParamsError, InputError) as err:
+    except (ParamsError, InputError, CheckoutError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for note in notes:
@@ -54,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from brorl.train.run import Direct, Run  # torch, deepspeed: after the checks
     from brorl.train.trainer import parameter_digest, shutdown_distributed
 
-    run = Run.open(params, Path.cwd(), resume=not args.fresh)
+    run = Run.open(params, root, resume=not args.fresh)
     summary = run.train(Direct(progress=None if args.quiet else print), max_steps=args.steps)
     history = summary["history"]
     report = {"rank": run.trainer.rank, "world_size": run.trainer.world, "step": run.step_count,
