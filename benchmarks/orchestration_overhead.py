@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.record import Table, save, show  # noqa: E402
 from brorl.environment import apply_defaults  # noqa: E402
+from brorl.servers import run_in_session  # noqa: E402
+from brorl.timings import read_timings  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 
@@ -72,11 +74,12 @@ def run_arm(arm: str, steps: int, data: str, init: str, tmp: Path) -> dict[str, 
     from flows.train import train
 
     params_file = ROOT / "params" / f"{arm}.yaml"
-    bare = Run.open(load_params(params_file, overrides(tmp / f"{arm}-bare", steps, data, init)),
-                    ROOT, resume=False).train()
+    Run.open(load_params(params_file, overrides(tmp / f"{arm}-bare", steps, data, init)),
+             ROOT, resume=False).train()
     train(str(params_file), overrides(tmp / f"{arm}-flow", steps, data, init))
-    flow = json.loads((tmp / f"{arm}-flow" / "summary.json").read_text())
-    return {"bare": per_step(bare["history"]), "flow": per_step(flow["history"])}
+    # each step's seconds live beside the run folder, not in its summary (brorl.timings)
+    return {kind: per_step(read_timings(tmp / f"{arm}-{kind}")["history"])
+            for kind in ("bare", "flow")}
 
 
 def stage_costs(tmp: Path, api_url: str | None) -> dict[str, float]:
@@ -97,7 +100,8 @@ def stage_costs(tmp: Path, api_url: str | None) -> dict[str, float]:
     stage = [sys.executable, "-m", "flows.data", "--params", "params/tiny_ci.yaml",
              *(a for s in sets for a in ("-S", s))]
     started = time.perf_counter()
-    subprocess.run(stage, cwd=ROOT, env=env, check=True, capture_output=True)
+    # without api_url the stage starts a temporary server: stopped with it on SIGTERM
+    run_in_session(stage, cwd=ROOT, env=env, capture=True).check_returncode()
     stage_s = time.perf_counter() - started
     from brorl.data import DataConfig, make_splits, save_splits
 

@@ -18,6 +18,12 @@ checkpoints and never score an arm.
   (`brorl.stats.paired_test`: t interval, d_z, Wilcoxon p, minimum detectable difference). Arms
   that generated different numbers of rollouts are refused: the comparison is at equal budget.
 
+The report (`outputs/compare`, a DVC output) holds no wall-clock figure: its tables and plots
+are those of `timings=False`, and the training seconds per evaluation, each arm's training /
+evaluation / checkpoint seconds and its generation throughput go to `<out_dir>.timings.json`
+beside it (`brorl.timings`) and to the comparison's MLflow run (`report_metrics`). The arms'
+seconds come from their own timings files (`brorl.evals.read_run`), NaN where missing.
+
 Deliberately ignored: seed-to-seed variation. Each arm is one RL seed, so the test's only noise
 is which instances were drawn; the report says so. The multi-seed study reports intervals over
 seeds and instances. Both reports are written with `brorl.reporting`'s run record, pooled rates,
@@ -37,6 +43,7 @@ from brorl.legacy import family_key, instance_scores, row_families
 from brorl.reporting import RunRecord, markdown_table, percent, points
 from brorl.scoring import HEADLINE
 from brorl.stats import Interval, PairedTest, bootstrap_mean, paired_test
+from brorl.timings import split_timings, write_timings
 from brorl.types import FAMILIES
 
 ALPHA = 0.05
@@ -67,27 +74,28 @@ def _label(family: str, quantity: str) -> str:
     return f"{family} " + ("mean reward" if name == "reward_mean" else name.replace("_at_", "@"))
 
 
-def table1(arms: list[ArmResult]) -> str:
+def table1(arms: list[ArmResult], timings: bool = True) -> str:
     """Markdown: the headline score per family at each test evaluation (percent), reasoning's
-    pass@1 beside its mean reward, then the training seconds so far."""
+    pass@1 beside its mean reward, then (with `timings`) the training seconds so far."""
     header = ["arm", "step", "rollouts", "Math pass@1", "Code pass@1", "Reasoning mean reward",
-              "Reasoning pass@1", "training time (s)"]
+              "Reasoning pass@1"] + (["training time (s)"] if timings else [])
     rows = []
     for arm in arms:
         for r in arm.evals:
             scores = [family_value(r, "math"), family_value(r, "code"),
                       family_value(r, "reasoning"), family_value(r, "reasoning", "pass_at_1")]
-            rows.append([arm.name, r["step"], int(r["rollouts"]), *map(percent, scores),
-                         f"{r['seconds']:.1f}"])
-    return markdown_table(header, "l" + "r" * 7, rows)
+            rows.append([arm.name, r["step"], int(r["rollouts"]), *map(percent, scores)]
+                        + ([f"{r.get('seconds', math.nan):.1f}"] if timings else []))
+    return markdown_table(header, "l" + "r" * (len(header) - 1), rows)
 
 
-def table2(arms: list[ArmResult]) -> str:
+def table2(arms: list[ArmResult], timings: bool = True) -> str:
     """Markdown: N, B, pooled pass rates (the active keep rule, then both rules when logged),
-    pooled throughput, and training / evaluation / checkpoint seconds apart."""
+    then (with `timings`) pooled throughput and training / evaluation / checkpoint seconds."""
     header = ["arm", "N", "prompts/step", "pass rate", "pass rate (binary)",
-              "pass rate (any difference)", "rollouts/s", "training (s)", "evaluation (s)",
-              "checkpoints (s)"]
+              "pass rate (any difference)"]
+    if timings:
+        header += ["rollouts/s", "training (s)", "evaluation (s)", "checkpoints (s)"]
     rows = []
     for arm in arms:
         s = arm.summary
@@ -95,10 +103,12 @@ def table2(arms: list[ArmResult]) -> str:
                                             "filter/pass_rate_any_difference")]
         seconds = [s.get(k, math.nan) for k in ("train_seconds", "eval_seconds",
                                                  "checkpoint_seconds")]
-        rows.append([arm.name, s.get("rollouts_per_prompt", "?"), s.get("prompts_per_step", "?"),
-                     *(percent(r, 1, "%") for r in rates), f"{arm.throughput():.1f}",
-                     *(f"{v:.1f}" for v in seconds)])
-    return markdown_table(header, "l" + "r" * 9, rows)
+        row = [arm.name, s.get("rollouts_per_prompt", "?"), s.get("prompts_per_step", "?"),
+               *(percent(r, 1, "%") for r in rates)]
+        if timings:
+            row += [f"{arm.throughput():.1f}", *(f"{v:.1f}" for v in seconds)]
+        rows.append(row)
+    return markdown_table(header, "l" + "r" * (len(header) - 1), rows)
 
 
 def family_scores(record: dict[str, Any], family: str) -> dict[str, float]:
@@ -224,21 +234,24 @@ def verdict(test: dict[str, Any], alpha: float = ALPHA) -> str:
             "difference here may not hold for another seed.")
 
 
-def plot(arms: list[ArmResult], path: Path, quantity: str = "score") -> Path:
-    """One quantity per family (headline score or pass@1) against training seconds (top row)
-    and rollouts (bottom row)."""
+def plot(arms: list[ArmResult], path: Path, quantity: str = "score",
+         timings: bool = True) -> Path:
+    """One quantity per family (headline score or pass@1) against training seconds (top row,
+    with `timings`) and rollouts (bottom row)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(FAMILIES), figsize=(4 * len(FAMILIES), 6.5), squeeze=False)
+    axes_x = ([("seconds", "training time (s)")] if timings else []) + \
+        [("rollouts", "rollouts generated")]
+    fig, axes = plt.subplots(len(axes_x), len(FAMILIES),
+                             figsize=(4 * len(FAMILIES), 3.25 * len(axes_x) + 0.5), squeeze=False)
     for col, family in enumerate(FAMILIES):
-        for row, (x_key, x_label) in enumerate((("seconds", "training time (s)"),
-                                                ("rollouts", "rollouts generated"))):
+        for row, (x_key, x_label) in enumerate(axes_x):
             ax = axes[row][col]
             for arm in arms:
-                ax.plot([r[x_key] for r in arm.evals],
+                ax.plot([r.get(x_key, math.nan) for r in arm.evals],
                         [family_value(r, family, quantity) for r in arm.evals],
                         marker="o", label=arm.name)
             ax.set_xlabel(x_label)
@@ -254,8 +267,10 @@ def plot(arms: list[ArmResult], path: Path, quantity: str = "score") -> Path:
 
 
 def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> dict[str, Any]:
-    """Write `report.md`, `report.json`, `scores.png` and `pass_at_1.png` under `out_dir`; return
-    the JSON. `paired_test` is the first non-baseline arm's test, `paired_tests` every arm's."""
+    """Write `report.md`, `report.json`, `scores.png` and `pass_at_1.png` under `out_dir`, none
+    with a wall-clock figure, and those figures to `<out_dir>.timings.json`; return the JSON
+    with them (`arms`' seconds, `rollouts_per_s`). `paired_test` is the first non-baseline
+    arm's test, `paired_tests` every arm's."""
     by_name = {a.name: a for a in arms}
     if baseline not in by_name:
         raise ValueError(f"compare.baseline {baseline!r} is not an arm; choose from "
@@ -264,24 +279,27 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
     out_dir.mkdir(parents=True, exist_ok=True)
     tests = {a.name: paired(by_name[baseline], a) for a in arms if a.name != baseline}
     ends = start_and_end(arms, baseline)
-    figures = [plot(arms, out_dir / "scores.png"), plot(arms, out_dir / "pass_at_1.png",
-                                                        "pass_at_1")]
+    figures = [plot(arms, out_dir / "scores.png", timings=False),
+               plot(arms, out_dir / "pass_at_1.png", "pass_at_1", timings=False)]
     text = ["# ProRL vs BroRL", "",
             "Every arm starts from the same checkpoint with an equal rollout budget and is scored "
             "on the same held-out test instances. Scores in percent (Table 1 layout, spec §5.1): "
             "pass@1 (mean correctness over the evaluation samples) for Math and Code, the mean "
-            "continuous reward for Reasoning (spec §7.1) with its pass@1 beside it; training "
-            "time excludes evaluation and checkpoints.", "", table1(arms), "",
+            "continuous reward for Reasoning (spec §7.1) with its pass@1 beside it. Wall-clock "
+            f"figures (training seconds, throughput) are in {out_dir.name}.timings.json beside "
+            "this folder and in the MLflow run, not here: this report is the same whenever the "
+            "weights are.", "", table1(arms, timings=False), "",
             "## Start and end per family", "",
             "The start's scores (step 0, shared by every arm) and each arm's last, in percent with "
             f"{100 * (1 - ALPHA):g}% bootstrap intervals over the instances; each arm's change "
             "from the start in points, paired over the same instances (t interval). One training "
             "seed per arm: the intervals cover the choice of instances only.", "",
             start_and_end_table(ends, arms), "",
-            "## Dynamic-sampling pass rate and generation throughput (Table 2 layout, spec §5.5)",
+            "## Dynamic-sampling pass rate (Table 2 layout, spec §5.5)",
             "", "Pooled over each arm's steps: pass rate = rollouts of the groups the keep rule "
-            "passes / rollouts generated (the active rule, then each rule); rollouts/s = rollouts "
-            "/ generation seconds.", "", table2(arms), ""]
+            "passes / rollouts generated (the active rule, then each rule); the generation "
+            "throughput (rollouts / generation seconds) is with the wall-clock figures.", "",
+            table2(arms, timings=False), ""]
     for test in tests.values():
         text += [f"## Paired test: {test['arm']} - {test['baseline']} (last test evaluation)", "",
                  verdict(test), ""]
@@ -306,7 +324,14 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
                  for a in arms},
         "pass_rate": {a.name: a.pass_rate() for a in arms},
         "rollouts_per_s": {a.name: a.throughput() for a in arms}}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+    stable = {**report, "arms": {a: split_timings(row)[0] for a, row in report["arms"].items()}}
+    stable.pop("rollouts_per_s")
+    (out_dir / "report.json").write_text(json.dumps(stable, indent=1, allow_nan=True) + "\n")
+    write_timings(out_dir, {
+        "arms": {a: split_timings(row)[1] for a, row in report["arms"].items()},
+        "rollouts_per_s": report["rollouts_per_s"],
+        "evals": {a.name: [{"step": r["step"], "seconds": r.get("seconds", math.nan)}
+                           for r in a.evals] for a in arms}})
     return report
 
 
@@ -324,12 +349,16 @@ PAIRED_METRICS = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p
 
 def report_metrics(report: dict[str, Any]) -> dict[str, float]:
     """Flat `compare/...` metrics of a report: final score and pass@1 per family and arm, the
-    pooled pass rate and generation throughput per arm, and the first non-baseline arm's paired
-    test against the baseline as `compare/paired_<q>` (report.json holds every arm's)."""
+    pooled pass rate per arm, its generation throughput and training seconds (those of
+    `build_report`'s return: report.json holds neither), and the first non-baseline arm's
+    paired test against the baseline as `compare/paired_<q>` (report.json holds every arm's)."""
     metrics = {f"compare/{q}_{fam}_{arm}": v for q in ("score", "pass_at_1")
                for arm, row in report[f"final_{q}"].items() for fam, v in row.items()}
     metrics.update({f"compare/pass_rate_{a}": v for a, v in report["pass_rate"].items()})
-    metrics.update({f"compare/rollouts_per_s_{a}": v for a, v in report["rollouts_per_s"].items()})
+    metrics.update({f"compare/rollouts_per_s_{a}": v
+                    for a, v in report.get("rollouts_per_s", {}).items()})
+    metrics.update({f"compare/train_seconds_{a}": row["train_seconds"]
+                    for a, row in report["arms"].items() if "train_seconds" in row})
     test = report.get("paired_test") or {}
     metrics.update({f"compare/paired_{q}": test[k] for q, k in PAIRED_METRICS.items() if test})
     return metrics

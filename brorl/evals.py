@@ -7,13 +7,15 @@ evaluation, and in every run with that seed), `samples` samples of each at `temp
 `top_p`, at most `max_response_tokens` tokens, sampled under `seed`. The run's evaluations
 (`brorl.train.Run`) and the `evaluate` stage (`tasks/evaluate.py`) score through `score`.
 
-`RunState.evals` and `<run_dir>/evals.jsonl` hold these rows (`eval_record`):
-{"step", "split" ("test" | "validation"), "seconds" (training seconds so far, evaluation and
-checkpoints excluded), "rollouts" (generated so far), "scores" (`brorl.scoring.score_rewards`
-with k_values (1, k), k = samples per instance), "problem_ids", "families", "pass_at_1" (per
-instance: the share of its k samples that are correct, avg@k), "score" (per instance: the
-family's headline quantity, `brorl.scoring.HEADLINE`, spec §7.1)}. Rows without "split" count
-as test rows (`brorl.legacy.eval_split`).
+`RunState.evals` holds these rows (`eval_record`): {"step", "split" ("test" | "validation"),
+"seconds" (training seconds so far, evaluation and checkpoints excluded), "rollouts" (generated
+so far), "scores" (`brorl.scoring.score_rewards` with k_values (1, k), k = samples per
+instance), "problem_ids", "families", "pass_at_1" (per instance: the share of its k samples
+that are correct, avg@k), "score" (per instance: the family's headline quantity,
+`brorl.scoring.HEADLINE`, spec §7.1)}. Rows without "split" count as test rows
+(`brorl.legacy.eval_split`). `<run_dir>/evals.jsonl` holds them without "seconds" (`evals_jsonl`:
+a DVC output holds no wall-clock figure); `read_run` puts the seconds back from
+`<run_dir>.timings.json` (`brorl.timings`), NaN where that file is missing.
 
 `eval_metrics` names a row's figures: test rows `eval/<q>_<family>` (q: pass_at_1, pass_at_<k>,
 reward_mean, score), `eval/score_mean` (the mean over families of the family score) and
@@ -35,6 +37,7 @@ import torch
 
 from brorl.legacy import eval_split
 from brorl.scoring import evaluate_policy, instance_scores
+from brorl.timings import merge_run_timings, read_timings, split_timings
 from brorl.types import Problem
 from brorl.verifiers import VerifyConfig
 
@@ -66,7 +69,10 @@ def read_evals(path: str | Path, split: str = "test") -> list[dict[str, Any]]:
 
 
 def read_run(folder: str | Path, missing: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A finished run folder's `summary.json` and its test rows by step (`read_evals`).
+    """A finished run folder's `summary.json` and its test rows by step (`read_evals`), with the
+    wall-clock figures of `<folder>.timings.json` put back (`brorl.timings`): the summary's
+    `train_seconds`, `eval_seconds` and `checkpoint_seconds` (NaN without that file), each
+    step's timing metrics, each row's `seconds`.
 
     `missing` ends the error when a file is absent (how to produce it); a folder without test
     rows is refused (its run must evaluate the test split)."""
@@ -78,7 +84,12 @@ def read_run(folder: str | Path, missing: str) -> tuple[dict[str, Any], list[dic
     if not rows:
         raise ValueError(f"{folder / 'evals.jsonl'} has no test rows: the run must evaluate the "
                          'test split (train.eval_splits must include "test").')
-    return json.loads((folder / "summary.json").read_text()), rows
+    summary = json.loads((folder / "summary.json").read_text())
+    timings = read_timings(folder)
+    for name in ("train_seconds", "eval_seconds", "checkpoint_seconds"):
+        summary.setdefault(name, float(timings.get(name, math.nan)))
+    merge_run_timings(summary.get("history", []), rows, timings)
+    return summary, rows
 
 
 def eval_record(step: int, split: str, seconds: float, rollouts: int,
@@ -177,4 +188,5 @@ def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
 
 
 def evals_jsonl(rows: Sequence[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
+    """`evals.jsonl`'s text: one row per line, without its wall-clock `seconds`."""
+    return "".join(json.dumps(split_timings(r)[0]) + "\n" for r in rows)

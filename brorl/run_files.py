@@ -16,6 +16,10 @@ removed from the schema since the checkpoint was written) are not compared.
 
 A checkpoint without `params.json` has nothing to compare and resumes as before
 (`brorl.legacy.params_unrecorded`).
+
+Beside a run's folder, never inside it (what DVC hashes must not change when a rerun gives the
+same weights): `<run_dir>.timings.json` (`brorl.timings`) and `<run_dir>.mlflow_run.json`
+(`mlflow_marker`), the id of the run's MLflow run, new in every fresh run.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from brorl.legacy import params_unrecorded
 STATE_FILE = "trainer_state.json"
 LATEST_FILE = "latest"
 PARAMS_FILE = "params.json"
+MLFLOW_SUFFIX = ".mlflow_run.json"
+"""What `mlflow_marker` appends to a run folder's name (listed in .gitignore and .dvcignore)."""
 STEP_DIGITS = 6
 MAX_STEPS = 10**STEP_DIGITS - 1
 """The most steps a run can count: step folders are `step_` and six digits, and their names
@@ -54,6 +60,12 @@ class CheckpointError(ValueError):
 
 def step_name(step: int) -> str:
     return f"step_{step:0{STEP_DIGITS}d}"
+
+
+def mlflow_marker(run_dir: str | Path) -> Path:
+    """`<run_dir>.mlflow_run.json`: which MLflow run records the run (`tracking.train_record`)."""
+    run_dir = Path(run_dir)
+    return run_dir.with_name(run_dir.name + MLFLOW_SUFFIX)
 
 
 def staging_dir(root: str | Path, step: int) -> Path:

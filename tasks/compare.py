@@ -10,9 +10,11 @@ from mlflow.tracking import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from brorl.checkout import find_root
 from brorl.compare import ArmResult, build_report, headline, report_metrics
 from brorl.params import ExperimentParams, compare_arms
 from brorl.files import atomic_write_text
+from brorl.timings import timings_path
 import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -22,7 +24,7 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 def resolve_arms(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm's resolved params, with the comparison's shared start and budget applied
     (`brorl.params.compare_arms`: refused unless the arms start and are scored alike)."""
-    arms = compare_arms(ExperimentParams.model_validate(params), tracking.ROOT)
+    arms = compare_arms(ExperimentParams.model_validate(params), find_root())
     return {name: p.model_dump(mode="json") for name, p in arms.items()}
 
 
@@ -31,14 +33,14 @@ def report(arm_params: dict[str, dict[str, Any]], report_dir: str,
            metrics_path: str | None = None, baseline: str = "prorl") -> dict[str, Any]:
     """The Markdown/JSON/PNG report from the arms' run folders, each arm tested against
     `baseline`; with `metrics_path`, its `headline` there too (the DVC stage's metrics)."""
-    arms = [ArmResult.load(name, tracking.ROOT / p["train"]["run_dir"])
-            for name, p in arm_params.items()]
-    out = build_report(arms, tracking.ROOT / report_dir, baseline)
+    root = find_root()
+    arms = [ArmResult.load(name, root / p["train"]["run_dir"]) for name, p in arm_params.items()]
+    out = build_report(arms, root / report_dir, baseline)
     if metrics_path is not None:
-        path = tracking.ROOT / metrics_path
+        path = root / metrics_path
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(headline(out), indent=2) + "\n")
-    return {**out, "report_dir": str(tracking.ROOT / report_dir)}
+    return {**out, "report_dir": str(root / report_dir)}
 
 
 @task(name="compare-mlflow", **_TASK)
@@ -55,6 +57,7 @@ def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | Non
     folder = Path(result["report_dir"])
     for name in ("report.md", "report.json", "scores.png", "pass_at_1.png"):
         client.log_artifact(run_id, str(folder / name), artifact_path="report")
+    client.log_artifact(run_id, str(timings_path(folder)), artifact_path="report")
     client.set_terminated(run_id, status="FINISHED")
     return run_id
 

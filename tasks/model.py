@@ -12,6 +12,8 @@ from prefect.cache_policies import NO_CACHE
 from brorl.files import atomic_write_text
 from brorl.model import ModelConfig
 from brorl.params import ExperimentParams
+from brorl.timings import write_timings
+from brorl.types import timed
 import tracking
 
 
@@ -19,14 +21,18 @@ import tracking
 def make_model(params: ExperimentParams) -> dict[str, Any]:
     """Write the checkpoint (or, for an `hf` source, its card) at `model.path` (paths taken from
     the working folder, as the data and base stages'); the card's headline (parameters,
-    vocabulary) to `<tracking.metrics_dir>/<model_label>.json` for DVC."""
+    vocabulary) to `<tracking.metrics_dir>/<model_label>.json` for DVC; the seconds it took to
+    `<model.path's folder>.timings.json` (`brorl.timings`), outside what DVC tracks."""
     from brorl.model.make import make_checkpoint
 
     metrics_path = tracking.stage_metrics(params, params.model_label)
-    card = make_checkpoint(ModelConfig.from_params(params.model), params.model.path)
+    made = timed(make_checkpoint, ModelConfig.from_params(params.model), params.model.path)
+    card, seconds = made.value, {"model/seconds": round(made.seconds, 1)}
     headline = {k: card[k] for k in ("parameters", "vocab_size")}
     atomic_write_text(Path(metrics_path), json.dumps(headline, indent=2, sort_keys=True) + "\n")
-    return {"path": params.model.path, "metrics_path": metrics_path, "card": card}
+    write_timings(Path(params.model.path).parent, seconds)
+    return {"path": params.model.path, "metrics_path": metrics_path, "card": card,
+            "timings": seconds}
 
 
 @task(name="model-mlflow", cache_policy=NO_CACHE, persist_result=False)
@@ -39,6 +45,6 @@ def log_model(params: dict, result: dict, experiment: str, tracking_uri: str) ->
         tracking.log_metric_series(tracking_uri, run_id, [0], {
             "model/parameters": [float(card["parameters"])],
             "model/vocab_size": [float(card["vocab_size"])],
-            "model/seconds": [float(card["seconds"])]})
+            "model/seconds": [float(result["timings"]["model/seconds"])]})
         tracking.log_artifacts(tracking_uri, run_id, [Path(result["metrics_path"])])
     return run_id

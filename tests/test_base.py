@@ -218,7 +218,11 @@ def test_data_and_base_tasks_write_splits_checkpoint_and_metrics(tmp_path):
     assert (tmp_path / "problems" / "dataset_dict.json").is_file()
     report = json.loads((tmp_path / "base" / "report.json").read_text())
     metrics = report["metrics"]
-    assert metrics == base["metrics"] and metrics["base/steps"] == 2.0
+    # the wall-clock metrics are beside the stage's folder (`brorl.timings`), not in its report
+    timings = json.loads((tmp_path / "base.timings.json").read_text())
+    assert {**metrics, **{k: v for k, v in timings.items() if k != "history"}} == base["metrics"]
+    assert "base/train_seconds" not in metrics and metrics["base/steps"] == 2.0
+    assert [h["step"] for h in timings["history"]] == [0, 2]
     assert {"base/pass_at_1_math", "base/pass_at_1_code", "base/pass_at_1_reasoning",
             "base/in_band"} <= set(metrics)
     assert base["metrics_path"] == str(tmp_path / "metrics" / "base.json")  # base.path's folder

@@ -75,7 +75,9 @@ def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
         assert compared["p"] == pytest.approx(round(p, 4))
     else:
         assert compared["p"] != compared["p"]  # NaN
-    assert all(report["rollouts_per_s"][arm] > 0 for arm in ("prorl", "brorl"))
+    timings = json.loads((clone / "outputs" / "ci" / "compare.timings.json").read_text())
+    assert all(timings["rollouts_per_s"][arm] > 0 for arm in ("prorl", "brorl"))
+    assert "rollouts_per_s" not in report  # the report, a DVC output, holds no wall-clock figure
 
 
 def test_each_arm_saved_its_rollouts_as_parquet(ci_pipeline):
@@ -178,7 +180,7 @@ def test_an_interrupted_train_flow_resumes_into_the_same_mlflow_run(ci_pipeline,
     monkeypatch.setattr(Trainer, "generate_rollouts", crash_at_step_3)
     with pytest.raises(RuntimeError, match="simulated interruption"):
         _train(clone, "split", [])
-    run_id = json.loads((clone / "split" / "mlflow_run.json").read_text())["run_id"]
+    run_id = json.loads((clone / "split.mlflow_run.json").read_text())["run_id"]
     client = MlflowClient(f"sqlite:///{clone / 'mlflow.db'}")
     assert client.get_run(run_id).info.status == "FAILED"
     monkeypatch.setattr(Trainer, "generate_rollouts", real_generate)

@@ -307,10 +307,11 @@ def test_an_evaluation_writes_one_row_per_split_with_per_instance_scores(tmp_pat
     metrics = run.evaluate().value
     test, val = (json.loads(x) for x in (tmp_path / "evals.jsonl").read_text().splitlines())
     # p0 (math): 2 of 4 correct: pass@1 = score = 0.5; p1 (reasoning): 1 of 4 correct, pass@1
-    # 0.25, its score the mean reward (1 + .5 + .5 + 0) / 4 = 0.5
+    # 0.25, its score the mean reward (1 + .5 + .5 + 0) / 4 = 0.5; the file holds no seconds
     assert {k: v for k, v in test.items() if k != "scores"} == {
-        "step": 3, "split": "test", "seconds": 12.5, "rollouts": 640, "problem_ids": ["p0", "p1"],
+        "step": 3, "split": "test", "rollouts": 640, "problem_ids": ["p0", "p1"],
         "families": ["math", "reasoning"], "pass_at_1": [0.5, 0.25], "score": [0.5, 0.5]}
+    assert run.state.evals[0]["seconds"] == 12.5  # the training seconds, kept in the state
     # unbiased pass@4 from 4 samples: 1 when any is correct
     assert test["scores"]["family"]["math"]["pass_at_4"] == 1.0
     assert (val["split"], val["pass_at_1"], val["score"]) == ("validation", [0.25], [0.25])
@@ -378,18 +379,28 @@ def test_a_shared_start_evaluation_is_recorded_as_scored_and_refused_under_anoth
     assert [(r["step"], r["pass_at_1"]) for r in reused.state.evals] == \
         [(r["step"], r["pass_at_1"]) for r in scored.state.evals]
     assert json.loads((tmp_path / "reused" / "run" / "evals.jsonl").read_text().splitlines()[0]) \
-        == start["rows"][0]
+        == {k: v for k, v in start["rows"][0].items() if k != "seconds"}
 
     other = fake("other", eval_protocol=_protocol(samples=4, seed=1))
     with pytest.raises(ValueError, match="scored under another policy, instances or sampling"):
         other.train(start=start)
 
 
-def test_run_state_round_trips_through_a_checkpoint_record():
-    state = RunState(rollouts=10, train_seconds=1.5, best_eval=0.3, best_step=4,
-                     evals_since_best=1, history=[{"train/step": 1.0}], evals=[{"step": 1}])
-    from dataclasses import asdict
-    assert RunState.from_dict(json.loads(json.dumps(asdict(state)))) == state
+def test_run_state_round_trips_through_a_checkpoint_record_and_its_timings():
+    state = RunState(rollouts=10, train_seconds=1.5, eval_seconds=2.0, best_eval=0.3,
+                     best_step=4, evals_since_best=1,
+                     history=[{"train/step": 1.0, "train/seconds": 1.5, "time/iteration": 3.0}],
+                     evals=[{"step": 1, "split": "test", "seconds": 1.5, "rollouts": 64}])
+    record, timings = (json.loads(json.dumps(r)) for r in (state.stable_dict(),
+                                                           state.timings_dict()))
+    # the checkpoint's record holds no wall-clock figure; the timings record holds them all
+    assert "train_seconds" not in record and record["history"] == [{"train/step": 1.0}]
+    assert record["evals"] == [{"step": 1, "split": "test", "rollouts": 64}]
+    assert timings["history"] == [{"train/seconds": 1.5, "time/iteration": 3.0}]
+    assert RunState.from_dict(record, timings) == state
+    # a resume without the timings counts from 0 again and says NaN for the row's seconds
+    bare = RunState.from_dict(record)
+    assert bare.train_seconds == 0.0 and bare.evals[0]["seconds"] != bare.evals[0]["seconds"]
 
 
 def test_a_finished_run_writes_the_record_a_continuing_run_reads(tmp_path, monkeypatch):

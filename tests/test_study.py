@@ -29,6 +29,8 @@ from brorl.study.plan import StudyRun
 from brorl.study.analysis import point_rows
 from brorl.study.pool import choose, histogram, keep_rate, rescued, summary
 from brorl.study.progress import mark_finished, prepare_run_dir, progress, progress_line
+from brorl.run_files import mlflow_marker
+from brorl.timings import read_timings
 from brorl.study.report import build_report, headline, verdict
 from brorl.study.results import RunResult
 from brorl.study.warmup import plateau_test, train_to_plateau
@@ -164,17 +166,20 @@ def test_the_plan_files_change_only_where_their_settings_changed(tmp_path):
 def test_a_run_folder_resumes_when_interrupted_and_starts_over_when_changed_or_finished(tmp_path):
     folder = tmp_path / "prorl_s0"
     assert prepare_run_dir(folder, "prorl_s0", "d1").action == "start"
-    (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "abc"}))
+    mlflow_marker(folder).write_text(json.dumps({"run_id": "abc"}))  # beside the folder
     killed = prepare_run_dir(folder, "prorl_s0", "d1")  # interrupted before its first checkpoint
     assert (killed.action, killed.cleared_mlflow_run) == ("start", "abc")
     _checkpoint(folder)
     assert prepare_run_dir(folder, "prorl_s0", "d1").action == "resume"  # interrupted session
     assert (folder / "checkpoints").is_dir()
-    (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "def"}))
+    mlflow_marker(folder).write_text(json.dumps({"run_id": "def"}))
     mark_finished(folder, 12.5)
+    assert "wall_seconds" not in json.loads((folder / "study_run.json").read_text())
+    assert read_timings(folder)["wall_seconds"] == 12.5  # beside the folder, not in it
     again = prepare_run_dir(folder, "prorl_s0", "d1")  # DVC reruns a finished run: code changed
     assert (again.action, again.cleared_mlflow_run) == ("start", "def")
     assert not (folder / "checkpoints").exists()
+    assert not mlflow_marker(folder).exists() and read_timings(folder) == {}
     _checkpoint(folder)
     assert prepare_run_dir(folder, "prorl_s0", "d2").action == "start"  # other params
     assert not (folder / "checkpoints").exists()
@@ -660,10 +665,10 @@ def ci_study(ci_pipeline, prefect_harness, tmp_path_factory):
         first.wait()
     assert caught is not None, "no run was caught mid-way:\n" + log.read_text()[-3000:]
     (interrupted, step), recorded = caught
-    before = {r: {name: _digest(runs / r / name) for name in ("summary.json", "mlflow_run.json",
-                                                             "study_run.json")}
-              for r in recorded}
-    mlflow_before = json.loads((runs / interrupted / "mlflow_run.json").read_text())["run_id"]
+    before = {r: {name: _digest(path) for name, path in (
+        ("summary.json", runs / r / "summary.json"), ("mlflow_run", mlflow_marker(runs / r)),
+        ("study_run.json", runs / r / "study_run.json"))} for r in recorded}
+    mlflow_before = json.loads(mlflow_marker(runs / interrupted).read_text())["run_id"]
     second = subprocess.run([DVC, "repro", REPORT], cwd=clone, env=env, capture_output=True,
                             text=True, timeout=1500)
     assert second.returncode == 0, (second.stdout[-3000:], second.stderr[-3000:])
@@ -680,14 +685,15 @@ def test_an_interrupted_study_resumes_the_caught_run_and_skips_finished_ones(ci_
     runs, clone = s["runs"], s["clone"]
     for r in s["recorded"]:  # DVC skipped them: same files, one session, same MLflow run
         assert f"Running stage '{STUDY_DVC}:study_run@{r}'" not in s["second"]
-        assert {n: _digest(runs / r / n) for n in s["before"][r]} == s["before"][r]
+        assert {n: _digest(mlflow_marker(runs / r) if n == "mlflow_run" else runs / r / n)
+                for n in s["before"][r]} == s["before"][r]
     for stage in ("study_plan", "study_warmup", "study_pool", "study_start"):
         assert f"Running stage '{STUDY_DVC}:{stage}'" not in s["second"]
     marker = json.loads((runs / s["interrupted"] / "study_run.json").read_text())
     assert (marker["sessions"], marker["finished"]) == (2, True)  # resumed, not started over
     summary = json.loads((runs / s["interrupted"] / "summary.json").read_text())
     assert summary["steps"] > s["step"] and len(summary["history"]) == summary["steps"]
-    assert json.loads((runs / s["interrupted"] / "mlflow_run.json").read_text())["run_id"] == \
+    assert json.loads(mlflow_marker(runs / s["interrupted"]).read_text())["run_id"] == \
         s["mlflow_before"]  # resumed into the same MLflow run
     status = subprocess.run([DVC, "status", REPORT], cwd=clone, env=s["env"],
                             capture_output=True, text=True, timeout=300)

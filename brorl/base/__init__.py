@@ -1,13 +1,14 @@
 """The base stage: supervised warm-up of the tiny policy to a middling checkpoint (spec §5.1, §7.2).
 
 `config` holds the stage's settings (`BaseConfig`); `checkpoint` builds, warms up and scores the
-policy of one experiment (`make_base_checkpoint`); `supervised` holds the warm-up itself (batches,
+policy of one experiment (`make_base_checkpoint`; `split_report` keeps its wall-clock figures
+apart); `supervised` holds the warm-up itself (batches,
 micro-batches, the LR schedule, the validation stopping rule and selection).
 """
 
 from __future__ import annotations
 
-from brorl.base.checkpoint import make_base_checkpoint
+from brorl.base.checkpoint import make_base_checkpoint, split_report
 from brorl.base.config import BaseConfig
 from brorl.base.supervised import (
     IGNORE,
@@ -38,6 +39,7 @@ __all__ = [
     "lr_at",
     "make_base_checkpoint",
     "round_shares",
+    "split_report",
     "start_warm_up",
     "train_steps",
     "warm_up",

@@ -8,6 +8,8 @@ verifiers, one sample per problem at the test's temperature and top-p, so the st
 the reported band measure the same thing; training stops once every family's pass@1 reaches
 `target_pass_low` (default 0.2), or at `max_steps`. Stopping at the low end of the 20-60% band
 leaves room for RL. `BaseConfig.from_params` is the stage's one conversion from the schema.
+The report's wall-clock figures are kept apart from what the stage's output holds (`split_report`,
+`brorl.timings`): the same weights give the same `report.json`.
 
 Paper: spec §5.1 / §7.2 (plateaued starting point).
 """
@@ -22,6 +24,7 @@ from brorl.base.supervised import warm_up
 from brorl.evals import sample_per_family
 from brorl.scoring import evaluate_policy
 from brorl.policy import load_policy
+from brorl.timings import split_timings
 from brorl.types import Problem
 
 
@@ -54,3 +57,13 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
               "train_seconds": train_seconds,
               "test_seconds": time.perf_counter() - started - train_seconds}
     return model, tokenizer, report
+
+
+def split_report(report: dict) -> tuple[dict, dict]:
+    """(the report without wall-clock figures, which `report.json` holds; those figures, which
+    `<out>.timings.json` holds: `train_seconds`, `test_seconds` and `history`, each check's step
+    and `seconds`). Everything else in the report follows from the inputs and the seed."""
+    stable, timings = split_timings(report)
+    stable["history"] = [split_timings(h)[0] for h in report["history"]]
+    timings["history"] = [{"step": h["step"], **split_timings(h)[1]} for h in report["history"]]
+    return stable, timings

@@ -13,21 +13,24 @@
 - `hf`: nothing is written but the card; the folder stays where it is.
 
 Every folder gets `model.json`, its card: source, architecture, parameters, vocabulary, stop ids,
-whether a chat template came with it, and (GGUF) the file, its quantisation and SHA-256.
+whether a chat template came with it, and (GGUF) the file, its quantisation and SHA-256. The card
+holds what the source decides and nothing the clock or the machine does: no seconds (the task
+times the call: `model/seconds` in MLflow and `<folder>.timings.json`, `brorl.timings`) and the
+checkpoint's path relative to the checkout (`brorl.files.checkout_relative`), so a rerun writes
+the same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from brorl.files import atomic_write_text
+from brorl.files import atomic_write_text, checkout_relative
 from brorl.model.sources import ModelConfig, check_source, gguf_path
 from brorl.policy import build_policy, build_tokenizer, load_tokenizer, save_policy
 from brorl.policy.tokens import model_stop_ids
@@ -40,7 +43,6 @@ def make_checkpoint(config: ModelConfig, dest: str | Path, root: str | Path = ".
     """Write the checkpoint of `config` at `dest` (paths from `root`) and return its card."""
     root, dest = Path(root), Path(dest)
     header = check_source(config, root)
-    started = time.perf_counter()
     extra: dict[str, Any] = {}
     if config.source == "hf" and not config.random_weights:
         model, tokenizer = _validated_folder(root / str(config.hf_folder))
@@ -59,11 +61,12 @@ def make_checkpoint(config: ModelConfig, dest: str | Path, root: str | Path = ".
         tokenizer = build_tokenizer()
         model = build_policy(vocab_size=len(tokenizer), **config.tiny_sizes)
         checkpoint = str(dest)
+    own = checkpoint == str(dest)  # the weights are written here, not used where they are
     card = {"source": config.source, "random_weights": config.random_weights,
-            "checkpoint": checkpoint, **describe(model, tokenizer), **extra,
-            "seconds": round(time.perf_counter() - started, 1)}
+            "checkpoint": checkout_relative(checkpoint, root), **describe(model, tokenizer),
+            **extra}
     text = json.dumps(card, indent=1) + "\n"
-    if checkpoint == str(dest):
+    if own:
         save_policy(model, tokenizer, dest, extra_files={CARD: text})
     else:
         _write_card_only(dest, text)

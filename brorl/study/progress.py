@@ -2,13 +2,16 @@
 
 Each run folder holds a marker, `study_run.json`: the digest of what the run was started with
 (its params without the `study` section, the content of its start policy and of the pool's
-data), whether it finished, and its wall seconds. `prepare_run_dir` decides from it before a
-session:
+data), whether it finished and in how many sessions. Its wall seconds go beside the folder, in
+the run's `<folder>.timings.json` (`wall_seconds`, `brorl.timings`), with its MLflow run's id in
+`<folder>.mlflow_run.json`: the folder is a DVC output and holds neither. `prepare_run_dir`
+decides from the marker before a session:
 - no folder: start;
 - the same digest, unfinished, with a checkpoint (an interrupted session): resume from the run's
   newest checkpoint in `<folder>/checkpoints`;
 - anything else (other params or start policy; or a finished run asked to run again, which DVC
-  does only when the run's code or data changed): the folder is cleared and the run starts over.
+  does only when the run's code or data changed): the folder and the two files beside it are
+  cleared and the run starts over.
 `progress` counts the finished runs whose digest is current and estimates the time left from
 their wall seconds: per remaining run, the mean of the finished runs of the same arm, else the
 finished runs' seconds per nominal rollout times the run's nominal rollouts (`nominal_rollouts`).
@@ -27,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brorl.files import atomic_write_text
-from brorl.run_files import latest_checkpoint
+from brorl.run_files import latest_checkpoint, mlflow_marker
+from brorl.timings import read_timings, timings_path, write_timings
 from brorl.study.plan import (
     StudyRun, find_run, nominal_steps, plan_runs, pool_data, run_dir, run_params, run_tree,
 )
@@ -78,10 +82,11 @@ def prepare_run_dir(folder: Path, run_id: str, digest: str) -> Preparation:
         action = "resume"
     else:
         action = "start"
+        if mlflow_marker(folder).is_file():
+            cleared = json.loads(mlflow_marker(folder).read_text()).get("run_id")
+        mlflow_marker(folder).unlink(missing_ok=True)
+        timings_path(folder).unlink(missing_ok=True)
         if folder.exists():
-            mlflow_marker = folder / "mlflow_run.json"
-            if mlflow_marker.is_file():
-                cleared = json.loads(mlflow_marker.read_text()).get("run_id")
             shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sessions = (marker or {}).get("sessions", 0) + 1 if action == "resume" else 1
@@ -110,10 +115,12 @@ def prepare_session(params: ExperimentParams, root: Path, run_id: str,
 
 
 def mark_finished(folder: Path, wall_seconds: float) -> None:
-    """Record in the marker that the run finished, with its last session's wall seconds."""
+    """Record in the marker that the run finished, and its last session's wall seconds in the
+    timings beside the folder."""
     marker = read_marker(folder) or {}
-    marker.update(finished=True, wall_seconds=wall_seconds)
+    marker.update(finished=True)
     atomic_write_text(folder / MARKER, json.dumps(marker) + "\n")
+    write_timings(folder, {**read_timings(folder), "wall_seconds": wall_seconds})
 
 
 def digests(params: ExperimentParams, root: Path) -> dict[str, str]:
@@ -145,9 +152,10 @@ def progress(params: ExperimentParams, root: Path, current: str,
     runs: dict[str, StudyRun] = {r.id: r for r in plan_runs(study)}
     walls: dict[str, float] = {}
     for run_id, digest in digests(params, root).items():
-        marker = read_marker(root / run_dir(study, runs[run_id]))
+        folder = root / run_dir(study, runs[run_id])
+        marker = read_marker(folder)
         if marker and marker["finished"] and marker["digest"] == digest:
-            walls[run_id] = float(marker.get("wall_seconds", 0.0))
+            walls[run_id] = float(read_timings(folder).get("wall_seconds", 0.0))
     elapsed = time.time() - started if started is not None else sum(walls.values())
     eta = None
     if walls:

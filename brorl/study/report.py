@@ -8,6 +8,11 @@ p, Holm-adjusted TOST p at the study's margin) says higher, lower, no change bey
 or inconclusive; the pre-registered revival rule is applied per arm. Scores are in points
 (percent): avg@k of the family score (pass@1 for math and code, mean reward for reasoning, spec
 §7.1), pass@k beside it; cells and tables are `brorl.reporting`'s, as in the comparison.
+
+The report's files are DVC outputs and hold no wall-clock figure: each arm's training and
+evaluation seconds and generation throughput (`TIMING_KEYS`, from the runs' own timings files,
+`brorl.evals.read_run`) go to `<out_dir>/report.timings.json` (`brorl.timings`), and
+`build_report` returns them with the rest.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from brorl.study.pool import POOL_FILE
 from brorl.study.results import RunResult
 from brorl.study.start import start_path
 from brorl.study.warmup import read_warmup
+from brorl.timings import split_timings, write_timings
 from brorl.types import FAMILIES
 
 if TYPE_CHECKING:
@@ -36,6 +42,9 @@ FIGURES = {"rollouts": "score_vs_rollouts.png", "steps": "score_vs_steps.png",
            "warmup": "warmup.png", "pool": "pool.png"}
 REPORT_FILES = ("report.md", "report.json", *FIGURES.values())
 """What `build_report` writes into `study.out_dir` (the DVC stage's outputs)."""
+TIMINGS = "report"
+"""`<out_dir>/report.timings.json` (`brorl.timings.timings_path` of `<out_dir>/report`): each
+arm's wall-clock figures, kept out of `REPORT_FILES`."""
 WORDS = {"higher": "higher", "lower": "lower",
          "equivalent": "no change beyond the margin (equivalent by TOST)",
          "higher_within_margin": "higher, by less than the margin",
@@ -128,8 +137,7 @@ def verdict(r: dict[str, Any]) -> list[str]:
 
 def arms_table(r: dict[str, Any]) -> str:
     header = ["arm", "what it isolates", "N", "B", "LR", "ends at", "seeds", "RL steps",
-              "RL steps at budget", "optimizer steps", f"rollouts at step {r['equal_steps']}",
-              "training s"]
+              "RL steps at budget", "optimizer steps", f"rollouts at step {r['equal_steps']}"]
     rows = []
     for name, a in r["arms"].items():
         end = f"budget and step {r['equal_steps']}" if a["stop"] == "rollouts" else \
@@ -139,8 +147,8 @@ def arms_table(r: dict[str, Any]) -> str:
                      f"{_mean(a['steps']):.1f}", f"{_mean(at_budget):.1f}" if at_budget else "-",
                      f"{_mean(a['optimizer_steps']):.0f}",
                      f"{_mean(a['rollouts_at_steps']):.0f}" if a["rollouts_at_steps"] else
-                     "not reached", f"{_mean(a['train_seconds']):.0f}"])
-    return markdown_table(header, "llrrrlrrrrrr", rows)
+                     "not reached"])
+    return markdown_table(header, "llrrrlrrrrr", rows)
 
 
 def scores_table(r: dict[str, Any]) -> str:
@@ -173,13 +181,11 @@ def contrasts_table(r: dict[str, Any]) -> str:
 
 def rates_table(r: dict[str, Any]) -> str:
     predicted = (r["pool"] or {}).get("predicted_pass_rate", math.nan)
-    rows = [[f"{name} ({a['N']})", f"{_pts(a['pass_rate'])}%",
-             f"{a['rollouts_per_s']['mean']:.0f}", f"{_mean(a['train_seconds']):.0f}",
-             f"{_mean(a['eval_seconds']):.0f}"] for name, a in r["arms"].items()]
-    table = markdown_table(["arm (N)", "dynamic-sampling pass rate", "generation rollouts/s",
-                            "training s", "evaluation s"], "lrrrr", rows)
-    return (f"Predicted ProRL pass rate of the pool (start policy): {100 * predicted:.1f}%."
-            f"\n\n{table}")
+    rows = [[f"{name} ({a['N']})", f"{_pts(a['pass_rate'])}%"] for name, a in r["arms"].items()]
+    table = markdown_table(["arm (N)", "dynamic-sampling pass rate"], "lr", rows)
+    return (f"Predicted ProRL pass rate of the pool (start policy): {100 * predicted:.1f}%. "
+            "Generation throughput and training seconds per arm: report.timings.json beside "
+            f"this report, and the runs' MLflow records.\n\n{table}")
 
 
 def pool_table(pool: dict[str, Any]) -> str:
@@ -209,7 +215,7 @@ def markdown(r: dict[str, Any], names: dict[str, str]) -> str:
             "## Scores", "", scores_table(r), "", "## Contrasts (pre-registered)", "",
             contrasts_table(r), "", f"![score vs rollouts]({names['rollouts']})",
             f"![score vs RL steps]({names['steps']})", "",
-            "## Dynamic sampling and speed", "", rates_table(r), ""]
+            "## Dynamic sampling", "", rates_table(r), ""]
     if r["pool"] is not None:
         text += ["## The prompt pool (the start policy's pass rates)", "", pool_table(r["pool"]),
                  "", f"![pool]({names['pool']})", ""]
@@ -273,5 +279,8 @@ def build_report(params: ExperimentParams, root: Path | str = ".") -> dict[str, 
     figures.warmup(plateau, out / FIGURES["warmup"])
     figures.pool(pool, out / FIGURES["pool"])
     atomic_write_text(out / "report.md", markdown(report, FIGURES))
-    atomic_write_text(out / "report.json", json.dumps(report, indent=1) + "\n")
+    stable = {**report, "arms": {n: split_timings(a)[0] for n, a in report["arms"].items()}}
+    atomic_write_text(out / "report.json", json.dumps(stable, indent=1) + "\n")
+    write_timings(out / TIMINGS, {"arms": {n: split_timings(a)[1]
+                                           for n, a in report["arms"].items()}})
     return report

@@ -4,7 +4,8 @@ Every run of a study starts from the warm-up policy and is evaluated at step 0 o
 instances with the same sampling seed: the same rows in every run (`Run.eval_protocol` is equal).
 The `study_start` stage scores them once (`score_start`, written to `<out_dir>/start/start.json`),
 and each run records them as its step-0 evaluation (`Run.train(start=)`, which refuses rows of
-another protocol) instead of spending about half a minute per run scoring them again.
+another protocol) instead of spending about half a minute per run scoring them again. The rows
+are stored without their `seconds` (0 at step 0; a DVC output holds no wall-clock figure).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brorl.files import atomic_write_text
+from brorl.timings import split_timings
 from brorl.study.plan import plan_runs, run_params
 
 if TYPE_CHECKING:
@@ -40,7 +42,8 @@ def score_start(params: ExperimentParams, root: Path | str = ".") -> dict[str, A
     tree["train"].update(run_dir=folder, checkpoint_dir=f"{folder}/checkpoints")
     run = Run.open(ExperimentParams.model_validate(tree), root, resume=False)
     run.evaluate()
-    return {"protocol": run.eval_protocol(), "rows": run.state.evals}
+    return {"protocol": run.eval_protocol(),
+            "rows": [split_timings(row)[0] for row in run.state.evals]}
 
 
 def write_start(params: ExperimentParams, root: Path) -> Path:

@@ -12,10 +12,15 @@ The budgets are the paper's bookkeeping (spec §4.4, §8): a step never spends p
 `max_rollouts` (its draws are capped at the rollouts left, and the run stops once fewer than N
 remain; with `min_steps` it goes on past the spent budget, uncapped, to that step, and the step
 that spent the budget is evaluated), and time is the training stages' seconds only
-(`TRAIN_STAGES`). Evaluations score each split of `eval_splits` on fixed instances (`brorl.evals`
-holds the row format); the plateau rule follows `val/score_mean` only. A run's end writes
-`run.json` beside its policy, so a run that starts from that policy continues its prompt stream
-and seeds (`brorl.train.sampler`).
+(`TRAIN_STAGES`). Evaluations score each split of `eval_splits` on fixed instances
+(`brorl.evals` holds the row format); the plateau rule follows `val/score_mean` only. A run's
+end writes `run.json` beside its policy, so a run that starts from that policy continues its
+prompt stream and seeds (`brorl.train.sampler`).
+
+The run's folder (`summary.json`, `evals.jsonl`, the checkpoints) holds no wall-clock figure and
+no absolute path, so the same weights give the same bytes (what DVC hashes): the seconds go to
+`<run_dir>.timings.json` beside it (`brorl.timings`), written with every checkpoint and at the
+end, read back by a resume from that checkpoint and by `brorl.evals.read_run`.
 
 The loop is written once, here (`train`, `step`). Orchestration plugs in through a `Driver`:
 `stage(run, name, *args)` runs the stage method `run.<name>(*args)` (the Prefect driver runs it
@@ -40,7 +45,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from brorl.data import load_split
 from brorl.evals import (SELECTION_METRIC, EvalProtocol, eval_metrics, evals_jsonl, row_split,
                          sample_per_family)
+from brorl.files import checkout_relative
 from brorl.run_files import record_params
 from brorl.train import checkpoint as ckpt
 from brorl.train.diagnostics import (
@@ -64,6 +70,7 @@ from brorl.train.collection import Collected, Collection
 from brorl.train.report import step_line
 from brorl.train.trainer import RewardFn, Trainer, parameter_digest
 from brorl.train.verification import ChunkVerifier, Generated
+from brorl.timings import read_timings, split_timings, write_timings
 from brorl.types import Problem, Timed, timed
 
 if TYPE_CHECKING:
@@ -118,13 +125,16 @@ class RunConfig:
     eval_splits: tuple[str, ...]
     eval_protocol: EvalProtocol
     diagnostics: DiagnosticsConfig
+    root: str = "."
+    """The checkout: paths the run's files record are relative to it (`checkout_relative`)."""
 
     @classmethod
     def from_params(cls, params: ExperimentParams, root: Path) -> RunConfig:
         """The `train` section's run policy; `run_dir` resolved against `root`."""
         t = params.train
         return cls(
-            name=params.name, run_dir=str(root / t.run_dir), data_path=params.data.path,
+            name=params.name, run_dir=str(root / t.run_dir), root=str(root),
+            data_path=params.data.path,
             steps=t.steps, max_rollouts=t.max_rollouts, min_steps=t.min_steps,
             max_seconds=t.max_seconds,
             plateau_patience=t.plateau_patience, eval_every=t.eval_every,
@@ -143,9 +153,13 @@ class Run:
                  probe_problems: Sequence[Problem] = ()) -> None:
         self.trainer, self.config = trainer, config
         self.eval_problems = {split: list(problems) for split, problems in eval_problems.items()}
-        self.state = RunState.from_dict(trainer.resumed_state) if trainer.resumed_state \
-            else RunState()
         self.run_dir = Path(config.run_dir)
+        self.state = RunState()
+        if trainer.resumed_state:  # the seconds of the same step, when they were kept beside
+            timings = read_timings(self.run_dir)
+            self.state = RunState.from_dict(
+                trainer.resumed_state, timings if timings.get("step") == trainer.step_count
+                else None)
         self.shrinkage: Shrinkage | None = None
         """Rank 0's diagnostics when `diagnostics.enabled` (the other ranks skip them)."""
         if config.diagnostics.enabled and trainer.rank == 0:
@@ -342,6 +356,8 @@ class Run:
         if self.trainer.rank == 0 and rows is None:
             rows = [self._score(split, problems) for split, problems in self.eval_problems.items()]
         rows = self.trainer.broadcast(rows)
+        for row in rows:  # rows scored elsewhere are stored without their seconds (step 0's)
+            row.setdefault("seconds", self.state.train_seconds)
         metrics: dict[str, float] = {}
         for row in rows:
             metrics.update(eval_metrics(row))
@@ -363,8 +379,15 @@ class Run:
         started = time.perf_counter()
         path = None
         if force or self.checkpoint_due():
-            path = str(self.trainer.save_checkpoint(run_state=asdict(self.state)))
+            path = str(self.trainer.save_checkpoint(run_state=self.state.stable_dict()))
+            self._write_timings()
         return Timed(path, time.perf_counter() - started)
+
+    def _write_timings(self) -> None:
+        """Rank 0: the state's seconds as of this step, beside the run's folder (what a resume
+        from this step's checkpoint reads back)."""
+        if self.trainer.rank == 0:
+            write_timings(self.run_dir, {"step": self.step_count, **self.state.timings_dict()})
 
     # -- the loop ----------------------------------------------------------------------------
     def step(self, driver: Driver) -> dict[str, float]:
@@ -446,8 +469,9 @@ class Run:
 
     def finish(self) -> dict[str, Any]:
         """Save the last state (if not saved yet) and the policy folder `<run_dir>/policy` with
-        its `run.json` (what a continuing run reads); write `<run_dir>/summary.json`; return
-        the summary."""
+        its `run.json` (what a continuing run reads); write `<run_dir>/summary.json` (without
+        the seconds, which go to `<run_dir>.timings.json`; paths from the checkout); return the
+        summary (with them, and absolute paths)."""
         saved = ckpt.latest_checkpoint(self.trainer.config.checkpoint_dir)
         if saved is None or ckpt.read_state(saved)["step"] != self.step_count:
             saved = Path(self.checkpoint(force=True).value)
@@ -467,10 +491,15 @@ class Run:
             from brorl.policy import save_policy
 
             save_policy(t.model, t.tokenizer, self.run_dir / "policy")
-            record = run_record(t.config.seed, t.global_step, t.sampler.state,
-                                self.config.data_path, len(t.sampler.problems))
+            data = checkout_relative(self.config.data_path, self.config.root)
+            record = run_record(t.config.seed, t.global_step, t.sampler.state, data,
+                                len(t.sampler.problems))
             ckpt.atomic_write_text(self.run_dir / "policy" / RUN_RECORD,
                                    json.dumps(record, indent=1) + "\n")
+            record = {**split_timings(summary)[0], "history": s.stable_dict()["history"],
+                      "checkpoint": checkout_relative(saved, self.config.root),
+                      "policy": checkout_relative(self.run_dir / "policy", self.config.root)}
             ckpt.atomic_write_text(self.run_dir / "summary.json",
-                                   json.dumps(summary, indent=1) + "\n")
+                                   json.dumps(record, indent=1) + "\n")
+            self._write_timings()
         return summary
