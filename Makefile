@@ -15,7 +15,7 @@ PYTHON ?= python3.11
 # point (the flows, commands.server and the dvc it runs, brorl.train, commands.mlflow_ui, the tests).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run real study test test-all simulate serve ui bench lock clean-venv
+.PHONY: install run real study test test-all stability simulate serve ui bench lock clean-venv
 
 install: $(STAMP)
 
@@ -99,6 +99,13 @@ chromium:
 # without CUDA.
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" --durations=15
+
+# make stability: the resume tests (tiny and real model, kill then resume) five times in a row
+# beside one CPU burner per core (tests/burner.py): exact resume must not depend on load or
+# timing. About 40 minutes on 2 cores.
+stability: install
+	OMP_NUM_THREADS=1 $(PY) -m tests.burner -- $(PY) -m pytest -q -m "not slow" --count 5 \
+	  tests/test_kill_resume.py tests/test_real_model.py -k resumes
 
 test-all: install chromium
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15
