@@ -5,9 +5,7 @@ this process: tasks are called directly inside the flow (`persist_result=False`,
 nothing big is pickled or sent to the Prefect API. The stage tasks carry the names of the run's
 stage methods (`STAGES`); the flow's driver (`flows/train.py`) runs each stage through them.
 `verify` retries (a verifier crash is transient); `ppo_update` and `checkpoint` never do (a
-retry would apply an update twice). The run's MLflow record (one MLflow run per training run,
-reopened on resume) is `tracking/train_record.py`'s; the Prefect logger it writes to comes from
-here (`run_logger`).
+retry would apply an update twice). The run's MLflow record is `tracking/train_record.py`'s.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def own_memory(model: torch.nn.Module) -> torch.nn.Module:
     weights stay tied), as a freshly built or deep-copied model holds them.
 
     `from_pretrained` leaves CPU tensors as views into the checkpoint file's memory map, at
-    offsets its header length decides (40 bytes past a 64-byte boundary for a typical folder).
+    offsets its header length decides (rarely a multiple of 64 bytes).
     Some CPU kernels (MKL's, by the instruction set it picks on a machine) round differently on
     differently aligned inputs, so the same weights loaded from two folders, or loaded against
     deep-copied, can give log-probabilities that differ in the last bits: a resumed run's

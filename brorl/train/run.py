@@ -17,10 +17,8 @@ that spent the budget is evaluated), and time is the training stages' seconds on
 end writes `run.json` beside its policy, so a run that starts from that policy continues its
 prompt stream and seeds (`brorl.train.sampler`).
 
-The run's folder (`summary.json`, `evals.jsonl`, the checkpoints) holds no wall-clock figure and
-no absolute path, so the same weights give the same bytes (what DVC hashes): the seconds go to
-`<run_dir>.timings.json` beside it (`brorl.timings`), written with every checkpoint and at the
-end, read back by a resume from that checkpoint and by `brorl.evals.read_run`.
+The run's folder holds no wall-clock figure or absolute path (same weights, same bytes for DVC):
+the seconds go to `<run_dir>.timings.json` beside it (`brorl.timings`), with every checkpoint.
 
 The loop is written once, here (`train`, `step`). Orchestration plugs in through a `Driver`:
 `stage(run, name, *args)` runs the stage method `run.<name>(*args)` (the Prefect driver runs it
@@ -134,9 +132,8 @@ class RunConfig:
         t = params.train
         return cls(
             name=params.name, run_dir=str(root / t.run_dir), root=str(root),
-            data_path=params.data.path,
-            steps=t.steps, max_rollouts=t.max_rollouts, min_steps=t.min_steps,
-            max_seconds=t.max_seconds,
+            data_path=params.data.path, steps=t.steps, max_rollouts=t.max_rollouts,
+            min_steps=t.min_steps, max_seconds=t.max_seconds,
             plateau_patience=t.plateau_patience, eval_every=t.eval_every,
             checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
             eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
@@ -469,9 +466,8 @@ class Run:
 
     def finish(self) -> dict[str, Any]:
         """Save the last state (if not saved yet) and the policy folder `<run_dir>/policy` with
-        its `run.json` (what a continuing run reads); write `<run_dir>/summary.json` (without
-        the seconds, which go to `<run_dir>.timings.json`; paths from the checkout); return the
-        summary (with them, and absolute paths)."""
+        its `run.json`; write `<run_dir>/summary.json` (its seconds beside it, paths from the
+        checkout); return the summary (with the seconds, and absolute paths)."""
         saved = ckpt.latest_checkpoint(self.trainer.config.checkpoint_dir)
         if saved is None or ckpt.read_state(saved)["step"] != self.step_count:
             saved = Path(self.checkpoint(force=True).value)
