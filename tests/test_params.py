@@ -307,7 +307,8 @@ def test_model_sources_need_their_keys(model, fragment):
 def test_run_config_takes_every_field_from_its_params_field():
     changed, unused = _changed_by(lambda p: RunConfig.from_params(p, Path("/r")),
                                   ("train", "generate", "verify", "data", "diagnostics"), BASE)
-    renamed = {"name": set(), "eval_protocol.max_response_tokens": {"generate.max_response_tokens"},
+    renamed = {"name": set(), "root": set(),  # root: the checkout, from_params' argument
+               "eval_protocol.max_response_tokens": {"generate.max_response_tokens"},
                "data_path": {"data.path"},
                **{key: _verify_owner(key) for key in changed
                   if key.startswith("eval_protocol.verify.")}}

@@ -128,8 +128,11 @@ with torch.no_grad():
 """
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not torch.backends.mkl.is_available(),
-                    reason="MKL's instruction-set switch exists on x86 builds only")
+MKL_X86 = platform.machine() in ("x86_64", "AMD64") and torch.backends.mkl.is_available()
+"""MKL_ENABLE_INSTRUCTIONS, MKL's instruction-set switch, exists on x86 builds only."""
+
+
+@pytest.mark.skipif(not MKL_X86, reason="MKL's instruction-set switch exists on x86 builds only")
 def test_built_loaded_and_copied_policies_give_the_same_logits_on_every_kernel_path(tmp_path):
     """A resumed run's reference (loaded) must score as the uninterrupted run's (built or
     copied). MKL's SSE4.2 path, which MKL picks on some CPUs, rounds a one-row product

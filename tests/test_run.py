@@ -52,9 +52,9 @@ def _protocol(**changes) -> EvalProtocol:
 
 
 def _config(**changes) -> RunConfig:
-    values = dict(name="t", run_dir="/nonexistent", data_path="data/problems", steps=100,
-                  max_rollouts=None, min_steps=None, max_seconds=None, plateau_patience=None,
-                  eval_every=4,
+    values = dict(name="t", run_dir="/nonexistent", root="/", data_path="data/problems",
+                  steps=100, max_rollouts=None, min_steps=None, max_seconds=None,
+                  plateau_patience=None, eval_every=4,
                   checkpoint_every=5, save_rollouts=False, eval_splits=("test",),
                   eval_protocol=_protocol(), diagnostics=DiagnosticsConfig(
                       enabled=False, probes_per_family=1, step_probes=0, decompose=False, seed=0))

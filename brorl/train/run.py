@@ -123,7 +123,7 @@ class RunConfig:
     eval_splits: tuple[str, ...]
     eval_protocol: EvalProtocol
     diagnostics: DiagnosticsConfig
-    root: str = "."
+    root: str
     """The checkout: paths the run's files record are relative to it (`checkout_relative`)."""
 
     @classmethod
