@@ -403,3 +403,25 @@ def test_a_runs_metrics_name_comes_from_its_run_folder():
                        ).compare_label == "other"
     assert load_params(ROOT / "params/study_ci.yaml").study_label == "ci_study"
     assert load_params(ROOT / "params/tiny.yaml", ["data.path=/tmp/x/problems"]).data_label == "x"
+
+
+def test_checkpoints_follow_the_run_folder_unless_set(tmp_path):
+    mine = tmp_path / "mine.yaml"  # a new run: only its run folder named
+    mine.write_text(f"extends: {ROOT / 'params/prorl.yaml'}\ntrain:\n  run_dir: outputs/mine\n")
+    assert load_params(mine).train.checkpoint_dir == "outputs/mine/checkpoints"
+    # an override of the run folder moves the checkpoints too: never the pipeline's finished run
+    moved = load_params(ROOT / "params/prorl.yaml", ["train.run_dir=outputs/try"])
+    assert moved.train.checkpoint_dir == "outputs/try/checkpoints"
+    explicit = load_params(mine, ["train.checkpoint_dir=elsewhere/ck"])
+    assert explicit.train.checkpoint_dir == "elsewhere/ck"  # an explicit folder wins
+    assert TrainParams().checkpoint_dir == "outputs/train/checkpoints"
+
+
+@pytest.mark.parametrize("path", PARAMS, ids=lambda p: p.name)
+def test_no_params_file_sets_the_checkpoint_folder_its_run_folder_implies(path):
+    """A file that spelt out `<run_dir>/checkpoints` would hide the default from every file
+    extending it: a derived file moving `run_dir` would still resume this file's run."""
+    from brorl.params.loading import read_yaml_tree
+
+    raw = read_yaml_tree(path).get("train", {})
+    assert "checkpoint_dir" not in raw or raw["checkpoint_dir"] != f"{raw.get('run_dir')}/checkpoints"

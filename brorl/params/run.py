@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -53,8 +53,10 @@ class TrainParams(Section):
     prompt stream and per-step seeds instead of restarting them (spec §4.3 leaves the
     continuation's data order open: our choice, so the arms never replay the warm-up's prompts).
     False: start at step 0 of a fresh stream."""
-    checkpoint_dir: str = "outputs/train/checkpoints"
-    """Folder of `step_XXXXXX/` checkpoints and the `latest` pointer."""
+    checkpoint_dir: str | None = None
+    """Folder of `step_XXXXXX/` checkpoints and the `latest` pointer. Unset (or null):
+    `<run_dir>/checkpoints`, filled in as the params load, so a run given a new `run_dir` never
+    resumes another run's checkpoints and the recorded params name the folder."""
     checkpoint_every: PositiveInt = 10
     """Steps between checkpoints; the last step is always saved."""
     keep_checkpoints: PositiveInt = 2
@@ -101,6 +103,16 @@ class TrainParams(Section):
     """Evaluation sampling temperature (spec §5.2: 0.6)."""
     eval_top_p: float = Field(0.95, gt=0, le=1)
     """Evaluation nucleus top-p (spec §5.2: 0.95)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoints_in_run_dir(cls, data: Any) -> Any:
+        """An unset `checkpoint_dir` becomes `<run_dir>/checkpoints` (the run's own folder)."""
+        if isinstance(data, dict) and data.get("checkpoint_dir") is None:
+            run_dir = data.get("run_dir", cls.model_fields["run_dir"].default)
+            if isinstance(run_dir, str):  # else run_dir's own check names the bad value
+                data = {**data, "checkpoint_dir": f"{run_dir.rstrip('/')}/checkpoints"}
+        return data
 
     @model_validator(mode="after")
     def _check_train(self) -> TrainParams:
