@@ -6,8 +6,9 @@
 registers one deployment per served flow with the server at $PREFECT_API_URL and runs their flow
 runs as child processes until Ctrl-C; stopping pauses the schedules. `make serve` starts a local
 server first (`commands/server.py`). Each deployment is named after the params file
-(`train/prorl`) and its parameters are that file and the `-S` overrides, validated here so that a
-typo fails now, not at 2 AM: the params, the schedules' shape (`check_schedules`) and the server at
+(`train/prorl`) and its parameters are that file, the deployment's own folders
+(`scheduled_overrides`: a served flow never writes into, or resumes, a DVC stage's outputs) and
+the `-S` overrides, validated here so that a typo fails now, not at 2 AM: the params, the schedules' shape (`check_schedules`) and the server at
 $PREFECT_API_URL are checked before prefect loads, so a bad one answers in about a second. A flow
 module is imported only when served, so the table may name flows that a checkout lacks; serving
 one of those fails with a clear message.
@@ -33,6 +34,28 @@ SERVED: dict[str, tuple[str, tuple[str, str | float]]] = {
     "simulate": ("flows.simulate:simulate", ("cron", "0 3 * * 0")),   # Sundays at 03:00
 }
 DEFAULT_FLOWS = ("train", "evaluate")
+SCHEDULED_DIR = "outputs/scheduled"
+"""Where served flows write: `<SCHEDULED_DIR>/<flow>/<params stem>/`, beside the pipeline's stage
+outputs, never in them (a nightly train into `outputs/prorl` would resume and change the `prorl`
+stage's finished run behind DVC's back)."""
+
+
+def scheduled_overrides(name: str, params: str | Path) -> list[str]:
+    """The `-S` overrides that give deployment `<name>/<params stem>` folders of its own: its
+    outputs, DVC-style metrics and plots and, for `train`, its run and checkpoints. The command
+    line's `-S` overrides come after these, so a user's choice wins. `evaluate` still reads the
+    params' own run (`train.run_dir`): it scores, never writes there."""
+    folder = f"{SCHEDULED_DIR}/{name}/{Path(params).stem}"
+    own = [f"tracking.output_dir={folder}", f"tracking.metrics_dir={folder}/metrics",
+           f"tracking.plots_dir={folder}/plots"]
+    if name == "train":
+        own += [f"train.run_dir={folder}/run", f"train.checkpoint_dir={folder}/run/checkpoints"]
+    return own
+
+
+def deployment_overrides(name: str, args: argparse.Namespace) -> list[str]:
+    """Every override deployment `name` runs with: its own folders, then the command line's."""
+    return [*scheduled_overrides(name, args.params), *args.overrides]
 
 
 class DeployError(RuntimeError):
@@ -86,7 +109,8 @@ def check_schedules(args: argparse.Namespace) -> None:
 
 def build_deployments(args: argparse.Namespace) -> list[Any]:
     """One RunnerDeployment per flow in `args.flow`, parameters checked against the schema."""
-    load_params(args.params, args.overrides)
+    for name in args.flow or DEFAULT_FLOWS:
+        load_params(args.params, deployment_overrides(name, args))
     from prefect.types.entrypoint import EntrypointType  # after the check: a typo fails fast
 
     params_path = str(Path(args.params).resolve())  # flow runs start in the serving process's cwd
@@ -96,7 +120,8 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
         try:
             deployments.append(flow.to_deployment(
                 name=Path(args.params).stem, **schedule_of(name, args),
-                parameters={"params_path": params_path, "overrides": list(args.overrides)},
+                parameters={"params_path": params_path,
+                            "overrides": deployment_overrides(name, args)},
                 tags=["brorl"], description=f"{name} with {args.params}",
                 entrypoint_type=EntrypointType.MODULE_PATH))  # `flows.train.train`, any cwd
         except ValueError as err:  # an invalid cron string or interval
@@ -136,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     environment()
     args = parser().parse_args(argv)
     try:
-        load_params(args.params, args.overrides)
+        for name in args.flow or DEFAULT_FLOWS:
+            load_params(args.params, deployment_overrides(name, args))
         check_schedules(args)
         if args.check:
             return

@@ -39,13 +39,48 @@ def test_schedule_options_override_the_table_and_parameters_carry_params_and_ove
     [served] = deploy.build_deployments(args)
     assert (served.flow_name, served.name) == ("simulate", "simulate_ci")
     assert served.schedules[0].schedule.interval == timedelta(hours=1)
-    assert served.parameters == {"params_path": str(ROOT / CI_PARAMS),
-                                 "overrides": ["simulate.num_seeds=1"]}
+    assert served.parameters == {"params_path": str(ROOT / CI_PARAMS), "overrides": [
+        *deploy.scheduled_overrides("simulate", CI_PARAMS), "simulate.num_seeds=1"]}
     assert served.entrypoint == "flows.simulate.simulate"
 
     [default] = deploy.build_deployments(deploy.parser().parse_args(
         ["--params", CI_PARAMS, "--flow", "simulate"]))
     assert default.schedules[0].schedule.cron == deploy.SERVED["simulate"][1][1]
+
+
+def _dvc_outputs() -> list[Path]:
+    """Every `outs`, `metrics` and `plots` path of dvc.yaml, study/dvc.yaml and
+    pipelines/smollm2/dvc.yaml, as DVC resolves them (`${...}` included)."""
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        outs = [Path(o.fs_path).relative_to(ROOT) for o in repo.index.outs]
+    pipelines = {Path(o.stage.path).relative_to(ROOT).as_posix() for o in repo.index.outs}
+    assert {"dvc.yaml", "study/dvc.yaml", "pipelines/smollm2/dvc.yaml"} <= pipelines
+    return outs
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+@pytest.mark.parametrize("params", ["params/prorl.yaml", "params/brorl.yaml", CI_PARAMS,
+                                    "params/simulate.yaml", "params/smollm2_prorl.yaml"])
+def test_every_scheduled_deployment_writes_outside_every_dvc_stage_output(params):
+    from brorl.params import load_params
+
+    outs = _dvc_outputs()
+    for name in deploy.SERVED:
+        args = deploy.parser().parse_args(["--params", params, "--flow", name])
+        p = load_params(ROOT / params, deploy.deployment_overrides(name, args))
+        t = p.tracking
+        written = [Path(t.output_dir), Path(t.metrics_dir), Path(t.plots_dir)]
+        if name == "train":
+            written += [Path(p.train.run_dir), Path(p.train.checkpoint_dir)]
+        for folder in written:
+            assert folder.is_relative_to(f"{deploy.SCHEDULED_DIR}/{name}"), (name, folder)
+            hit = [out for out in outs if _overlap(folder, out)]
+            assert not hit, f"{name}/{Path(params).stem} writes {folder}, a DVC output: {hit}"
 
 
 def test_a_misspelt_params_key_exits_2_naming_it_before_anything_is_served(capsys):
