@@ -113,17 +113,18 @@ test-all: install chromium
 simulate: install
 	$(PY) -m flows.simulate --params params/simulate.yaml
 
-# Prefect server on 127.0.0.1:$(PORT) in the background, the scheduled deployments of
+# Prefect server on 127.0.0.1:4200 (or PORT) in the background, the scheduled deployments of
 # commands/deploy.py in the foreground (their params and schedules checked first); Ctrl-C stops both. E.g. make serve SERVE_ARGS='--train-cron "0 3 * * *"'
-PORT ?= 4200
+# PORT: no default of its own, so that `make ui PORT=5001` and `make serve PORT=4300` both work.
 PARAMS ?= params/prorl.yaml
 serve: install
 	$(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS) --check
-	$(PY) -m commands.server --port $(PORT) -- $(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS)
+	$(PY) -m commands.server --port $(or $(PORT),4200) -- $(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS)
 
-# MLflow UI + REST API for mlflow.db (or $$MLFLOW_TRACKING_URI) on 127.0.0.1:5000; Ctrl-C stops it.
+# MLflow UI + REST API for mlflow.db (or $$MLFLOW_TRACKING_URI) on 127.0.0.1:5000 (make ui
+# PORT=5001 for another port); Ctrl-C stops it.
 ui: install
-	$(PY) -m commands.mlflow_ui --port 5000
+	$(PY) -m commands.mlflow_ui --port $(or $(PORT),5000)
 
 bench: install
 	$(PY) benchmarks/simulate_speed.py

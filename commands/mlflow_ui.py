@@ -26,7 +26,7 @@ from pathlib import Path
 
 from brorl.checkout import CheckoutError, find_root
 from brorl.environment import apply_defaults, with_defaults
-from brorl.servers import HOST, Terminated, free_port, running
+from brorl.servers import HOST, Terminated, free_port, port_in_use, running
 from tracking import resolve_tracking_uri
 
 
@@ -99,12 +99,17 @@ def main(argv: list[str] | None = None) -> None:
     except CheckoutError as err:
         raise SystemExit(f"error: {err}") from None
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--port", type=int, default=5000, help="default 5000 (make ui PORT=...)")
     parser.add_argument("--backend-store-uri", default=None,
                         help="default: $MLFLOW_TRACKING_URI, else the project's mlflow.db")
     parser.add_argument("--artifacts-destination", type=Path, default=None,
                         help="default: mlartifacts/ beside the SQLite store")
     args = parser.parse_args(argv)
+    if port_in_use(args.port):  # one line, not the server's traceback 20 s later
+        print(f"error: port {args.port} on {HOST} is already in use (another MLflow UI?); pick "
+              "another one: make ui PORT=5001 (python -m commands.mlflow_ui --port 5001).",
+              file=sys.stderr)
+        raise SystemExit(2)
     try:
         uri = args.backend_store_uri or resolve_tracking_uri()
     except CheckoutError as err:

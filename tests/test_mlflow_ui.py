@@ -101,3 +101,34 @@ def test_server_lists_both_arms_and_renders_their_metric_charts(ci_arms_updated:
     assert arm_colours <= colours, f"expected the arms' colours {arm_colours}, found {colours}"
     for rgb in colours:
         assert pixels_near(charts.png, rgb) > 50, f"no pixels of line colour rgb{rgb} in {charts.png}"
+
+
+def test_a_busy_port_is_one_line_naming_it_and_the_fix(capsys) -> None:
+    import socket
+
+    from brorl.servers import HOST, free_port
+    from commands import mlflow_ui
+
+    with socket.socket() as taken:
+        port = free_port()
+        taken.bind((HOST, port))
+        taken.listen()
+        with pytest.raises(SystemExit) as exit_info:
+            mlflow_ui.main(["--port", str(port)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert str(port) in err and "make ui PORT=" in err
+
+
+@pytest.mark.parametrize(("target", "given", "port"), [
+    ("ui", [], 5000), ("ui", ["PORT=5001"], 5001), ("serve", [], 4200),
+    ("serve", ["PORT=4300"], 4300)])
+def test_make_ui_and_serve_take_port_with_defaults_of_their_own(target, given, port) -> None:
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PORT", "MAKEFLAGS")}
+    shown = subprocess.run(["make", "-n", target, *given], cwd=Path(__file__).parents[1], env=env,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    server = "commands.mlflow_ui" if target == "ui" else "commands.server"
+    assert any(server in line and f"--port {port}" in line for line in shown), shown
