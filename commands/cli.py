@@ -26,9 +26,19 @@ from commands.entry import check, environment
 app = typer.Typer(help="BroRL: simulate, train, compare and evaluate RLVR runs (Prefect flows).",
                   no_args_is_help=True, add_completion=False)
 
-Params = Annotated[str, typer.Option("--params", help="YAML params file, e.g. params/prorl.yaml")]
-Sets = Annotated[list[str] | None, typer.Option(
-    "--set", "-S", metavar="KEY=VALUE", help="override one params key (repeatable)")]
+
+
+def _params(example: str) -> Any:
+    """The `--params` option, its help naming a file the command runs on."""
+    return Annotated[str, typer.Option("--params", help=f"YAML params file, e.g. {example}")]
+
+
+def _sets(example: str) -> Any:
+    """The repeatable `-S` option, its help naming a key the command reads."""
+    return Annotated[list[str] | None, typer.Option(
+        "--set", "-S", metavar="KEY=VALUE",
+        help=f"override one params key (repeatable), e.g. {example}")]
+
 
 
 @app.callback()
@@ -94,10 +104,11 @@ the simulator; the study (`make study`, about two hours) only when named."""
 @app.command()
 def run(stages: Annotated[list[str] | None, typer.Argument(
             help="DVC stages to reproduce (default: simulate and compare, every stage but the "
-                 "two-hour study's; `brorl run study_report` runs the study)")] = None,
+                 "two-hour study's; `brorl run study/dvc.yaml:study_report` runs the study)")] = None,
         params: Annotated[str | None, typer.Option(
-            "--params", help="params file the -S overrides apply to (needed with -S)")] = None,
-        overrides: Sets = None) -> None:
+            "--params", help="params file the -S overrides apply to (needed with -S), e.g. "
+                             "params/prorl.yaml")] = None,
+        overrides: _sets("train.steps=5") = None) -> None:
     """The default pipeline: `dvc repro simulate compare` (with -S: `dvc exp run -S FILE:KEY=VALUE`), every stage
     reporting to one Prefect server started for the run and stopped after it (as `make run`)."""
     overrides = list(overrides or [])
@@ -117,20 +128,23 @@ def run(stages: Annotated[list[str] | None, typer.Argument(
 
 
 @app.command()
-def simulate(params: Params, overrides: Sets = None) -> None:
+def simulate(params: _params("params/simulate_ci.yaml"),
+             overrides: _sets("simulate.steps=200") = None) -> None:
     """The paper's token-level simulator sweep (BroRL §4.1)."""
     _run_flow("simulate", params, overrides)
 
 
 @app.command()
-def model(params: Params, overrides: Sets = None) -> None:
+def model(params: _params("params/tiny_ci.yaml"),
+          overrides: _sets("model.hidden_size=64") = None) -> None:
     """The starting checkpoint from the params' `model` source (a GGUF file, a local HF folder,
     or the tiny model built from config)."""
     _run_flow("model", params, overrides)
 
 
 @app.command()
-def train(params: Params, overrides: Sets = None,
+def train(params: _params("params/prorl.yaml"),
+          overrides: _sets("train.run_dir=outputs/mine") = None,
           allow_changed_params: Annotated[bool, typer.Option(
               help="resume a checkpoint written under other params (by default only the stop "
                    "rules and schedules may change: brorl/run_files.py)")] = False) -> None:
@@ -139,13 +153,15 @@ def train(params: Params, overrides: Sets = None,
 
 
 @app.command()
-def compare(params: Params, overrides: Sets = None) -> None:
+def compare(params: _params("params/compare.yaml"),
+            overrides: _sets("compare.budget_rollouts=1024") = None) -> None:
     """ProRL and BroRL from the same start at an equal budget, then the report."""
     _run_flow("compare", params, overrides)
 
 
 @app.command()
-def evaluate(params: Params, overrides: Sets = None,
+def evaluate(params: _params("params/prorl.yaml"),
+             overrides: _sets("train.eval_samples=2") = None,
              checkpoint: Annotated[str | None, typer.Option(
                  help="checkpoint folder to evaluate (default: the params' own)")] = None) -> None:
     """Held-out evaluation of a checkpoint (pass@k per family)."""
@@ -153,7 +169,8 @@ def evaluate(params: Params, overrides: Sets = None,
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def serve(ctx: typer.Context, params: Params, overrides: Sets = None,
+def serve(ctx: typer.Context, params: _params("params/prorl.yaml"),
+          overrides: _sets("train.steps=5") = None,
           port: Annotated[int, typer.Option(help="port of the local Prefect server")] = 4200) -> None:
     """Scheduled deployments on a local Prefect server (Ctrl-C stops both).
 

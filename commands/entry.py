@@ -92,11 +92,25 @@ def environment() -> None:
         fail(str(err))
 
 
+EXAMPLES: dict[str, tuple[str, str]] = {
+    "simulate": ("params/simulate_ci.yaml", "simulate.steps=200"),
+    "data": ("params/tiny_ci.yaml", "data.math_per_task=50"),
+    "model": ("params/tiny_ci.yaml", "model.hidden_size=64"),
+    "base": ("params/tiny_ci.yaml", "base.max_steps=50"),
+    "train": ("params/prorl.yaml", "train.run_dir=outputs/mine"),
+    "evaluate": ("params/prorl.yaml", "train.eval_samples=2"),
+    "compare": ("params/compare.yaml", "compare.budget_rollouts=1024"),
+}
+"""Each flow's `--help` example: a params file it runs on and an override of a key it reads
+(tests/test_help_examples.py loads each pair)."""
+
+
 def parser(name: str) -> argparse.ArgumentParser:
+    params, override = EXAMPLES[name]
     p = argparse.ArgumentParser(prog=f"python -m flows.{name}")
-    p.add_argument("--params", required=True, help="YAML params file under params/")
+    p.add_argument("--params", required=True, help=f"YAML params file, e.g. {params}")
     p.add_argument("-S", "--set", dest="overrides", action="append", default=[],
-                   metavar="KEY=VALUE", help="override one params key, e.g. simulate.steps=200")
+                   metavar="KEY=VALUE", help=f"override one params key, e.g. {override}")
     if name == "train":
         p.add_argument("--allow-changed-params", action="store_true",
                        help="resume a checkpoint written under other params (by default only "
@@ -137,9 +151,10 @@ STUDY_MODES = ("warmup", "pool", "plan", "start", "report")
 def study_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flows.study",
                                 description="The flows of a study (docs/study.md).")
-    p.add_argument("--params", required=True, help="the study's params file")
+    p.add_argument("--params", required=True,
+                   help="the study's params file, e.g. params/study_ci.yaml")
     p.add_argument("-S", "--set", dest="overrides", action="append", default=[],
-                   metavar="KEY=VALUE", help="override one params key")
+                   metavar="KEY=VALUE", help="override one params key, e.g. study.margin=0.05")
     mode = p.add_mutually_exclusive_group(required=True)
     for name in STUDY_MODES:
         mode.add_argument(f"--{name}", action="store_true", help=f"the study-{name} flow")
