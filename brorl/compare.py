@@ -234,6 +234,45 @@ def verdict(test: dict[str, Any], alpha: float = ALPHA) -> str:
             "difference here may not hold for another seed.")
 
 
+CAPTIONS = {
+    "table1": "Table: each family's score is the MEAN OVER ITS TASKS of each task's mean over its "
+              "test instances (a task weighs the same whatever its instance count; "
+              "`eval/score_<family>`, docs/metrics.md), {evaluation}. It differs from the "
+              "start-and-end table's mean over instances when a family's tasks have unequal "
+              "instance counts.",
+    "start_and_end": "Table: each score is the MEAN OVER THE FAMILY'S TEST INSTANCES (every "
+                     "instance weighs the same, tasks pooled), not Table 1's mean over tasks, "
+                     "{evaluation}; intervals are bootstrap over instances, changes are paired "
+                     "over instances.",
+    "table2": "Table: training rollouts, not an evaluation: each rate is POOLED OVER THE ARM'S "
+              "TRAINING STEPS (sum of the rollouts of the groups the keep rule passes / sum of "
+              "rollouts generated, the active rule, then each rule), not a mean of per-step "
+              "rates.",
+    "paired": "Table: each family's arm - baseline difference of the MEAN OVER THE FAMILY'S "
+              "COMMON TEST INSTANCES (instances weigh the same, tasks pooled), {evaluation}; "
+              "paired over instances (t interval, two-sided p).",
+}
+"""The statement above each table of `report.md`: what its figures average, over what unit, and
+which evaluation (`{evaluation}`: `evaluation_words`)."""
+
+
+def evaluation_words(arms: list[ArmResult], sampling: dict[str, Any] | None) -> str:
+    """`per instance the avg@k of its k = 4 evaluation samples, temperature 0.6, top-p 0.95
+    (...)`: which evaluation the report's scores are. k comes from `sampling` or else from the rows'
+    pass@k keys; temperature and top-p only from `sampling`."""
+    if sampling is not None:
+        k = int(sampling["samples"])
+        how = f", temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}"
+    else:
+        ks = {int(q.removeprefix("pass_at_")) for a in arms for r in a.evals
+              for fam in r["scores"]["family"].values() for q in fam
+              if q.startswith("pass_at_")}
+        k = max(ks, default=1)
+        how = ", sampling settings not recorded"
+    return (f"per instance the avg@k of its k = {k} evaluation samples{how} (correctness for "
+            "pass@1, the reward for the mean reward)")
+
+
 def plot(arms: list[ArmResult], path: Path, quantity: str = "score",
          timings: bool = True) -> Path:
     """One quantity per family (headline score or pass@1) against training seconds (top row,
@@ -266,11 +305,13 @@ def plot(arms: list[ArmResult], path: Path, quantity: str = "score",
     return path
 
 
-def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> dict[str, Any]:
+def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str,
+                 sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write `report.md`, `report.json`, `scores.png` and `pass_at_1.png` under `out_dir`, none
     with a wall-clock figure, and those figures to `<out_dir>.timings.json`; return the JSON
     with them (`arms`' seconds, `rollouts_per_s`). `paired_test` is the first non-baseline
-    arm's test, `paired_tests` every arm's."""
+    arm's test, `paired_tests` every arm's. `sampling` is the arms' shared evaluation sampling
+    (`brorl.evals.EvalProtocol.sampling`), named in the report's words (`evaluation_words`)."""
     by_name = {a.name: a for a in arms}
     if baseline not in by_name:
         raise ValueError(f"compare.baseline {baseline!r} is not an arm; choose from "
@@ -281,25 +322,26 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
     ends = start_and_end(arms, baseline)
     figures = [plot(arms, out_dir / "scores.png", timings=False),
                plot(arms, out_dir / "pass_at_1.png", "pass_at_1", timings=False)]
+    evaluation = evaluation_words(arms, sampling)
+    caption = {name: text.format(evaluation=evaluation) for name, text in CAPTIONS.items()}
     text = ["# ProRL vs BroRL", "",
             "Every arm starts from the same checkpoint with an equal rollout budget and is scored "
-            "on the same held-out test instances. Scores in percent (Table 1 layout, spec §5.1): "
-            "pass@1 (mean correctness over the evaluation samples) for Math and Code, the mean "
-            "continuous reward for Reasoning (spec §7.1) with its pass@1 beside it. Wall-clock "
-            f"figures (training seconds, throughput) are in {out_dir.name}.timings.json beside "
-            "this folder and in the MLflow run, not here: this report is the same whenever the "
-            "weights are.", "", table1(arms, timings=False), "",
+            "on the same held-out test instances. Scores in percent: pass@1 for Math and Code, "
+            "the mean continuous reward for Reasoning (BroRL §4.2, as in ProRL) with its pass@1 "
+            f"beside it; every score is {evaluation}. Wall-clock figures (training seconds, "
+            f"throughput) are in {out_dir.name}.timings.json beside this folder and in the MLflow "
+            "run, not here: this report is the same whenever the weights are.", "",
+            "## Scores per evaluation (Table 1 layout, BroRL Table 1)", "", caption["table1"],
+            "", table1(arms, timings=False), "",
             "## Start and end per family", "",
             "The start's scores (step 0, shared by every arm) and each arm's last, in percent with "
             f"{100 * (1 - ALPHA):g}% bootstrap intervals over the instances; each arm's change "
             "from the start in points, paired over the same instances (t interval). One training "
             "seed per arm: the intervals cover the choice of instances only.", "",
-            start_and_end_table(ends, arms), "",
-            "## Dynamic-sampling pass rate (Table 2 layout, spec §5.5)",
-            "", "Pooled over each arm's steps: pass rate = rollouts of the groups the keep rule "
-            "passes / rollouts generated (the active rule, then each rule); the generation "
-            "throughput (rollouts / generation seconds) is with the wall-clock figures.", "",
-            table2(arms, timings=False), ""]
+            caption["start_and_end"], "", start_and_end_table(ends, arms), "",
+            "## Dynamic-sampling pass rate (Table 2 layout, BroRL Table 2)",
+            "", "The generation throughput (rollouts / generation seconds) is with the "
+            "wall-clock figures.", "", caption["table2"], "", table2(arms, timings=False), ""]
     for test in tests.values():
         text += [f"## Paired test: {test['arm']} - {test['baseline']} (last test evaluation)", "",
                  verdict(test), ""]
@@ -307,7 +349,8 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str) -> d
             rows = [[fam, t["instances"], f"{100 * t['delta']:+.2f}",
                      f"{100 * t['ci_low']:+.2f} to {100 * t['ci_high']:+.2f}",
                      f"{t['p_two_sided']:.3g}"] for fam, t in test["families"].items()]
-            text += [markdown_table(["family", "instances", "difference (points)", "95% CI",
+            text += [caption["paired"], "",
+                     markdown_table(["family", "instances", "difference (points)", "95% CI",
                                      "p (two-sided)"], "lrrrr", rows), ""]
     text += [f"![{f.stem}]({f.name})" for f in figures] + [""]
     (out_dir / "report.md").write_text("\n".join(text))

@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from brorl.checkout import find_root
 from brorl.compare import ArmResult, build_report, headline, report_metrics
+from brorl.evals import EvalProtocol
 from brorl.params import ExperimentParams, compare_arms
 from brorl.files import atomic_write_text
 from brorl.timings import timings_path
@@ -35,7 +36,9 @@ def report(arm_params: dict[str, dict[str, Any]], report_dir: str,
     `baseline`; with `metrics_path`, its `headline` there too (the DVC stage's metrics)."""
     root = find_root()
     arms = [ArmResult.load(name, root / p["train"]["run_dir"]) for name, p in arm_params.items()]
-    out = build_report(arms, root / report_dir, baseline)
+    first = ExperimentParams.model_validate(next(iter(arm_params.values())))
+    out = build_report(arms, root / report_dir, baseline,  # the arms are scored alike
+                       EvalProtocol.from_params(first).sampling())
     if metrics_path is not None:
         path = root / metrics_path
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -276,3 +276,34 @@ def test_report_metrics_name_each_arm_family_and_the_paired_test(tmp_path):
     assert metrics["compare/paired_p"] == report["paired_test"]["p_one_tailed"]
     assert {"compare/score_math_prorl", "compare/pass_at_1_reasoning_brorl",
             "compare/pass_rate_brorl", "compare/rollouts_per_s_prorl"} <= set(metrics)
+
+
+def _captioned_tables(text):
+    """Each Markdown table of a report with the paragraph right above it."""
+    blocks = [b.strip() for b in text.split("\n\n") if b.strip()]
+    return [(blocks[i - 1], b.splitlines()[0]) for i, b in enumerate(blocks) if b.startswith("|")]
+
+
+def test_every_table_of_the_report_says_what_it_averages_and_which_evaluation(tmp_path):
+    prorl = _arm(tmp_path, "prorl", [_row(0, 0, BASE), _row(4, 512, [0.5] * 6)])
+    brorl = _arm(tmp_path, "brorl", [_row(0, 0, BASE), _row(1, 512, [0.75] * 6)])
+    build_report([prorl, brorl], tmp_path / "out", "prorl",
+                 {"samples": 4, "temperature": 0.6, "top_p": 0.95})
+    tables = _captioned_tables((tmp_path / "out" / "report.md").read_text())
+    # Table 1, start and end, Table 2, the paired test's families: four tables, four captions
+    assert len(tables) == 4 and all(caption.startswith("Table: ") for caption, _ in tables)
+    (t1, _), (ends, _), (t2, _), (test, _) = tables
+    assert "MEAN OVER ITS TASKS" in t1  # eval/score_<family>: instances -> tasks -> family
+    assert "MEAN OVER THE FAMILY'S TEST INSTANCES" in ends
+    assert "MEAN OVER THE FAMILY'S COMMON TEST INSTANCES" in test
+    assert "POOLED OVER THE ARM'S TRAINING STEPS" in t2 and "not an evaluation" in t2
+    for caption in (t1, ends, test):
+        assert "avg@k of its k = 4 evaluation samples, temperature 0.6, top-p 0.95" in caption
+
+
+def test_report_without_sampling_takes_k_from_the_rows_and_says_the_rest_is_unknown(tmp_path):
+    family = {"math": {"pass_at_1": 0.5, "pass_at_8": 0.9}}
+    arm = _arm(tmp_path, "prorl", [_row(0, 0, BASE, family=family)])
+    build_report([arm], tmp_path / "out", "prorl")
+    tables = _captioned_tables((tmp_path / "out" / "report.md").read_text())
+    assert "k = 8 evaluation samples, sampling settings not recorded" in tables[0][0]

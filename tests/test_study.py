@@ -796,3 +796,22 @@ def test_a_pushed_study_is_pulled_into_a_fresh_clone_without_rerunning_a_stage(c
     for name in ("report.md", "report.json", "pool/pool.json", "warmup/plateau.json"):
         assert (fresh / out / name).read_bytes() == (clone / out / name).read_bytes(), name
     assert sorted(p.name for p in (fresh / out / "runs").iterdir()) == sorted(CI_RUNS)
+
+
+def test_every_table_of_the_study_report_says_what_it_averages_and_which_evaluation(tmp_path):
+    params = _hand_made_study(tmp_path)
+    build_report(params, tmp_path)
+    blocks = [b.strip() for b in (tmp_path / "study" / "report.md").read_text().split("\n\n")
+              if b.strip()]
+    captions = [blocks[i - 1] for i, b in enumerate(blocks) if b.startswith("|")]
+    # arms, scores, contrasts, dynamic sampling, the pool: one caption each
+    assert len(captions) == 5 and all(c.startswith("Table: ") for c in captions)
+    arms, scores, contrasts, rates, pool = captions
+    t = params.train
+    evaluation = (f"avg@k of its k = {t.eval_samples} evaluation samples, temperature "
+                  f"{t.eval_temperature:g}, top-p {t.eval_top_p:g}")
+    assert "MEAN OVER SEEDS AND TEST INSTANCES" in scores and evaluation in scores
+    assert "not a mean of families" in scores
+    assert "MEAN OVER SEEDS AND TEST INSTANCES" in contrasts and evaluation in contrasts
+    assert "MEAN OVER ITS SEEDS" in arms and "MEAN OVER THE ARM'S SEEDS" in rates
+    assert "COUNTS OF PROMPTS" in pool

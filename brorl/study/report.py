@@ -179,13 +179,13 @@ def contrasts_table(r: dict[str, Any]) -> str:
     return markdown_table(header, "llrlrrrrlrr", rows)
 
 
-def rates_table(r: dict[str, Any]) -> str:
+def rates_table(r: dict[str, Any], caption: str) -> str:
     predicted = (r["pool"] or {}).get("predicted_pass_rate", math.nan)
     rows = [[f"{name} ({a['N']})", f"{_pts(a['pass_rate'])}%"] for name, a in r["arms"].items()]
     table = markdown_table(["arm (N)", "dynamic-sampling pass rate"], "lr", rows)
     return (f"Predicted ProRL pass rate of the pool (start policy): {100 * predicted:.1f}%. "
             "Generation throughput and training seconds per arm: report.timings.json beside "
-            f"this report, and the runs' MLflow records.\n\n{table}")
+            f"this report, and the runs' MLflow records.\n\n{caption}\n\n{table}")
 
 
 def pool_table(pool: dict[str, Any]) -> str:
@@ -203,22 +203,50 @@ def pool_table(pool: dict[str, Any]) -> str:
     return markdown_table(["start pass rate", "train prompts", "pool prompts"], "lrr", rows)
 
 
+CAPTIONS = {
+    "arms": "Table: per arm, counts are the MEAN OVER ITS SEEDS (runs); N, B and LR are the "
+            "arm's settings.",
+    "scores": "Table: each score is the MEAN OVER SEEDS AND TEST INSTANCES (every instance "
+              "weighs the same, tasks pooled; 'overall' pools every family's instances, not a "
+              "mean of families), {evaluation}; pass@k from the same samples.",
+    "contrasts": "Table: each difference is b - a of the MEAN OVER SEEDS AND TEST INSTANCES "
+                 "(as the scores), {evaluation}; the interval is two-way bootstrap over seeds "
+                 "and instances, the test has SEEDS as its unit (one mean per run).",
+    "rates": "Table: training rollouts, not an evaluation: each rate is pooled over a run's "
+             "training steps (kept / generated rollouts), then the MEAN OVER THE ARM'S SEEDS.",
+    "pool": "Table: COUNTS OF PROMPTS per bin of the start policy's estimated pass rate (its "
+            "training rollouts, not an evaluation); the rows below are shares of prompts.",
+}
+"""The statement above each table of `report.md`: what its figures average, over what unit, and
+which evaluation (`{evaluation}`: `evaluation_words`)."""
+
+
+def evaluation_words(r: dict[str, Any]) -> str:
+    """`per instance the avg@k of its k = 8 evaluation samples, temperature 0.6, top-p 0.95`."""
+    e = r["evaluation"]
+    return (f"per instance the avg@k of its k = {e['samples']} evaluation samples, temperature "
+            f"{e['temperature']:g}, top-p {e['top_p']:g}")
+
+
 def markdown(r: dict[str, Any], names: dict[str, str]) -> str:
     counts = ", ".join(f"{n} {f}" for f, n in r["instances_per_family"].items())
+    caption = {k: v.format(evaluation=evaluation_words(r)) for k, v in CAPTIONS.items()}
     text = [f"# Study {r['name']}", "",
             f"Every run continues the study's start policy on its prompt pool; scores in points "
             f"on the same {r['instances']} test instances ({counts}); intervals "
             f"{100 * r['confidence']:.0f}% two-way bootstrap over seeds and instances; tests "
             f"with seeds as the unit, Holm-adjusted across the contrasts; margin of every "
             f"'no change' +-{100 * r['margin']:.1f} points (TOST).", "", "## Verdict", "",
-            *[f"- {line}" for line in r["verdict"]], "", "## Arms", "", arms_table(r), "",
-            "## Scores", "", scores_table(r), "", "## Contrasts (pre-registered)", "",
-            contrasts_table(r), "", f"![score vs rollouts]({names['rollouts']})",
+            *[f"- {line}" for line in r["verdict"]], "",
+            "## Arms", "", caption["arms"], "", arms_table(r), "",
+            "## Scores", "", caption["scores"], "", scores_table(r), "",
+            "## Contrasts (pre-registered)", "", caption["contrasts"], "", contrasts_table(r), "",
+            f"![score vs rollouts]({names['rollouts']})",
             f"![score vs RL steps]({names['steps']})", "",
-            "## Dynamic sampling", "", rates_table(r), ""]
+            "## Dynamic sampling", "", rates_table(r, caption["rates"]), ""]
     if r["pool"] is not None:
-        text += ["## The prompt pool (the start policy's pass rates)", "", pool_table(r["pool"]),
-                 "", f"![pool]({names['pool']})", ""]
+        text += ["## The prompt pool (the start policy's pass rates)", "", caption["pool"], "",
+                 pool_table(r["pool"]), "", f"![pool]({names['pool']})", ""]
     text += ["## The start point", "", plateau_sentence(r), "", f"![warm-up]({names['warmup']})",
              ""]
     return "\n".join(text)
