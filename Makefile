@@ -121,7 +121,8 @@ simulate: install
 PARAMS ?= params/prorl.yaml
 serve: install
 	$(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS) --check
-	$(PY) -m commands.server --port $(or $(PORT),4200) -- $(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS)
+	$(PY) -m commands.server --port $(or $(PORT),4200) -- \
+	  $(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS)
 
 # MLflow UI + REST API for mlflow.db (or $$MLFLOW_TRACKING_URI) on 127.0.0.1:5000 (make ui
 # PORT=5001 for another port); Ctrl-C stops it.

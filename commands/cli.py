@@ -104,7 +104,8 @@ the simulator; the study (`make study`, about two hours) only when named."""
 @app.command()
 def run(stages: Annotated[list[str] | None, typer.Argument(
             help="DVC stages to reproduce (default: simulate and compare, every stage but the "
-                 "two-hour study's; `brorl run study/dvc.yaml:study_report` runs the study)")] = None,
+                 "two-hour study's; `brorl run study/dvc.yaml:study_report` runs the study)")
+        ] = None,
         params: Annotated[str | None, typer.Option(
             "--params", help="params file the -S overrides apply to (needed with -S), e.g. "
                              "params/prorl.yaml")] = None,

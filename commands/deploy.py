@@ -8,10 +8,11 @@ runs as child processes until Ctrl-C; stopping pauses the schedules. `make serve
 server first (`commands/server.py`). Each deployment is named after the params file
 (`train/prorl`) and its parameters are that file, the deployment's own folders
 (`scheduled_overrides`: a served flow never writes into, or resumes, a DVC stage's outputs) and
-the `-S` overrides, validated here so that a typo fails now, not at 2 AM: the params, the schedules' shape (`check_schedules`) and the server at
-$PREFECT_API_URL are checked before prefect loads, so a bad one answers in about a second. A flow
-module is imported only when served, so the table may name flows that a checkout lacks; serving
-one of those fails with a clear message.
+the `-S` overrides, validated here so that a typo fails now, not at 2 AM: the params, the
+schedules' shape (`check_schedules`) and the server at $PREFECT_API_URL are checked before
+prefect loads, so a bad one answers in about a second. A flow module is imported only when
+served, so the table may name flows that a checkout lacks; serving one of those fails with a
+clear message.
 """
 
 from __future__ import annotations

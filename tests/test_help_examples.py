@@ -69,8 +69,9 @@ def test_help_examples_parse_and_validate_as_typed(name):
         _parses(command, target.split())
         for one in target.split():
             dvc_yaml, _, stage = one.rpartition(":")
-            stages = yaml.safe_load((ROOT / (dvc_yaml or "dvc.yaml")).read_text())["stages"]
-            assert stage in stages, f"brorl run {target}: no stage {stage} in {dvc_yaml or 'dvc.yaml'}"
+            where = dvc_yaml or "dvc.yaml"
+            stages = yaml.safe_load((ROOT / where).read_text())["stages"]
+            assert stage in stages, f"brorl run {target}: no stage {stage} in {where}"
     assert files, f"{name} --help names no example params file"
     for file in files:
         assert (ROOT / file).is_file(), f"{name}: {file} does not exist"

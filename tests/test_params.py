@@ -424,4 +424,5 @@ def test_no_params_file_sets_the_checkpoint_folder_its_run_folder_implies(path):
     from brorl.params.loading import read_yaml_tree
 
     raw = read_yaml_tree(path).get("train", {})
-    assert "checkpoint_dir" not in raw or raw["checkpoint_dir"] != f"{raw.get('run_dir')}/checkpoints"
+    implied = f"{raw.get('run_dir')}/checkpoints"
+    assert "checkpoint_dir" not in raw or raw["checkpoint_dir"] != implied
