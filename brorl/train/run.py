@@ -124,7 +124,7 @@ class RunConfig:
     eval_protocol: EvalProtocol
     diagnostics: DiagnosticsConfig
     root: str
-    """The checkout: paths the run's files record are relative to it (`checkout_relative`)."""
+    """The checkout, which the paths in the run's files are relative to."""
 
     @classmethod
     def from_params(cls, params: ExperimentParams, root: Path) -> RunConfig:
@@ -152,11 +152,10 @@ class Run:
         self.eval_problems = {split: list(problems) for split, problems in eval_problems.items()}
         self.run_dir = Path(config.run_dir)
         self.state = RunState()
-        if trainer.resumed_state:  # the seconds of the same step, when they were kept beside
+        if trainer.resumed_state:  # with the seconds kept beside the run for that same step
             timings = read_timings(self.run_dir)
-            self.state = RunState.from_dict(
-                trainer.resumed_state, timings if timings.get("step") == trainer.step_count
-                else None)
+            same = timings.get("step") == trainer.step_count
+            self.state = RunState.from_dict(trainer.resumed_state, timings if same else None)
         self.shrinkage: Shrinkage | None = None
         """Rank 0's diagnostics when `diagnostics.enabled` (the other ranks skip them)."""
         if config.diagnostics.enabled and trainer.rank == 0:
