@@ -55,7 +55,8 @@ def _first_line(err: BaseException) -> str:
 def check_split(folder: str | Path, split: str) -> int:
     """The number of rows of `split` in the saved splits at `folder`; InputError otherwise."""
     folder = Path(folder)
-    rebuild = "rebuild it with `dvc repro data` (or point data.path at a data stage's output)"
+    rebuild = ("build it with `brorl data --params FILE` (the same params file), or point "
+               "data.path at a data stage's output")
     if not (folder / "dataset_dict.json").is_file():
         raise InputError(f"{folder}: no problem splits here (no dataset_dict.json); {rebuild}.")
     try:
@@ -76,7 +77,7 @@ def check_split(folder: str | Path, split: str) -> int:
                          f"{', '.join(COLUMNS)}); {rebuild}.")
     if rows == 0:  # an empty split is saved without data files
         raise InputError(f"{folder}/{split}: the split has no rows; rebuild the data with more "
-                         "problems per task (data.*_per_task) by `dvc repro data`.")
+                         "problems per task (data.*_per_task) by `brorl data --params FILE`.")
     return rows
 
 
@@ -273,8 +274,8 @@ def check_inputs(params: ExperimentParams, stage: str, root: str | Path = ".", *
     to show the user (a resume that falls back past a broken `latest` pointer).
 
     Stages: `data`, `simulate`, `study` (params only, or files that earlier stages of the same
-    pipeline write), `model` (its source: `brorl.model.check_source`), `compare` (each arm's
-    params file: a `ParamsError` names it; its length), `base` (the splits and the model stage's
+    pipeline write), `model` (its source: `brorl.model.check_source`), `compare` (the arms:
+    `brorl.params.compare_arms`; their lengths), `base` (the splits and the model stage's
     checkpoint), `train` (the splits, the length, the run's folders writable, the start
     checkpoint and, with `resume`, the checkpoint it resumes, written by the same run unless
     `allow_changed_params`), `evaluate` (the test split and `checkpoint`, else the run's policy,
@@ -284,10 +285,14 @@ def check_inputs(params: ExperimentParams, stage: str, root: str | Path = ".", *
     data = root / params.data.path
     notes: list[str] = []
     if stage == "compare":
-        from brorl.params import load_params
+        from brorl.params import compare_arms
 
-        for path in params.compare.arms.values():
-            check_run_length(load_params(root / path))  # a ParamsError names the arm's file
+        try:  # a ParamsError names the arm's file or keys
+            arms = compare_arms(params, root)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+        for arm in arms.values():
+            check_run_length(arm)
     elif stage == "model":
         from brorl.model import ModelConfig, ModelSourceError, check_source
 

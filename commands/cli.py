@@ -1,4 +1,4 @@
-"""The `brorl` command: `brorl run | simulate | model | train | compare | evaluate | serve`.
+"""The `brorl` command: `brorl run | simulate | data | model | train | compare | evaluate | serve`.
 
 Each command takes `--params FILE` and repeated `-S key=value` (`--set`), checks them against the
 schema, and the files its stage reads, before anything starts (`commands.entry.check`: a bad
@@ -133,6 +133,14 @@ def simulate(params: _params("params/simulate_ci.yaml"),
              overrides: _sets("simulate.steps=200") = None) -> None:
     """The paper's token-level simulator sweep (BroRL §4.1)."""
     _run_flow("simulate", params, overrides)
+
+
+@app.command()
+def data(params: _params("params/tiny_ci.yaml"),
+         overrides: _sets("data.math_per_task=50") = None) -> None:
+    """The problems (math, code, Reasoning Gym) split train / validation / test at
+    `data.path`, as the DVC `data` stage builds them."""
+    _run_flow("data", params, overrides)
 
 
 @app.command()

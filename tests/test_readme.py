@@ -6,6 +6,8 @@ does not see, `<!-- test: HOW -->`:
 - `run`: each command (or the Python program) runs as typed;
 - `ci: OLD -> NEW; ...`: the same after these replacements (CI-sized params, fewer steps);
 - `params`: a params example: it must load (`brorl.params.load_params`);
+- `file: PATH; OLD -> NEW; ...`: a params file the blocks after it use: it must load as typed, and
+  it is written at PATH in the clone after these replacements (CI-sized) before the commands run;
 - `skip: WHY`: not run here, and the marker says why (what covers it instead).
 
 They run in the CI pipeline's clone (`ci_pipeline` in conftest.py: CI data, warm-up and arms
@@ -47,15 +49,30 @@ class Block:
     how: str | None
     line: int
 
+    def replacements(self) -> list[tuple[str, str]]:
+        """The `OLD -> NEW` pairs of a `ci:` or `file:` marker."""
+        if not self.how or self.kind not in ("ci", "file"):
+            return []
+        pairs = self.how.split(":", 1)[1].split(";")[1 if self.kind == "file" else 0:]
+        return [tuple(part.strip() for part in pair.removeprefix(" ci:").split("->"))
+                for pair in pairs]
+
+    @property
+    def kind(self) -> str | None:
+        return self.how.split(":")[0].strip() if self.how else None
+
+    def replaced(self) -> str:
+        """The block's text after its replacements, each of which must find its text."""
+        body = self.body
+        for old, new in self.replacements():
+            assert old in body, f"README line {self.line}: `{old}` is not in its block"
+            body = body.replace(old, new)
+        return body
+
     def commands(self) -> list[str]:
         """The block's commands after its `ci:` replacements: one per non-comment line of a
         bash block (trailing `# ...` comments dropped), the whole program of a Python one."""
-        body = self.body
-        if self.how and self.how.startswith("ci:"):
-            for pair in self.how.removeprefix("ci:").split(";"):
-                old, new = (part.strip() for part in pair.split("->"))
-                assert old in body, f"README line {self.line}: `{old}` is not in its block"
-                body = body.replace(old, new)
+        body = self.replaced()
         if self.lang == "python":
             return [body]
         return [re.sub(r"\s+#\s.*$", "", line).strip() for line in body.splitlines()
@@ -74,8 +91,12 @@ def test_every_block_says_how_it_is_tested():
     unmarked = [b.line for b in BLOCKS if b.how is None]
     assert BLOCKS and unmarked == [], f"README blocks without a `<!-- test: ... -->` marker at lines {unmarked}"
     for b in BLOCKS:
-        kind = b.how.split(":")[0].strip()
-        assert kind in {"run", "ci", "params", "skip"}, (b.line, b.how)
+        kind = b.kind
+        assert kind in {"run", "ci", "params", "file", "skip"}, (b.line, b.how)
+        if kind == "file":
+            assert b.lang == "yaml" and b.how.split(":", 1)[1].split(";")[0].strip().startswith(
+                "params/"), (b.line, b.how)
+            b.replaced()  # each replacement finds its text
         if kind == "skip":
             assert len(b.how.removeprefix("skip:").strip()) > 20, f"line {b.line}: say why"
 
@@ -90,15 +111,20 @@ def test_every_example_that_trains_writes_its_own_folder():
 def test_the_params_examples_load(tmp_path):
     from brorl.params import load_params
 
-    examples = [b for b in BLOCKS if b.how == "params"]
+    examples = [b for b in BLOCKS if b.kind in ("params", "file")]
     assert examples
     for b in examples:
         path = ROOT / "params" / f".readme_example_{b.line}.yaml"
         try:
-            path.write_text(b.body)
-            load_params(path)
+            for text in {b.body, b.replaced()}:  # as typed, and at CI size
+                path.write_text(text)
+                load_params(path)
         finally:
             path.unlink(missing_ok=True)
+
+
+FILES = {b.how.split(":", 1)[1].split(";")[0].strip(): b for b in BLOCKS if b.kind == "file"}
+"""The params files the README's commands use, by path."""
 
 
 @dataclass(frozen=True)
@@ -148,13 +174,14 @@ class Ran:
         return MlflowClient(self.store, registry_uri=self.store)
 
 
-def _trained(ran: Ran) -> dict:
+def _trained(ran: Ran, params=None) -> dict:
     """What every training example promises (README, "Command line and Python API"): its own
     folder with the summary, stopped on the rollout budget and never past it, the start and the
-    last step evaluated, the last step checkpointed, the final policy. Returns the summary."""
+    last step evaluated, the last step checkpointed, the final policy. Returns the summary.
+    `params`: the run's (default: the command's)."""
     from brorl.run_files import read_state
 
-    params = ran.params()
+    params = params or ran.params()
     run_dir = ran.path(params.train.run_dir)
     assert (run_dir / "summary.json").is_file(), f"`{ran.command}` left no {run_dir}/summary.json"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -271,7 +298,53 @@ def _helped(ran: Ran) -> None:
     assert missing == [], ran.done.stdout
 
 
+def _data_built(ran: Ran) -> None:
+    """`brorl data`: the three splits at the params' `data.path`, each with rows."""
+    from brorl.preflight import check_split
+
+    folder = ran.path(ran.params().data.path)
+    assert all(check_split(folder, split) > 0 for split in ("train", "validation", "test"))
+
+
+def _model_built(ran: Ran) -> None:
+    """`brorl model`: "the checkpoint as an HF folder, and its card", from the GGUF file the
+    params name; the folder loads as the trainer loads it."""
+    from transformers import AutoConfig
+
+    params = ran.params()
+    folder = ran.path(params.model.path)
+    card = json.loads((folder / "model.json").read_text())
+    assert card["gguf"]["file"] == str(params.model.gguf_file), card
+    assert AutoConfig.from_pretrained(folder).vocab_size == card["vocab_size"]
+    assert (folder / "model.safetensors").is_file()
+
+
+def _compared(ran: Ran) -> None:
+    """`brorl compare` of a file with its own arms: "both arms, then the report": each arm
+    trained in its own folder to the budget (`_trained`) as a finished MLflow run under the
+    comparison's run, and the report on exactly those arms in the file's `report_dir`."""
+    from brorl.params import compare_arms
+
+    params, printed = ran.params(), ran.printed_json()
+    arms = compare_arms(params, ran.clone)
+    assert len({p.train.run_dir for p in arms.values()}) == len(arms) >= 2
+    client = ran.client()
+    for arm in arms.values():
+        _trained(ran, arm)
+        [run] = _mlflow_runs_of(ran, arm.train.run_dir)
+        assert (run.info.status, run.info.run_name) == ("FINISHED", arm.name)
+        assert run.data.tags["mlflow.parentRunId"] == printed["mlflow_run_id"]
+    report = ran.path(params.compare.report_dir)
+    assert ran.path(printed["report_dir"]) == report
+    written = json.loads((report / "report.json").read_text())
+    assert set(written["final_score"]) == set(arms)
+    assert client.get_run(printed["mlflow_run_id"]).info.status == "FINISHED"
+
+
 PROMISES: dict[str, Callable[[Ran], None]] = {
+    "brorl data": _data_built,
+    "brorl model": _model_built,
+    "brorl compare": _compared,
     "brorl simulate": _simulated,
     "brorl train": _trained_and_tracked,
     "brorl run": _reproduced,
@@ -310,6 +383,8 @@ def test_the_command_block_runs(block, ci_pipeline, prefect_harness):
            "BRORL_PYTHON": sys.executable, "PREFECT_API_URL": PREFECT_API_URL.value(),
            "MLFLOW_TRACKING_URI": f"sqlite:///{ci_pipeline / 'mlflow.db'}",
            "PYTHONPATH": str(ci_pipeline)}  # `brorl` runs the clone's code, as in a user's clone
+    for path, file in FILES.items():  # the params files the commands name, CI-sized
+        (ci_pipeline / path).write_text(file.replaced())
     for command in block.commands():
         check = promised(block, command)
         if block.lang == "python":

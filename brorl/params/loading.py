@@ -185,14 +185,25 @@ _COMPARED = ("init_checkpoint", "max_rollouts", "max_seconds", "steps", "eval_pe
 
 
 def compare_arms(params: ExperimentParams, root: Path) -> dict[str, ExperimentParams]:
-    """Each arm of `params.compare` (its params file under `root`) with the comparison's shared
-    start and budget applied; ValueError naming the arms and values if they would not start from
-    the same checkpoint with the same budget and evaluation protocol (spec §5.1, §8)."""
+    """Each arm of `params.compare` with the comparison's shared start and budget applied: a
+    params file's arm (under `root`), or the comparison's own params with the keys the arm sets
+    over them (named `<name>-<arm>`). ValueError naming the arm and the fix if a file's arm reads
+    other data or starts elsewhere (it belongs to another experiment), if two arms or the report
+    share a folder, or if the arms would not start from the same checkpoint with the same budget
+    and evaluation protocol (the paired test of BroRL §4.2.2 needs the same instances scored the
+    same way)."""
     c = params.compare
     shared = [f"train.{key}={value}" for key, value in (
         ("init_checkpoint", c.init_checkpoint), ("max_rollouts", c.budget_rollouts),
         ("max_seconds", c.budget_seconds)) if value is not None]
-    arms = {name: load_params(root / path, shared) for name, path in c.arms.items()}
+    arms: dict[str, ExperimentParams] = {}
+    for name, arm in c.arms.items():
+        if isinstance(arm, str):
+            arms[name] = load_params(root / arm, shared)
+            _check_belongs(params, name, arm, arms[name])
+        else:
+            arms[name] = _arm_over(params, name, arm, shared)
+    _check_folders(params, arms)
     fixes = {"init_checkpoint": "set compare.init_checkpoint", "max_rollouts":
              "set compare.budget_rollouts", "max_seconds": "set compare.budget_seconds"}
     for key in _COMPARED:
@@ -201,3 +212,53 @@ def compare_arms(params: ExperimentParams, root: Path) -> dict[str, ExperimentPa
             raise ValueError(f"compare: arms differ in train.{key} {values}; "
                              f"{fixes.get(key, 'give the arms equal values')}.")
     return arms
+
+
+_OWN_ARMS = ("list this experiment's own arms in compare.arms: params files, or the keys each "
+             "arm sets over this file (docs/real_model.md#your-own-checkpoint)")
+
+
+def _arm_over(params: ExperimentParams, name: str, keys: dict[str, Any],
+              shared: list[str]) -> ExperimentParams:
+    """The comparison's params with an arm's `keys` merged over them and `shared` applied; a
+    `train.checkpoint_dir` that was its `run_dir`'s default follows the arm's `run_dir`."""
+    tree = params.model_dump(mode="json")
+    train = tree["train"]
+    if train["checkpoint_dir"] == f"{train['run_dir'].rstrip('/')}/checkpoints":
+        del train["checkpoint_dir"]
+    tree = _deep_merge({**tree, "name": f"{params.name}-{name}"}, keys)
+    for override in shared:
+        tree = apply_override(tree, override)
+    source = f"compare.arms.{name}"
+    try:
+        arm = ExperimentParams.model_validate(tree)
+        check_memory(arm)
+    except ValidationError as err:
+        raise ParamsError(_describe(err, source)) from None
+    except ValueError as err:
+        raise ParamsError(f"{source}: {err}") from None
+    return arm
+
+
+def _check_belongs(params: ExperimentParams, name: str, path: str, arm: ExperimentParams) -> None:
+    """A file's arm must train on the comparison's data from the comparison's start."""
+    start = params.compare.init_checkpoint or params.train.init_checkpoint
+    for key, ours, theirs in (("data.path", params.data.path, arm.data.path),
+                              ("train.init_checkpoint", start, arm.train.init_checkpoint)):
+        if ours != theirs:
+            raise ValueError(f"compare.arms.{name} ({path}) has {key} {theirs}, not this "
+                             f"comparison's {ours}: the arm belongs to another experiment; "
+                             f"{_OWN_ARMS}.")
+
+
+def _check_folders(params: ExperimentParams, arms: dict[str, ExperimentParams]) -> None:
+    """Every arm writes a run folder of its own, and none of them is the report's."""
+    owner: dict[str, str] = {params.compare.report_dir.rstrip("/"): "compare.report_dir"}
+    for name, arm in arms.items():
+        for field, folder in (("run_dir", arm.train.run_dir),
+                              ("checkpoint_dir", arm.train.checkpoint_dir)):
+            folder = folder.rstrip("/")
+            if folder in owner:
+                raise ValueError(f"compare.arms.{name}: train.{field} {folder} is also "
+                                 f"{owner[folder]}'s; give each arm a train.run_dir of its own.")
+            owner[folder] = f"arm {name}'s train.{field}"

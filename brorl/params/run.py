@@ -161,8 +161,13 @@ class DiagnosticsParams(Section):
 class CompareParams(Section):
     """The ProRL-vs-BroRL comparison (`flows/compare.py`): arms, shared start, equal budget."""
 
-    arms: dict[str, str] = {"prorl": "params/prorl.yaml", "brorl": "params/brorl.yaml"}
-    """Arm name -> its params file (relative to the repository root)."""
+    arms: dict[str, str | dict[str, Any]] = {"prorl": "params/prorl.yaml",
+                                             "brorl": "params/brorl.yaml"}
+    """Arm name -> its params file (relative to the repository root), or the keys the arm sets
+    over this comparison's own params (e.g. `{update: {rollouts_per_prompt: 64}, train:
+    {algorithm: brorl, run_dir: outputs/mine/brorl}}`), so that one file holds the data, the
+    model, both arms and the report (docs/real_model.md). A file's arm must read this
+    comparison's data and start from its checkpoint (`brorl.params.compare_arms`)."""
     train_arms: bool = False
     """True: the flow trains each arm (resuming any earlier progress) before the report; False:
     it reports on the arms' finished runs (the DVC `prorl` and `brorl` stages train them)."""
