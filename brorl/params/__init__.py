@@ -7,7 +7,9 @@ ProRL/BroRL arms are small overlays. `key.sub=value` overrides (the CLI's `-S`) 
 Unknown keys fail, naming the file and the key; so do values out of range.
 
 Sections are named after the pipeline stages. Each field's docstring gives its unit and, where the
-value comes from the paper, the section of `shared/spec/paper.md` (spec) it comes from.
+value comes from a source, that source's own section: the BroRL paper's ("BroRL §4.2.1", "BroRL
+Table 1") or the baseline's (ProRL, arXiv 2505.24864; the ProRLv2 blog post; NeMo-RL's ProRLv2
+example config); "our choice" where no source fixes it (docs/algorithm.md lists them).
 This package is the only one that knows the schema: brorl functions take plain arguments, and
 each stage's plain config is built by one `from_params` beside it (`TrainerConfig`, `SimConfig`,
 `DataConfig`, `BaseConfig`). The package imports none of them (nor torch): the defaults live

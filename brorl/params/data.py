@@ -1,7 +1,8 @@
 """The `data`, `model` and `base` sections: the problems, the starting checkpoint, its warm-up.
 
 `brorl.data.DataConfig.from_params` and `brorl.base.BaseConfig.from_params` turn them into the
-plain settings of the `data` and `base` stages (spec §5, §7.1, §7.2).
+plain settings of the `data` and `base` stages (BroRL §4.2.1, Table 1; ProRL (arXiv 2505.24864)
+§3.1).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from brorl.params.section import Section
 
 
 class DataParams(Section):
-    """Problem data for the three families (spec §5, §7.1): sources, sizes and splits."""
+    """Problem data for the three families (BroRL Table 1; ProRL (arXiv 2505.24864) §3.1):
+    sources, sizes and splits."""
 
     seed: int = 0
     """Seed of the generators, of reasoning-gym and of the split shuffle."""
@@ -66,7 +68,7 @@ class DataParams(Section):
 class ModelParams(Section):
     """The policy's starting checkpoint, made by the `model` stage (`brorl.model`): a Hugging Face
     folder at `path` converted from a GGUF file, a local HF folder used as it is, or the tiny
-    Qwen2 built from config (the CPU stand-in for the paper's 1.5B, spec §7.1)."""
+    Qwen2 built from config (the CPU stand-in for the paper's 1.5B, BroRL §4.2.1)."""
 
     source: Literal["tiny", "gguf", "hf"] = "tiny"
     """`tiny`: a random Qwen2 of the sizes below, built from config; `gguf`: the GGUF file
@@ -144,7 +146,8 @@ class ModelParams(Section):
 
 
 class BaseParams(Section):
-    """Supervised warm-up to a middling base checkpoint (stand-in for ProRLv2's, spec §5.1, §7.2)."""
+    """Supervised warm-up to a middling base checkpoint (stand-in for ProRLv2's, BroRL §4.2.1,
+    Table 1)."""
 
     max_steps: PositiveInt = 2000
     """Upper bound on optimizer steps (batches)."""
@@ -182,11 +185,11 @@ class BaseParams(Section):
     eval_per_family: PositiveInt = 40
     """Validation problems per family scored at each check (one sample each)."""
     test_samples: PositiveInt = 4
-    """Samples per held-out test problem for the final pass@1 (the paper uses 16, spec §5.2)."""
+    """Samples per held-out test problem for the final pass@1 (the paper uses 16, BroRL App. D)."""
     eval_temperature: float = Field(0.6, ge=0)
-    """Sampling temperature of the final test evaluation (spec §5.2: 0.6)."""
+    """Sampling temperature of the final test evaluation (BroRL App. D: 0.6)."""
     eval_top_p: float = Field(0.95, gt=0, le=1)
-    """Nucleus top-p of the final test evaluation (spec §5.2: 0.95)."""
+    """Nucleus top-p of the final test evaluation (BroRL App. D: 0.95)."""
     max_response_tokens: PositiveInt = 64
     """Longest generated response in evaluation (tokens = characters)."""
     path: str = "outputs/base/checkpoint"

@@ -190,8 +190,8 @@ def compare_arms(params: ExperimentParams, root: Path) -> dict[str, ExperimentPa
     over them (named `<name>-<arm>`). ValueError naming the arm and the fix if a file's arm reads
     other data or starts elsewhere (it belongs to another experiment), if two arms or the report
     share a folder, or if the arms would not start from the same checkpoint with the same budget
-    and evaluation protocol (the paired test of BroRL §4.2.2 needs the same instances scored the
-    same way)."""
+    and evaluation protocol (BroRL §4.2.1, App. D: the paired test of §4.2.2 scores the same
+    instances the same way)."""
     c = params.compare
     shared = [f"train.{key}={value}" for key, value in (
         ("init_checkpoint", c.init_checkpoint), ("max_rollouts", c.budget_rollouts),

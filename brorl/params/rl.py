@@ -1,4 +1,4 @@
-"""The RL stage sections: `update`, `filter`, `generate` and `verify` (spec §4, §7, §8).
+"""The RL stage sections: `update`, `filter`, `generate` and `verify` (BroRL §3.1, §4.2.1).
 
 `brorl.train.config.TrainerConfig.from_params` turns them, with `train`, into the trainer's
 settings. The derived sizes (B * N, the sqrt-scaled LR, the mini-batch) are properties here.
@@ -15,7 +15,8 @@ from brorl.params.section import Section
 
 
 class UpdateParams(Section):
-    """The RL update (spec §4.2, §7.2, §8); the functions live in `brorl/algorithm/`.
+    """The RL update (BroRL §3.1, §4.2.1; the ProRLv2 blog post); the functions live in
+    `brorl/algorithm/`.
 
     Also the one home of B and N (`prompts_per_step`, `rollouts_per_prompt`): the sample and
     generate stages read them here, because the LR rule and the mini-batch split derive from them.
@@ -23,10 +24,11 @@ class UpdateParams(Section):
     """
 
     prompts_per_step: PositiveInt = 512
-    """B, prompts whose groups are trained per step (after filtering). Spec §4.1: ProRL 512, BroRL 128."""
+    """B, prompts whose groups are trained per step (after filtering). BroRL Table 1: ProRL 512,
+    BroRL 128."""
     rollouts_per_prompt: int = Field(16, ge=2)
     """N, rollouts per prompt, at least 2 (the group baseline needs two: with one, every
-    advantage is 0 and the binary keep rule keeps nothing). Spec §4.1: ProRL 16, BroRL 512."""
+    advantage is 0 and the binary keep rule keeps nothing). BroRL Table 1: ProRL 16, BroRL 512."""
     train_subset: PositiveInt | None = None
     """M, rollouts per group the update trains on, 2 <= M < N; None trains on all N. Each kept
     group's N rollouts are verified and its M of largest reward variance are kept (PODS,
@@ -46,47 +48,52 @@ class UpdateParams(Section):
     """Cap of `adaptive`: most rollouts one prompt gets in all, >= N; None: 4 N, our choice
     (Knapsack RL caps too, so one hard prompt cannot take a whole step). Unused with `fixed`."""
     base_lr: float = Field(2e-6, gt=0)
-    """Learning rate at `base_samples_per_step` samples. ProRL v1's constant 2e-6 (spec §7.1);
-    UNCONFIRMED for ProRLv2/BroRL (spec §4.3): our choice."""
+    """Learning rate at `base_samples_per_step` samples. ProRL v1's constant 2e-6 (ProRL (arXiv
+    2505.24864) §3.2); not stated for ProRLv2/BroRL: our choice."""
     base_samples_per_step: PositiveInt = 8192
-    """Samples per step (B*N) at which `base_lr` applies: the ProRL arm, 512 x 16 (spec §4.1)."""
+    """Samples per step (B*N) at which `base_lr` applies: the ProRL arm, 512 x 16 (BroRL
+    Table 1)."""
     mini_batches_per_step: PositiveInt = 4
-    """PPO mini-batches (optimizer steps) per RL step, equal in both arms (spec §8 rule 2).
-    ProRL v1: 256 / 64 = 4 (spec §7.1); UNCONFIRMED for BroRL (spec §4.3): our choice."""
+    """PPO mini-batches (optimizer steps) per RL step, equal in both arms (BroRL §4.2.1).
+    ProRL v1: 256 / 64 = 4 (ProRL (arXiv 2505.24864) §3.2); not stated for BroRL: our choice."""
     epochs_per_step: PositiveInt = 1
-    """Passes over the step's rollouts. UNCONFIRMED (spec §4.3): our choice, one pass."""
+    """Passes over the step's rollouts. Not stated in the paper: our choice, one pass."""
     clip_eps_low: float = Field(0.2, ge=0, lt=1)
-    """PPO clip below: ratio >= 1 - eps_low. ProRLv2: 0.20 (spec §7.2)."""
+    """PPO clip below: ratio >= 1 - eps_low. ProRLv2: 0.20 (the ProRLv2 blog post)."""
     clip_eps_high: float = Field(0.28, ge=0)
-    """PPO clip above (clip-higher): ratio <= 1 + eps_high. ProRLv2: 0.28 (spec §7.2)."""
+    """PPO clip above (clip-higher): ratio <= 1 + eps_high. ProRLv2: 0.28 (the ProRLv2 blog
+    post)."""
     advantage_estimator: Literal["reinforce_pp_baseline", "grpo"] = "reinforce_pp_baseline"
-    """REINFORCE++-baseline (ProRLv2/BroRL, spec §4.2) or GRPO (ProRL v1, spec §7.1)."""
+    """REINFORCE++-baseline (ProRLv2/BroRL, BroRL §3.1) or GRPO (ProRL v1, ProRL (arXiv
+    2505.24864) §2)."""
     kl_coef: float = Field(1e-4, ge=0)
-    """beta, weight of the KL to the reference (0: off). UNCONFIRMED (spec §7.2); NeMo-RL's
-    ProRLv2 config uses 1e-4 (spec §7.3): our choice."""
+    """beta, weight of the KL to the reference (0: off). Stated neither in the BroRL paper nor
+    in the ProRLv2 blog post; NeMo-RL's ProRLv2 example config uses 1e-4: our choice."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k2"
-    """KL estimator per token; ProRLv2 uses k2 = 0.5 log(pi/ref)^2 (spec §7.2)."""
+    """KL estimator per token; ProRLv2 uses k2 = 0.5 log(pi/ref)^2 (the ProRLv2 blog post)."""
     kl_input_clamp: float = Field(20.0, gt=0)
-    """Clamp of log(pi/ref) before the estimator. NeMo-RL: 20 (spec §7.3); ProRLv2 text: 10 (§7.2)."""
+    """Clamp of log(pi/ref) before the estimator. NeMo-RL's ProRLv2 example config: 20; the ProRLv2
+    blog post: 10."""
     kl_output_clamp: float = Field(10.0, gt=0)
-    """Clamp of the per-token KL estimate. NeMo-RL: 10 (spec §7.3)."""
+    """Clamp of the per-token KL estimate. NeMo-RL's ProRLv2 example config: 10."""
     tis_mode: Literal["none", "truncate", "icepop"] = "truncate"
-    """Engine->trainer correction: truncated IS as the paper names it (spec §4.2); NeMo-RL uses
-    `icepop` (spec §7.3); `none` turns it off. Needs `generate.top_p: 1` (checked in
-    `ExperimentParams`): the trainer scores log-probs without top-p."""
+    """Engine->trainer correction: truncated IS as the paper names it (BroRL §3.1); NeMo-RL's
+    ProRLv2 example config uses `icepop`; `none` turns it off. Needs `generate.top_p: 1`
+    (checked in `ExperimentParams`): the trainer scores log-probs without top-p."""
     tis_cap: float = Field(5.0, gt=0)
-    """Upper bound of the engine->trainer ratio (truncate: cap; icepop: band top). UNCONFIRMED
-    (spec §4.3); NeMo-RL: 5.0 (spec §7.3): our choice."""
+    """Upper bound of the engine->trainer ratio (truncate: cap; icepop: band top). Not stated in
+    the paper; NeMo-RL's ProRLv2 example config: 5.0: our choice."""
     tis_min: float = Field(0.5, ge=0)
-    """Lower end of the IcePop band (tokens below get weight 0). NeMo-RL: 0.5 (spec §7.3)."""
+    """Lower end of the IcePop band (tokens below get weight 0). NeMo-RL's ProRLv2 example
+    config: 0.5."""
     entropy_coef: float = Field(0.0, ge=0)
-    """Entropy bonus weight; 0: entropy is logged only (no bonus in the spec)."""
+    """Entropy bonus weight; 0: entropy is logged only (none of the sources uses a bonus)."""
     reference_reset_every: PositiveInt | None = 200
     """Steps between resets of the reference to the current policy (None: never). ProRLv2 resets
-    every 200-500 steps (spec §7.2); UNCONFIRMED for BroRL (spec §4.3): our choice, 200."""
+    every 200-500 steps (the ProRLv2 blog post); not stated for BroRL: our choice, 200."""
     reset_optimizer_on_reference_reset: bool = False
-    """Clear the optimizer state at a reference reset: ProRLv2 keeps it (False, spec §7.2),
-    ProRL v1 re-initialised it (True, spec §7.1)."""
+    """Clear the optimizer state at a reference reset: ProRLv2 keeps it (False, the ProRLv2 blog
+    post), ProRL v1 re-initialised it (True, ProRL (arXiv 2505.24864) §2.3.1)."""
 
     @property
     def samples_per_step(self) -> int:
@@ -110,13 +117,13 @@ class UpdateParams(Section):
 
     @property
     def lr(self) -> float:
-        """base_lr * sqrt(trained_per_step / base_samples_per_step) (spec §4.1, §8 rule 3)."""
+        """base_lr * sqrt(trained_per_step / base_samples_per_step) (BroRL §4.2.1)."""
         return scaled_lr(self.base_lr, self.trained_per_step, self.base_samples_per_step)
 
     @property
     def mini_batch_rollouts(self) -> int:
-        """Rollouts per PPO mini-batch: trained_per_step / mini_batches_per_step (spec §8
-        rule 2)."""
+        """Rollouts per PPO mini-batch: trained_per_step / mini_batches_per_step (BroRL
+        §4.2.1)."""
         return self.trained_per_step // self.mini_batches_per_step
 
     @model_validator(mode="after")
@@ -148,8 +155,8 @@ class UpdateParams(Section):
             raise ValueError(
                 f"prompts_per_step * {trained} = {self.trained_per_step} rollouts trained per step "
                 f"do not split into mini_batches_per_step = {self.mini_batches_per_step} equal "
-                "mini-batches; the count is fixed across arms (spec §8), so pick a divisor of the "
-                "rollouts trained, B * N (B * M with train_subset)."
+                "mini-batches; the count is fixed across arms (BroRL §4.2.1), so pick a divisor of "
+                "the rollouts trained, B * N (B * M with train_subset)."
             )
         if self.tis_min >= self.tis_cap:
             raise ValueError(
@@ -160,26 +167,29 @@ class UpdateParams(Section):
 
 
 class FilterParams(Section):
-    """Dynamic sampling (DAPO; spec §4.2, §7.3): drop groups the keep rule fails, refill."""
+    """Dynamic sampling (DAPO; BroRL §3.1, NeMo-RL's ProRLv2 example config): drop groups the
+    keep rule fails, refill."""
 
     enabled: bool = True
-    """Filter groups by `keep_rule` and refill (spec §4.2). False trains on every drawn group
+    """Filter groups by `keep_rule` and refill (BroRL §3.1). False trains on every drawn group
     (the pass rates are still logged)."""
     keep_rule: Literal["binary", "any_difference"] = "binary"
     """`binary`: keep a group iff 0 < #correct < N, correct = reward >= `correct_reward` (the
-    paper's rule, spec §4.2, Table 2). `any_difference`: keep a group whose rewards are not all
+    paper's rule, BroRL §3.1, Table 2). `any_difference`: keep a group whose rewards are not all
     equal, so partial credit (code, reasoning) keeps a group with no correct rollout: our
     option. Both pass rates are logged whichever is active."""
     max_draws: PositiveInt = 10
     """Most draws (generate + verify rounds) per step; then train on what was kept and flag it.
-    NeMo-RL: `dynamic_sampling_max_gen_batches: 10` (spec §7.3)."""
+    NeMo-RL's ProRLv2 example config: `dynamic_sampling_max_gen_batches: 10`."""
     oversample: float = Field(1.0, ge=1)
     """Each draw asks for ceil(missing groups * oversample) prompts; the excess is dropped.
-    NeMo-RL's `batch_multiplier` is 1.5 (spec §7.3); ours 1.0 wastes no rollouts: our choice."""
+    NeMo-RL's ProRLv2 example config has `batch_multiplier` 1.5; ours 1.0 wastes no rollouts:
+    our choice."""
     correct_reward: float = 1.0
-    """A rollout with at least this reward is correct (the binary rule's M_i = M_correct, spec
-    §4.2); a uniform group at or above it counts as all-correct (`filter/groups_all_correct`).
-    1.0: full credit, as the evaluation's pass@1 (`brorl.scoring`)."""
+    """A rollout with at least this reward is correct (the binary rule's M_i = M_correct,
+    BroRL §3.1); a uniform group at or above it counts as all-correct
+    (`filter/groups_all_correct`). 1.0: full credit, as the evaluation's pass@1
+    (`brorl.scoring`)."""
     wrong_reward: float = 0.0
     """A uniform group at or below this reward counts as all-wrong (`filter/groups_all_wrong`)."""
 
@@ -194,20 +204,22 @@ class FilterParams(Section):
 
 
 class GenerateParams(Section):
-    """Rollout generation (spec §4.2, §6, §7.1): the engine and its sampling; B and N live in `update`."""
+    """Rollout generation (BroRL §3.1, §4.2.4; ProRL (arXiv 2505.24864) §3.2): the engine and its
+    sampling; B and N live in `update`."""
 
     engine: Literal["hf", "vllm"] = "hf"
     """`hf`: in-process transformers loop (`brorl.engines.hf`); `vllm`: vLLM's offline LLM kept
-    alive across steps (`brorl.engines.vllm`). The paper's engine is not stated (spec §4.3; its
-    throughput argument cites SGLang's prefix caching, spec §6); ProRL v1 evaluated with vLLM."""
+    alive across steps (`brorl.engines.vllm`). The paper's engine is not stated (its
+    throughput argument, BroRL §4.2.4, cites SGLang's prefix caching); ProRL v1 evaluated with
+    vLLM (ProRL (arXiv 2505.24864) §3.4)."""
     temperature: float = Field(1.2, ge=0)
-    """Sampling temperature; 0 is greedy. ProRL v1: 1.2 (spec §7.1)."""
+    """Sampling temperature; 0 is greedy. ProRL v1: 1.2 (ProRL (arXiv 2505.24864) §3.2)."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus top-p of rollouts; 1 turns it off. Not stated for ProRL or BroRL training (spec
-    §4.3, §11 item 4): 1 is our choice; below 1 requires `update.tis_mode: none`."""
+    """Nucleus top-p of rollouts; 1 turns it off. Not stated for ProRL or BroRL training:
+    1 is our choice; below 1 requires `update.tis_mode: none`."""
     max_response_tokens: PositiveInt = 64
     """Longest response (tokens); longer rollouts end with finish reason `length`. ProRL v1: 8k
-    (spec §7.1); CPU-sized here."""
+    (ProRL (arXiv 2505.24864) §3.2); CPU-sized here."""
     max_concurrent_rollouts: PositiveInt = 256
     """Most rollouts decoded at once (hf: chunk size; vllm: `max_num_seqs`), so memory does not
     grow with N. vLLM's own default is 256 (anchors §8)."""
@@ -224,15 +236,17 @@ class GenerateParams(Section):
 
 
 class VerifyParams(Section):
-    """Verifiers and the code sandbox (spec §7.1 data table); `brorl.verifiers.verify_batch`."""
+    """Verifiers and the code sandbox (ProRL (arXiv 2505.24864) App. E, Table 4);
+    `brorl.verifiers.verify_batch`."""
 
     workers: PositiveInt | None = None
     """Parallel verifier processes per family; None uses every available core."""
     timeout_s: float = Field(5.0, gt=0)
     """Wall-clock limit (s) per item: one math or reasoning check, or all tests of one code
-    response. ProRL: code over 5 s total gets reward 0 (spec §7.1)."""
+    response. ProRL: code over 5 s total gets reward 0 (ProRL (arXiv 2505.24864) App. E)."""
     cpu_s: PositiveInt = 5
-    """Code sandbox RLIMIT_CPU (CPU seconds); matches the 5 s wall limit (spec §7.1)."""
+    """Code sandbox RLIMIT_CPU (CPU seconds); matches the 5 s wall limit (ProRL (arXiv 2505.24864)
+    App. E)."""
     memory_mib: PositiveInt = 512
     """Code sandbox RLIMIT_AS (MiB of address space); the interpreter needs about 30. Our choice."""
     open_files: PositiveInt = 32

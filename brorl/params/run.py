@@ -34,7 +34,8 @@ class TrainParams(Section):
     """Training precision; bfloat16 is for GPUs (about 20x slower on this CPU, platform notes).
     `auto`: bfloat16 on CUDA, float32 on CPU (one params file for both)."""
     weight_decay: float = Field(0.01, ge=0)
-    """AdamW weight decay. UNCONFIRMED (spec §7.1 gives only AdamW): torch's default, our choice."""
+    """AdamW weight decay. Not stated (ProRL (arXiv 2505.24864) §3.2 gives only AdamW): torch's
+    default, our choice."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     """AdamW beta1 (torch default)."""
     adam_beta2: float = Field(0.999, ge=0, lt=1)
@@ -44,13 +45,14 @@ class TrainParams(Section):
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient-norm clip per optimizer step (verl and OpenRLHF default 1.0): our choice."""
     warmup_steps: NonNegativeInt = 0
-    """Linear LR warm-up in optimizer steps; 0: constant LR as ProRL v1 (spec §7.1)."""
+    """Linear LR warm-up in optimizer steps; 0: constant LR as ProRL v1 (ProRL (arXiv 2505.24864)
+    §3.2)."""
     seed: int = 0
     """Seed of the prompt order, the rollout sampling and the mini-batch shuffle (what a study's
     seeds vary); never of the evaluation (`eval_seed`)."""
     continue_stream: bool = True
     """When `init_checkpoint` holds a `run.json` (written by an earlier run's end), continue its
-    prompt stream and per-step seeds instead of restarting them (spec §4.3 leaves the
+    prompt stream and per-step seeds instead of restarting them (the BroRL paper leaves the
     continuation's data order open: our choice, so the arms never replay the warm-up's prompts).
     False: start at step 0 of a fresh stream."""
     checkpoint_dir: str | None = None
@@ -98,11 +100,11 @@ class TrainParams(Section):
     not `seed`. Our choice."""
     eval_samples: PositiveInt = 4
     """k, samples per instance: pass@1 is the mean correctness over them (avg@k), unbiased pass@k
-    beside it (spec §5.2 uses 16; 4 on CPU)."""
+    beside it (BroRL App. D uses 16; 4 on CPU)."""
     eval_temperature: float = Field(0.6, ge=0)
-    """Evaluation sampling temperature (spec §5.2: 0.6)."""
+    """Evaluation sampling temperature (BroRL App. D: 0.6)."""
     eval_top_p: float = Field(0.95, gt=0, le=1)
-    """Evaluation nucleus top-p (spec §5.2: 0.95)."""
+    """Evaluation nucleus top-p (BroRL App. D: 0.95)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -135,7 +137,7 @@ class TrainParams(Section):
 
 
 class DiagnosticsParams(Section):
-    """Knowledge shrinkage on the live policy (`brorl.train.diagnostics`, spec §3, Fig. 3):
+    """Knowledge shrinkage on the live policy (`brorl.train.diagnostics`, BroRL §4.1, Fig. 3):
     probes scored before and after each PPO update, logged as `diag/*` (docs/metrics.md).
     Their seconds are kept out of the training time (`time/diagnostics`)."""
 
