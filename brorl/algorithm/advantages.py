@@ -1,8 +1,9 @@
 """Sequence-level advantages from group rewards: REINFORCE++-baseline (ProRLv2) and GRPO.
 
-REINFORCE++-baseline (spec §4.2, §7.2): A = R - mean_group(R), then A is normalised by the mean and
-std over the whole global batch of valid rollouts; there is no per-group std. GRPO (spec §7.1):
-A = (R - mean_group(R)) / (std_group(R) + eps). Rewards may be continuous.
+REINFORCE++-baseline (BroRL §3.1; the ProRLv2 blog post): A = R - mean_group(R), then A is
+normalised by the mean and std over the whole global batch of valid rollouts; there is no per-group
+std. GRPO (ProRL (arXiv 2505.24864) §2): A = (R - mean_group(R)) / (std_group(R) + eps). Rewards may
+be continuous.
 
 Group statistics are streamed over the N axis (`GroupStats.update`, Chan et al.'s parallel merge
 of Welford's running mean and sum of squared deviations): a group of N = 512 or more rollouts
@@ -10,7 +11,7 @@ whose rewards arrive chunk by chunk (engines generate in memory-bounded chunks) 
 the chunks come, with the same result as one pass.
 
 Deliberately ignored: leave-one-out baselines (NeMo-RL's `use_leave_one_out_baseline: false`),
-token-weighted whitening (verl's `masked_whiten` over tokens; the spec normalises over rollouts),
+token-weighted whitening (verl's `masked_whiten` over tokens; BroRL §3.1 normalises over rollouts),
 and reward shaping (length penalties belong to the verifier stage).
 """
 
@@ -23,7 +24,8 @@ import torch
 from torch import Tensor
 
 AdvantageEstimator = Literal["reinforce_pp_baseline", "grpo"]
-"""`reinforce_pp_baseline`: ProRLv2/BroRL (spec §4.2); `grpo`: ProRL v1 (spec §7.1)."""
+"""`reinforce_pp_baseline`: ProRLv2/BroRL (BroRL §3.1); `grpo`: ProRL v1 (ProRL (arXiv
+2505.24864) §2)."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,8 @@ def reinforce_pp_baseline_advantages(
 ) -> Tensor:
     """REINFORCE++-baseline: rewards `[B, N]` -> advantages `[B, N]` (0 where not valid).
 
-    A = R - mean_group(R); then (A - mean_batch(A)) / sqrt(var_batch(A) + eps) with the batch
-    mean and population variance over all valid rollouts of the global batch (spec §7.2).
+    A = R - mean_group(R); then (A - mean_batch(A)) / sqrt(var_batch(A) + eps) with the batch mean
+    and population variance over all valid rollouts of the global batch (the ProRLv2 blog post).
     mean_batch(A) is zero identically (each group's centred rewards sum to zero), so it is not
     subtracted: this keeps the advantage of a uniform group exactly 0 rather than about 1e-17.
     """
@@ -125,7 +127,8 @@ def grpo_advantages(
 ) -> Tensor:
     """GRPO: rewards `[B, N]` -> (R - mean_group) / (std_group + eps) `[B, N]`, 0 where not valid.
 
-    std_group is the unbiased (N - 1) std, as in verl and TRL (spec §7.1 leaves it unstated).
+    std_group is the unbiased (N - 1) std, as in verl and TRL (ProRL (arXiv 2505.24864) §2 leaves it
+    unstated).
     """
     r, mask = _checked(rewards, valid)
     stats = group_stats(r, mask, chunk_size)

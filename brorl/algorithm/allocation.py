@@ -16,7 +16,7 @@ once, which is the same choice. The budget goes where a group's chance of carryi
 still low and more rollouts raise it most: prompts that look hard (0 of n0) or nearly solved
 (n0 of n0) get the most, a prompt whose first round is already mixed (its group is kept anyway)
 the least. This is Knapsack RL's finding too (most rollouts on hard prompts) and BroRL's case
-for large N (spec §3: unsampled correct paths are the ones that shrink).
+for large N (BroRL §2, §4.1: unsampled correct paths are the ones that shrink).
 
 Deliberately ignored: carrying pass-rate estimates across steps (GRESO, prime-rl's difficulty
 pool); the allocation is made from this step's first round only.

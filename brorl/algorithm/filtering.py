@@ -1,9 +1,10 @@
-"""Dynamic sampling (DAPO; spec §4.2, §7.3): keep only informative groups, refill on a budget.
+"""Dynamic sampling (DAPO; BroRL §3.1, NeMo-RL's ProRLv2 example config): keep only informative
+groups, refill on a budget.
 
 Two keep rules (`filter.keep_rule`):
 - `binary` (the paper's, the default): keep a group iff 0 < #correct < N, a rollout being correct
-  when its reward is >= `correct_reward` (spec §4.2: 0 < sum_i 1(M_i = M_correct) < N). A code or
-  reasoning group with partial credit but no fully correct rollout is dropped.
+  when its reward is >= `correct_reward` (BroRL §3.1: 0 < sum_i 1(M_i = M_correct) < N). A code
+  or reasoning group with partial credit but no fully correct rollout is dropped.
 - `any_difference`: keep a group whose rewards are not all equal, tested exactly (max != min), so
   partial credit counts. Unlike a filter on the mean score (OpenRLHF#1270) it drops a uniform
   group of 0.3s; unlike a leave-one-out std (NeMo-RL#3469) it never splits a group.
@@ -13,14 +14,15 @@ of kept groups, the draw budget is spent, or the rollout cap (`max_groups` group
 remaining rollout budget) is reached. It then returns what it kept, flagged, rather than raising
 (verl#953) or looping forever (verl's `max_num_gen_batches=0`). Its stats hold both rules' pass
 rates whatever rule is active: rollouts of generated groups that pass / rollouts generated (the
-paper's Table 2 quantity, 41% for ProRL vs 62% for BroRL, spec §4.4, §5.5).
+paper's Table 2 quantity, 41% for ProRL vs 62% for BroRL, BroRL §4.2.4).
 
 Groups of different sizes (adaptive allocation) arrive padded to one width with a `valid` mask
 `[B, N]` (an optional `valid` attribute of the draw, None when every slot is real): both rules
 and every count then see only the real rollouts.
 
-Deliberately ignored: soft band-pass filters (verl#2791) and per-rollout validity (a failed
-rollout should carry the reward the verifier gives it, e.g. 0 for truncation, spec §7.3).
+Deliberately ignored: soft band-pass filters (verl#2791) and per-rollout validity (a failed rollout
+should carry the reward the verifier gives it, e.g. 0 for truncation, as in NeMo-RL's ProRLv2
+example config).
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class FilterStats:
 
     @property
     def pass_rate(self) -> float:
-        """The active rule's pass rate: the paper's dynamic-sampling pass rate (spec §5.5)."""
+        """The active rule's pass rate: the paper's dynamic-sampling pass rate (BroRL Table 2)."""
         return self.pass_rate_binary if self.keep_rule == "binary" \
             else self.pass_rate_any_difference
 

@@ -3,10 +3,11 @@ rollout engine and the trainer, a clamped KL penalty to a reference, token-level
 
 Per token t of rollout m (shapes `[M, T]`, M = rollouts in this micro-batch):
     r = pi_theta / pi_old,   loss_pg = w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
-    w = min(pi_old / pi_engine, cap)  (TIS, detached; spec §4.2) or IcePop's masked ratio
+    w = min(pi_old / pi_engine, cap)  (TIS, detached; BroRL §3.1) or IcePop's masked ratio
     loss = sum_t mask (loss_pg + kl_coef * kl - entropy_coef * H) / normaliser
-Spec §4.2 (clip-higher, TIS), §7.2 (eps 0.20 / 0.28, k2 KL with clamping), §7.3 (NeMo-RL: input
-clamp 20, output clamp 10, TIS cap 5, IcePop band [0.5, 5], token-level loss).
+BroRL §3.1 (clip-higher, TIS); the ProRLv2 blog post (eps 0.20 / 0.28, k2 KL with clamping);
+NeMo-RL's ProRLv2 example config (input clamp 20, output clamp 10, TIS cap 5, IcePop band [0.5, 5],
+token-level loss).
 
 `normaliser` is the number of valid tokens in the whole mini-batch: passing it to every micro-batch
 makes the sum of micro-batch gradients equal the full-batch gradient, and makes every metric
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from brorl.train.config import LossConfig
 
 KLEstimator = Literal["k1", "k2", "k3"]
-"""k1 = log(pi/ref); k2 = 0.5 log(pi/ref)^2 (ProRLv2, spec §7.2); k3 = ref/pi - 1 - log(ref/pi)."""
+"""k1 = log(pi/ref); k2 = 0.5 log(pi/ref)^2 (the ProRLv2 blog post);
+k3 = ref/pi - 1 - log(ref/pi)."""
 TISMode = Literal["none", "truncate", "icepop"]
 """none; truncate: w = min(ratio, cap); icepop: w = ratio inside [tis_min, cap], else 0."""
 

@@ -1,14 +1,15 @@
 """Per-step schedules of the ProRL -> BroRL switch: the learning-rate rule, the PPO mini-batch
 split, and periodic reference resets.
 
-- LR (spec §4.1, §8 rule 3): lr = base_lr * sqrt(samples_per_step / base_samples_per_step), the
+- LR (BroRL §4.2.1): lr = base_lr * sqrt(samples_per_step / base_samples_per_step), the
   square-root rule in samples per step: BroRL's 128 x 512 = 65,536 over ProRL's 512 x 16 = 8,192
   gives x sqrt(8) = x 2.83.
-- Mini-batches (spec §8 rule 2): the number of PPO mini-batches per step stays fixed across arms,
-  so each BroRL mini-batch holds 8x the rollouts. When dynamic sampling returns fewer rollouts
+- Mini-batches (BroRL §4.2.1, §4.2.3): the number of PPO mini-batches per step stays fixed across
+  arms, so each BroRL mini-batch holds 8x the rollouts. When dynamic sampling returns fewer rollouts
   than planned (budget exhausted), the same count of near-equal mini-batches is kept.
-- Reference resets (spec §7.1, §7.2): every K steps the reference policy becomes the current one.
-  ProRLv2 keeps the optimizer state (`reset_optimizer=False`); ProRL v1 re-initialised it.
+- Reference resets (ProRL (arXiv 2505.24864) §2.3.1; the ProRLv2 blog post): every K steps the
+  reference policy becomes the current one. ProRLv2 keeps the optimizer state
+  (`reset_optimizer=False`); ProRL v1 re-initialised it.
   Deliberately ignored: resets triggered by KL spikes or stalled validation (a caller decision).
 
 Plain Python, no torch: `brorl.params` uses `scaled_lr` for its derived `lr`.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 
 def scaled_lr(base_lr: float, samples_per_step: int, base_samples_per_step: int) -> float:
-    """base_lr * sqrt(samples_per_step / base_samples_per_step) (spec §4.1)."""
+    """base_lr * sqrt(samples_per_step / base_samples_per_step) (BroRL §4.2.1)."""
     if samples_per_step <= 0 or base_samples_per_step <= 0:
         raise ValueError(
             f"samples per step must be positive, got {samples_per_step} and {base_samples_per_step}; "
@@ -31,7 +32,7 @@ def scaled_lr(base_lr: float, samples_per_step: int, base_samples_per_step: int)
 
 
 def mini_batch_rollouts(rollouts_per_step: int, mini_batches_per_step: int) -> int:
-    """Rollouts per PPO mini-batch that keep `mini_batches_per_step` fixed (spec §8 rule 2)."""
+    """Rollouts per PPO mini-batch that keep `mini_batches_per_step` fixed (BroRL §4.2.1)."""
     if mini_batches_per_step <= 0 or rollouts_per_step % mini_batches_per_step:
         raise ValueError(
             f"{rollouts_per_step} rollouts per step do not split into {mini_batches_per_step} equal "
@@ -73,6 +74,6 @@ class ResetPlan:
 
 def reset_plan(step: int, every: int | None, reset_optimizer: bool) -> ResetPlan:
     """The reset decision after `step`; the optimizer is only cleared together with the reference
-    (ProRL v1: `reset_optimizer=True`; ProRLv2, our default: False, spec §7.2)."""
+    (ProRL v1: `reset_optimizer=True`; ProRLv2, our default: False, the ProRLv2 blog post)."""
     due = should_reset_reference(step, every)
     return ResetPlan(reset_reference=due, reset_optimizer=due and reset_optimizer)
