@@ -3,12 +3,12 @@
 Everything here works on a batch of categorical policies: probabilities `p [..., V]` in float64, a
 correct-token mask `correct [..., V]` (or `[V]`, broadcast), and the ids of the N sampled tokens
 `sampled [..., N]`, repeats allowed. The token sets A (sampled correct), B (sampled incorrect) and U
-(unsampled) are *sets*: a token drawn twice counts once (spec §2.1), while the prefactor eta/N uses
-the number of draws N. Notation follows spec §2.1: Q_pos, Q_neg, P_pos, P_neg, A_2, B_2, U_pos,2,
-U_neg,2, S_R.
+(unsampled) are *sets*: a token drawn twice counts once (BroRL App. C.1), while the prefactor eta/N
+uses the number of draws N. Notation follows BroRL §2: Q_pos, Q_neg, P_pos, P_neg, A_2, B_2,
+U_pos,2, U_neg,2, S_R.
 
 What it deliberately ignores: clipping, KL and multi-token sequences. It is the paper's one-step,
-linear-in-p surrogate analysis of a single categorical distribution (spec §2.5), nothing more.
+linear-in-p surrogate analysis of a single categorical distribution (BroRL §2), nothing more.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class MassBalance:
-    """Spec §2.1 quantities and the Theorem-1 terms for each policy in the batch. Shapes `[...]`."""
+    """BroRL §2 quantities and the Theorem-1 terms for each policy in the batch. Shapes `[...]`."""
 
     q_pos: Tensor
     """Q_pos: total probability of correct tokens."""
@@ -62,7 +62,7 @@ def sampled_mask(sampled: Tensor, vocab_size: int) -> Tensor:
 
 def mass_balance(p: Tensor, correct: Tensor, sampled: Tensor, reward_correct: float,
                  reward_wrong: float, lr: float) -> MassBalance:
-    """All spec §2.1 quantities and the three Theorem-1 terms (spec §2.3, eq. 1).
+    """All BroRL §2 quantities and the three Theorem-1 terms (BroRL App. C.1, eq. 1).
 
     Args:
         p: `[..., V]` probabilities (rows sum to 1).
@@ -91,7 +91,8 @@ def mass_balance(p: Tensor, correct: Tensor, sampled: Tensor, reward_correct: fl
 def from_moments(q_pos: Tensor, p_pos: Tensor, p_neg: Tensor, a2: Tensor, b2: Tensor,
                  u_pos2: Tensor, u_neg2: Tensor, reward_correct: float, reward_wrong: float,
                  lr: float, rollouts: int) -> MassBalance:
-    """Theorem 1 from the partial masses and second moments (spec §2.3, eq. 1), shapes `[...]`."""
+    """Theorem 1 from the partial masses and second moments (BroRL App. C.1, eq. 1), shapes
+    `[...]`."""
     q_neg = 1.0 - q_pos
     s_r = reward_correct * p_pos + reward_wrong * p_neg
     scale = lr / rollouts
@@ -112,7 +113,8 @@ def token_rewards(correct: Tensor, drawn: Tensor, reward_correct: float, reward_
 
 def logit_update(p: Tensor, correct: Tensor, sampled: Tensor, reward_correct: float,
                  reward_wrong: float, lr: float) -> Tensor:
-    """The one-step logit update dz_j = (eta/N) p_j (R_j - S_R) (spec §2.2), shape `[..., V]`.
+    """The one-step logit update dz_j = (eta/N) p_j (R_j - S_R) (BroRL §2, App. C.1), shape
+    `[..., V]`.
 
     This is gradient descent with step eta on L = -(1/N) sum_{i in A u B u U} R_i p_i.
     """

@@ -1,7 +1,7 @@
 """Simulator outputs: seed merging, the results table, curve files and the Fig.-3-style figure.
 
 Pure file writers (matplotlib's Agg backend, csv, json); nothing here knows about MLflow or DVC.
-The figure mirrors BroRL Fig. 3 (spec §3.1): Q_pos, % of correct tokens improved and worst drop
+The figure mirrors BroRL Fig. 3 (§4.1): Q_pos, % of correct tokens improved and worst drop
 against step, one line per N (mean over seeds, shaded +-1 std).
 """
 

@@ -1,9 +1,9 @@
-"""The paper's token-level RLVR simulator (BroRL §4.1, Fig. 3; spec §3.1), vectorised over seeds.
+"""The paper's token-level RLVR simulator (BroRL §4.1, Fig. 3), vectorised over seeds.
 
 A single categorical policy over V tokens, |P| of them correct (reward R_c, the rest R_w). Each step
 draws N i.i.d. tokens, centres their rewards by the batch mean b = (1/N) sum_j R_j, and takes one
-AdamW step on the linear-in-p surrogate L = -(1/N) sum_j (R_j - b) p_{y_j} (spec §3.1; spec §3.3
-explains why it must be linear in p, not log p).
+AdamW step on the linear-in-p surrogate L = -(1/N) sum_j (R_j - b) p_{y_j} (BroRL §4.1; it must be
+linear in p, as written there, not log p: with log p, unsampled logits get no gradient).
 
 The gradient is written in closed form rather than through autograd: with s_i the sum of centred
 rewards of the draws of token i,  dL/dz_i = -(p_i / (N tau)) (s_i - M),  M = sum_k s_k p_k:
@@ -19,9 +19,9 @@ identically, so the run is the dense one exactly, at a cost set by the tokens dr
 
 Metrics, recorded at step 0, every `log_every` steps and at the end (step t = after t updates):
 Q_pos, the percent of correct tokens whose probability rose since step 0, the worst change among
-correct tokens min_i (p_i(t) - p_i(0)), and the Theorem-1 terms (spec §2.3, with eta = lr, i.e. the
-first-order prediction for a plain gradient step) of the update that produced step t.
-Deliberately ignored: anything beyond spec §3.1 (no KL, no clipping, one token position).
+correct tokens min_i (p_i(t) - p_i(0)), and the Theorem-1 terms (BroRL App. C.1, with eta = lr, i.e.
+the first-order prediction for a plain gradient step) of the update that produced step t.
+Deliberately ignored: anything beyond BroRL §4.1 (no KL, no clipping, one token position).
 """
 
 from __future__ import annotations
