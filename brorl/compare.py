@@ -6,14 +6,15 @@ far, per-family scores, per-instance scores over the same problem ids). Only TES
 reported (rows without "split" count as test, `brorl.legacy`); validation rows choose
 checkpoints and never score an arm.
 
-- Table 1 (spec §5.1): per evaluation, step, rollouts, each family's headline score (pass@1 =
-  avg@k of correctness for math and code; the mean continuous reward for reasoning, spec §7.1,
-  with its pass@1 beside it) and the training seconds so far (evaluation and checkpoints out).
-- Table 2 (spec §5.5): N, prompts per step, the dynamic-sampling pass rate and generation
+- Table 1 (as BroRL Table 1): per evaluation, step, rollouts, each family's headline score (pass@1 =
+  avg@k of correctness for math and code; the mean continuous reward for reasoning, ProRL (arXiv
+  2505.24864) §3.4, with its pass@1 beside it) and the training seconds so far (evaluation and
+  checkpoints out).
+- Table 2 (as BroRL Table 2): N, prompts per step, the dynamic-sampling pass rate and generation
   throughput, both POOLED over steps (sum of kept over sum of generated rollouts; sum of rollouts
   over sum of generation seconds), not means of per-step ratios; evaluation and checkpoint
   seconds apart from training seconds.
-- The paired test (spec §5.3): each arm minus the named baseline (`compare.baseline`), never the
+- The paired test (BroRL §4.2.2): each arm minus the named baseline (`compare.baseline`), never the
   order of the arms, on their last test rows, per-instance headline scores
   (`brorl.stats.paired_test`: t interval, d_z, Wilcoxon p, minimum detectable difference). Arms
   that generated different numbers of rollouts are refused: the comparison is at equal budget.
@@ -64,7 +65,8 @@ class ArmResult(RunRecord):
 
 
 def family_value(record: dict[str, Any], family: str, quantity: str = "score") -> float:
-    """A family's `quantity` in an evaluation row; "score" is its headline (spec §7.1)."""
+    """A family's `quantity` in an evaluation row; "score" is its headline (ProRL (arXiv 2505.24864)
+    §3.4)."""
     row = record["scores"]["family"].get(family, {})
     return float(row.get(family_key(row, quantity, HEADLINE[family]), math.nan))
 
@@ -207,7 +209,7 @@ def _test_dict(test: PairedTest) -> dict[str, Any]:
     d = asdict(test)
     d.pop("n")
     d["instances"] = test.n
-    d["p_one_tailed"] = d.pop("p_one_sided")  # the paper's name (spec §5.3)
+    d["p_one_tailed"] = d.pop("p_one_sided")  # the paper's name (BroRL §4.2.2)
     return d
 
 
@@ -381,7 +383,7 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str,
 DVC_METRICS = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p": "p_one_tailed",
                "p_two_sided": "p_two_sided", "mde": "mde"}
 """The DVC metrics of a comparison -> their key in the paired test. `p` is one-tailed (arm above
-the baseline), the paper's test (spec §5.3); the report's wording uses the two-sided p."""
+the baseline), the paper's test (BroRL §4.2.2); the report's wording uses the two-sided p."""
 
 
 PAIRED_METRICS = {"delta": "delta", "ci_low": "ci_low", "ci_high": "ci_high", "p": "p_one_tailed",

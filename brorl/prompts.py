@@ -10,8 +10,8 @@ same way (nanochat's `reward()` reuses `evaluate()`):
 
 Deliberately ignored: `<think>` handling (the tiny policies do not think), `\\fbox`, unclosed
 fences or tags (a truncated response has no answer), answers written without any marker.
-Paper: spec paper.md §7.1 data table (math `\\boxed{}`, Reasoning Gym `<answer></answer>`,
-code in triple backticks).
+Paper: ProRL (arXiv 2505.24864) App. E, Table 4 (math `\\boxed{}`, Reasoning Gym
+`<answer></answer>`, code in triple backticks).
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ CHAT_EXAMPLES: dict[Family, tuple[str, str]] = {
     "code": ("Write a Python function double_all(xs) that returns a list with every item of xs "
              "doubled.", "```python\ndef double_all(xs):\n    return [2 * x for x in xs]\n```"),
 }
-"""One worked example per family, shown before the problem as a user turn and the assistant's
-reply when a problem carries `metadata["chat_example"]` (the data stage's `data.chat_example`):
-a small instruct model follows a format it is shown far more often than one it is told
-(SmolLM2-135M-Instruct never wrote an answer tag when only told to). Each lies outside the
-generated sets (operands up to 9, three-letter words, other code templates), so it gives no
-held-out answer away. Our choice; the paper's prompts are not stated (spec §7.1)."""
+"""One worked example per family, shown before the problem as a user turn and the assistant's reply
+when a problem carries `metadata["chat_example"]` (the data stage's `data.chat_example`): a small
+instruct model follows a format it is shown far more often than one it is told
+(SmolLM2-135M-Instruct never wrote an answer tag when only told to). Each lies outside the generated
+sets (operands up to 9, three-letter words, other code templates), so it gives no held-out answer
+away. Our choice; the BroRL paper does not state its prompts."""
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)

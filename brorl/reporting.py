@@ -3,7 +3,7 @@
 
 - `RunRecord`: a finished run read from its folder (`brorl.evals.read_run`): its summary, whose
   `history` holds the per-step metrics, and its test evaluations by step.
-- Pooled rates (spec §5.5, Table 2): the dynamic-sampling pass rate is sum(pass rate x rollouts
+- Pooled rates (BroRL §4.2.4, Table 2): the dynamic-sampling pass rate is sum(pass rate x rollouts
   generated) / sum(rollouts generated) over the run's steps, the generation throughput
   sum(rollouts) / sum(generation seconds); never a mean of per-step ratios.
 - Cells: scores in points (percent of 1) with their interval, percentages, p-values; Markdown

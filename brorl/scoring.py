@@ -7,17 +7,19 @@ run evaluates (which instances, how many samples, the sampling) and the row it r
 - `pass_at_k(n, c, k)`: the unbiased estimator of Chen et al. (2021, Codex) from n samples with c
   correct, 1 - C(n-c, k) / C(n, k), computed as a stable product (no huge binomials).
 - `score_rewards`: from rewards `[B, n]` (n rollouts per problem), each problem's mean reward and
-  pass@k (a rollout counts as correct when its reward is >= `success_threshold`, 1.0: binary as
-  the paper's pass@1), then means per task, per family and overall. A family's score averages
-  its tasks (the paper's "Avg" columns average benchmarks, spec §5.2); the headline score is
-  pass@1 for math and code and the mean continuous reward for reasoning (spec §7.1 protocol).
+  pass@k (a rollout counts as correct when its reward is >= `success_threshold`, 1.0: binary as the
+  paper's pass@1), then means per task, per family and overall. A family's score averages its tasks
+  (the paper's "Avg" columns average benchmarks, BroRL Tables 3-5); the headline score is pass@1 for
+  math and code and the mean continuous reward for reasoning (ProRL (arXiv 2505.24864) §3.4
+  protocol).
 - `instance_scores`: the same per instance (avg@k pass@1 and the headline score), the unit of the
   paired tests and of the bootstrap over instances.
   Paired tests over them live in `brorl.stats.paired_test`.
 - `evaluate_policy`: render with `brorl.prompts`, sample with plain transformers generation,
   score with `brorl.verifiers.verify_batch` (the same code as the RL reward).
 
-Deliberately ignored: per-benchmark context limits, RG's unknown "Avg" weighting (spec §5.2).
+Deliberately ignored: per-benchmark context limits, RG's unknown "Avg" weighting (BroRL Table 5 does
+not say how it is formed).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from brorl.types import Problem
 from brorl.verifiers import VerifyConfig, verify_batch
 
 HEADLINE = {"math": "pass_at_1", "code": "pass_at_1", "reasoning": "reward_mean"}
-"""Which quantity is each family's score (spec §7.1: binary pass@1 for math and code, the mean
-continuous verifier reward for Reasoning Gym)."""
+"""Which quantity is each family's score (ProRL (arXiv 2505.24864) §3.4: binary pass@1 for math and
+code, the mean continuous verifier reward for Reasoning Gym)."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

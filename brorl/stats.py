@@ -7,7 +7,7 @@
 - `bootstrap_difference(a, b)`: mean(b) - mean(a) on the same instances (columns): instances
   resampled jointly (the difference stays paired), each arm's seeds independently.
 - `paired_test(a, b)`: per-instance scores (already averaged over seeds), b - a: the paired
-  t-test (`scipy.stats.ttest_rel`, the paper's test, spec §5.3) with its t interval, the effect
+  t-test (`scipy.stats.ttest_rel`, the paper's test, BroRL §4.2.2) with its t interval, the effect
   size d_z = mean / sd of the differences, the Wilcoxon signed-rank p (no normality assumed) and
   the minimum detectable difference.
 - `minimum_detectable_difference(sd, n)`: the smallest |mean difference| a two-sided paired

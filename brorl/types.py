@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 Family = Literal["math", "code", "reasoning"]
-"""The paper's three scored families (spec §5): Math, Code, Reasoning Gym."""
+"""The paper's three scored families (BroRL Table 1): Math, Code, Reasoning Gym."""
 FAMILIES: tuple[Family, ...] = ("math", "code", "reasoning")
-"""The paper's three scored families, in the order its tables list them (spec §5.1)."""
+"""The paper's three scored families, in the order its tables list them (BroRL Table 1)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The base stage: supervised warm-up of the tiny policy to a middling checkpoint (spec §5.1, §7.2).
+"""The base stage: supervised warm-up of the tiny policy to a middling checkpoint (BroRL §4.2.1,
+Table 1).
 
 `config` holds the stage's settings (`BaseConfig`); `checkpoint` builds, warms up and scores the
 policy of one experiment (`make_base_checkpoint`; `split_report` keeps its wall-clock figures

@@ -1,7 +1,7 @@
 """The base checkpoint: the tiny policy warmed up until it is middling, not solved.
 
-The paper continues RL from a checkpoint that plateaued under ProRLv2 (spec §5.1 baseline row,
-§7.2). On CPU our stand-in is the tiny Qwen2 of the model stage (`brorl.model`), warmed up by
+The paper continues RL from a checkpoint that plateaued under ProRLv2 (BroRL Table 1 baseline row,
+§4.2.1). On CPU our stand-in is the tiny Qwen2 of the model stage (`brorl.model`), warmed up by
 teacher forcing
 (`brorl.base.supervised.warm_up`). Validation scores each family with the RL reward's own
 verifiers, one sample per problem at the test's temperature and top-p, so the stopping rule and
@@ -11,7 +11,7 @@ leaves room for RL. `BaseConfig.from_params` is the stage's one conversion from 
 The report's wall-clock figures are kept apart from what the stage's output holds (`split_report`,
 `brorl.timings`): the same weights give the same `report.json`.
 
-Paper: spec §5.1 / §7.2 (plateaued starting point).
+Paper: BroRL §4.2.1, Table 1 (plateaued starting point).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
 
     Returns (model, tokenizer, report); the report holds the warm-up history, the steps trained
     and the step whose weights were kept (`selected_step`, see `warm_up`), the held-out test
-    scores of those weights (pass@1 from `test_samples` samples at `eval_temperature`, spec
-    §5.2 protocol) and the seconds of warm-up (validation checks included) and of the test.
+    scores of those weights (pass@1 from `test_samples` samples at `eval_temperature`, BroRL
+    App. D protocol) and the seconds of warm-up (validation checks included) and of the test.
     """
     c = config
     model, tokenizer = load_policy(c.start)

@@ -2,7 +2,8 @@
 
 `build_problems` gathers every source for one experiment; `split_problems` dedupes and splits;
 `make_splits` does both for a `DataConfig` (the `data` stage, built by `DataConfig.from_params`);
-`save_splits` / `load_split` store and read them. Paper: spec §5 and §7.1 (Math, Code, RG).
+`save_splits` / `load_split` store and read them. Paper: BroRL Table 1 and ProRL (arXiv 2505.24864)
+§3.1 (Math, Code, RG).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ The generated set: one-line functions (add, scale, compare, slice, repeat, ...) 
 k and a function name drawn by seed, reference solution in metadata["solution"], three tests each.
 
 Deliberately ignored: stdin/stdout programs (rows without `fn_name` are refused with the fix),
-floating-point tolerance in tests. Paper: spec §7.1, Code = Eurus-2-RL, reward = fraction passed.
+floating-point tolerance in tests. Paper: ProRL (arXiv 2505.24864) App. E, Code = Eurus-2-RL,
+reward = fraction passed.
 """
 
 from __future__ import annotations

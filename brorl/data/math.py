@@ -7,7 +7,8 @@ else the file's stem. The generated set has four tasks sized for a tiny characte
 fraction) and `linear_equation` (solve ax + b = c).
 
 Deliberately ignored: answer normalisation (math-verify in the verifier decides equivalence),
-multi-answer problems. Paper: spec §7.1, Math = DeepScaleR, 40k problems, binary reward.
+multi-answer problems. Paper: ProRL (arXiv 2505.24864) App. E, Math = DeepScaleR, 40k problems,
+binary reward.
 """
 
 from __future__ import annotations

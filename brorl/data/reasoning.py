@@ -24,10 +24,10 @@ basic_arithmetic behind a 60-character preamble), leg_counting and word_sequence
 items), simple_equations with values 1-5 (0.2-0.27, which is what guessing among 5 answers gives),
 count_bits, letter_counting and gcd (one constant answer covers 27-80% of their items). The
 held-out evaluation set is the `test` split of these tasks (instances never trained on, deduped
-by prompt), as the paper holds out samples per task (spec §5.2).
+by prompt), as the paper holds out samples per task (ProRL (arXiv 2505.24864) §3.4).
 
-Deliberately ignored: the paper's 96-task curriculum (too long for a tiny model), RG's
-difficulty schedules. Paper: spec §7.1, Logic puzzles = Reasoning Gym, continuous reward.
+Deliberately ignored: the paper's 96-task curriculum (too long for a tiny model), RG's difficulty
+schedules. Paper: ProRL (arXiv 2505.24864) App. E, Logic puzzles = Reasoning Gym, continuous reward.
 """
 
 from __future__ import annotations

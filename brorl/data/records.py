@@ -5,7 +5,8 @@ strings and `metadata` a JSON string, because metadata differs from task to task
 one schema per column. Splits are saved together with `DatasetDict.save_to_disk`.
 
 Deliberately ignored: streaming and sharding (the datasets here fit in memory), hub uploads.
-Paper: §5 / spec §7.1 (the three families Math, Code, Reasoning Gym).
+Paper: BroRL Table 1 / ProRL (arXiv 2505.24864) App. E (the three families Math, Code, Reasoning
+Gym).
 """
 
 from __future__ import annotations

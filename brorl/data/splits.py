@@ -7,7 +7,8 @@ and cut, so every task appears in every split in its share and the result does n
 the input order.
 
 Deliberately ignored: near-duplicates beyond case and whitespace (paraphrases, reordered terms).
-Paper: the held-out evaluation split of spec §5.2 / §7.1 (100 held-out samples per RG task).
+Paper: the held-out evaluation split of ProRL (arXiv 2505.24864) §3.4, which BroRL App. D follows
+(100 held-out samples per RG task).
 """
 
 from __future__ import annotations

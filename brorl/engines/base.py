@@ -7,8 +7,8 @@ log-probabilities, and a counter-based uniform generator that gives each (seed, 
 own random number, so a rollout's tokens do not depend on how rollouts are chunked.
 
 Deliberately ignored: top-k, repetition penalties, stop strings (only EOS stops a rollout).
-Paper: BroRL §3 / spec §4.2 (N rollouts per prompt sampled from the current policy), ProRL v1
-temperature 1.2 (spec §7.1).
+Paper: BroRL §3.1 (N rollouts per prompt sampled from the current policy), ProRL v1
+temperature 1.2 (ProRL (arXiv 2505.24864) §3.2).
 """
 
 from __future__ import annotations

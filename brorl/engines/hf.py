@@ -18,7 +18,7 @@ all others, or on another rank (`SamplingConfig.first_prompt`).
 Deliberately ignored: continuous batching across chunks (a chunk runs until its rows finish),
 paged attention, speculative decoding, a static KV cache and CUDA graphs (rows leave the batch
 as they finish, so shapes change from step to step); the vLLM engine covers the fast path.
-Paper: BroRL §4.2.4 / spec §6 (one shared prefix per prompt, many concurrent rollouts).
+Paper: BroRL §4.2.4 (one shared prefix per prompt, many concurrent rollouts).
 """
 
 from __future__ import annotations

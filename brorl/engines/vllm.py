@@ -19,7 +19,7 @@ request's generator after a partial prefill, which CPU generators cannot do ("CP
 not use offset").
 
 Deliberately ignored: tensor parallelism, LoRA, async engines, stop strings.
-Paper: BroRL §4.2.4 / spec §6 (SamplingParams(n=N) and prefix caching are the throughput lever).
+Paper: BroRL §4.2.4 (SamplingParams(n=N) and prefix caching are the throughput lever).
 """
 
 from __future__ import annotations

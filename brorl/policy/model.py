@@ -1,7 +1,8 @@
 """Build, save and load the policy: a tiny Qwen2 from config on CPU, or any local HF checkpoint.
 
-`build_policy` makes a Qwen2-architecture causal LM (the paper's policy family, spec §7.1:
-Nemotron-Research-Reasoning-Qwen-1.5B) from explicit sizes, initialised from a seed, in float32.
+`build_policy` makes a Qwen2-architecture causal LM (the paper's policy family, ProRL (arXiv
+2505.24864): Nemotron-Research-Reasoning-Qwen-1.5B) from explicit sizes, initialised from a seed, in
+float32.
 `save_policy` writes a standard Hugging Face folder atomically; `load_policy` reads any local
 folder with `AutoModelForCausalLM` and `PreTrainedTokenizerFast` (not `AutoTokenizer`: on a Qwen2
 folder it returns a tokenizer that drops spaces of the character vocabulary, platform notes).

@@ -22,7 +22,7 @@ says so once per process.
 
 Deliberately ignored: tree attention over shared response prefixes, paged/block KV layouts,
 fused attention kernels for the shared part (SDPA returns no log-sum-exp to merge two parts).
-Paper: BroRL §4.2.4 / spec §6 (one shared prefix per prompt, many concurrent rollouts).
+Paper: BroRL §4.2.4 (one shared prefix per prompt, many concurrent rollouts).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ chat code path (`apply_chat_template`) on the tiny tokenizer when asked for.
 
 Deliberately ignored: subword merges (a tiny model learns characters faster than it would learn
 a large vocabulary), normalisation (prompts are ASCII by construction). Paper: none; this is the
-CPU stand-in for the Qwen tokenizer of the paper's 1.5B policy (spec §7.1).
+CPU stand-in for the Qwen tokenizer of the paper's 1.5B policy (DeepSeek-R1-Distill-Qwen-1.5B
+at the root, ProRL (arXiv 2505.24864) §2.3.1).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The study's RL prompt pool: train prompts chosen by the start policy's estimated pass rate.
 
-The paper's BroRL continues a model whose dynamic-sampling pass rate under ProRL is 41% (spec
-§6, Table 2): most of its groups are uniform, and some prompts it solves in fewer than 1 of 16
+The paper's BroRL continues a model whose dynamic-sampling pass rate under ProRL is 41% (BroRL
+§4.2.4, Table 2): most of its groups are uniform, and some prompts it solves in fewer than 1 of 16
 tries are what 512 rollouts reach. A pool of prompts the start policy mostly solves leaves no
 such headroom (a pass rate near 90%), so the study picks its own pool from the train split
 (never from validation or test):

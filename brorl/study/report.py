@@ -5,9 +5,9 @@ contrasts), `report.json` (every number, `brorl.study.analysis`), PNG figures
 Every sentence of the verdict is written from the numbers at report time: the warm-up's slope
 test says whether the start is shown plateaued; each contrast's reading (Holm-adjusted seed-level
 p, Holm-adjusted TOST p at the study's margin) says higher, lower, no change beyond the margin,
-or inconclusive; the pre-registered revival rule is applied per arm. Scores are in points
-(percent): avg@k of the family score (pass@1 for math and code, mean reward for reasoning, spec
-§7.1), pass@k beside it; cells and tables are `brorl.reporting`'s, as in the comparison.
+or inconclusive; the pre-registered revival rule is applied per arm. Scores are in points (percent):
+avg@k of the family score (pass@1 for math and code, mean reward for reasoning, ProRL (arXiv
+2505.24864) §3.4), pass@k beside it; cells and tables are `brorl.reporting`'s, as in the comparison.
 
 The report's files are DVC outputs and hold no wall-clock figure: each arm's training and
 evaluation seconds and generation throughput (`TIMING_KEYS`, from the runs' own timings files,

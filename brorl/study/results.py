@@ -1,18 +1,19 @@
 """A study's finished runs read from their folders: test evaluations at the study's points,
 per-instance values, pooled rates.
 
-Each run folder holds `summary.json` (per-step metrics in `history`) and `evals.jsonl`, one row
-per (step, split) with per-instance `score` (the family's headline quantity: pass@1 for math and
-code, mean reward for reasoning, spec §7.1), `pass_at_1` (avg@k: the share of the k samples that
-are correct) and `families`, in `problem_ids` order. A run is scored at three points: `start`
-(step 0, the shared start evaluation), `steps` (the row at `study.equal_steps`) and `budget`
+Each run folder holds `summary.json` (per-step metrics in `history`) and `evals.jsonl`, one row per
+(step, split) with per-instance `score` (the family's headline quantity: pass@1 for math and code,
+mean reward for reasoning, ProRL (arXiv 2505.24864) §3.4), `pass_at_1` (avg@k: the share of the k
+samples that are correct) and `families`, in `problem_ids` order. A run is scored at three points:
+`start` (step 0, the shared start evaluation), `steps` (the row at `study.equal_steps`) and `budget`
 (the row at exactly `study.budget_rollouts` rollouts, for an arm that stops on rollouts: the step
 that spent the budget, evaluated whether or not the run went on to `equal_steps`).
 
-Per instance, `values_of(row, "pass_at_k")` is pass@k with k = the row's samples: 1 when any
-sample was correct (the unbiased estimator with n = k), beside avg@k (spec §5.2 reports pass@k).
+Per instance, `values_of(row, "pass_at_k")` is pass@k with k = the row's samples: 1 when any sample
+was correct (the unbiased estimator with n = k), beside avg@k (BroRL App. D reports avg@16 as
+pass@1; ProRL (arXiv 2505.24864) §4 reports pass@k).
 
-Pooled rates (spec §5.5, Table 2) are `brorl.reporting.RunRecord`'s, as in the comparison.
+Pooled rates (BroRL §4.2.4, Table 2) are `brorl.reporting.RunRecord`'s, as in the comparison.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The study's warm-up: ProRL from `train.init_checkpoint` (the base) until its validation curve
-is shown flat, or a cap (the paper starts BroRL from a model that plateaued under ProRL, spec §1).
+is shown flat, or a cap (the paper starts BroRL from a model that plateaued under ProRL, BroRL
+§4.2.1, Fig. 1).
 
 "Flat" is an equivalence test, not the absence of a significant slope: over the last
 `study.warmup.window` validation evaluations (>= 5, on >= 300 instances), the per-instance

@@ -2,7 +2,7 @@
 and the generation figures of a step (`Collection`, whose `finish` gives a `Collected`).
 
 `brorl.train.trainer.Trainer.start_collection` opens one per step; `brorl.train.run.Run` feeds
-it each engine call's verified groups until the filter is done (spec §4.2: dynamic sampling).
+it each engine call's verified groups until the filter is done (BroRL §3.1: dynamic sampling).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class TrainerConfig:
     """train.seed: seed of prompt order, rollout sampling and mini-batch shuffle."""
     continue_stream: bool
     """train.continue_stream: continue the stream and seeds of a `run.json` in `init_checkpoint`."""
-    # update (spec §4, §8)
+    # update (BroRL §3.1, §4.2.1)
     prompts_per_step: int
     """update.prompts_per_step: B."""
     rollouts_per_prompt: int
@@ -106,7 +106,7 @@ class TrainerConfig:
     """update.rollouts_cap: most rollouts per prompt of the adaptive allocation."""
     lr: float
     """update.lr: base_lr scaled by sqrt(rollouts trained per step / base_samples_per_step)
-    (spec §4.1): B*N, or B*M with `train_subset`."""
+    (BroRL §4.2.1): B*N, or B*M with `train_subset`."""
     mini_batches_per_step: int
     """update.mini_batches_per_step: optimizer steps per RL step."""
     epochs_per_step: int

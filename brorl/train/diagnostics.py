@@ -1,6 +1,6 @@
 """Knowledge shrinkage measured on the live policy: the mass balance around each PPO update.
 
-BroRL's argument (spec §3, Theorem 1) is about the probability of correct tokens: with few
+BroRL's argument (BroRL §2, Theorem 1; §4.1) is about the probability of correct tokens: with few
 rollouts per prompt an update can lower the probability of correct answers it never sampled;
 with large N that term vanishes. The token-level simulator (`brorl.theory`) shows it on a
 bandit. Here the same three quantities are measured on the policy being trained, on probes: a

@@ -17,7 +17,8 @@ plain forward pass instead (same log-probs, P + T token passes).
 
 Deliberately ignored: sequence packing / padding removal (responses are right-padded to the
 longest of the micro-batch), logit chunking for very large vocabularies.
-Paper: spec §4.2 (token-level PPO, clip-higher, TIS), §8 (fixed mini-batch count).
+Paper: BroRL §3.1 (clipped PPO, clip-higher, TIS; token-level as NeMo-RL's ProRLv2 example
+config), §4.2.1 (fixed mini-batch count).
 """
 
 from __future__ import annotations

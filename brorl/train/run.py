@@ -8,7 +8,7 @@ budget, training-time budget, plateau), the evaluation and checkpoint schedule, 
 state is saved inside every checkpoint, so a resumed run continues its counters and records
 exactly where the checkpoint left them (no repeated evaluation rows).
 
-The budgets are the paper's bookkeeping (spec §4.4, §8): a step never spends past
+The budgets are the paper's bookkeeping (BroRL Table 1, §4.2.1): a step never spends past
 `max_rollouts` (its draws are capped at the rollouts left, and the run stops once fewer than N
 remain; with `min_steps` it goes on past the spent budget, uncapped, to that step, and the step
 that spent the budget is evaluated), and time is the training stages' seconds only

@@ -26,7 +26,7 @@ class RunState:
     """What a run has done so far; saved in every checkpoint (`Trainer.save_checkpoint`)."""
 
     rollouts: int = 0
-    """Rollouts generated, refills included (the budget's unit, spec §4.4 "samples")."""
+    """Rollouts generated, refills included (the budget's unit, BroRL Table 1's "samples")."""
     train_seconds: float = 0.0
     """Seconds of the training stages (`brorl.train.run.TRAIN_STAGES`): evaluation and checkpoints excluded."""
     eval_seconds: float = 0.0

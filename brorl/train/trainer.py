@@ -1,6 +1,7 @@
 """The RL trainer: the mechanics of one step (generate, verify, filter, PPO) on DeepSpeed.
 
-A step's parts are public methods that `brorl.train.run.Run` composes (spec §4.2, §7.2, §8):
+A step's parts are public methods that `brorl.train.run.Run` composes (BroRL §3.1, §4.2.1;
+the ProRLv2 blog post):
 1. `start_collection`, `sample_prompts`, `generate_rollouts`, `verify`: draw prompts from the
    seeded cursor, generate N rollouts each (`brorl.engines`), verify them
    (`brorl.verifiers.verify_batch`); a `Collection` keeps the groups the keep rule passes

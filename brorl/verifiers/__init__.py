@@ -12,7 +12,8 @@ A verifier failure of any kind becomes reward 0 with a recorded reason; it never
 the family modules never import this package back.
 
 Deliberately ignored: STEM and instruction following (not among the scored families here),
-DeepScaleR's own math grader (math-verify alone). Paper: spec paper.md §7.1 data table.
+DeepScaleR's own math grader (math-verify alone). Paper: ProRL (arXiv 2505.24864) App. E,
+Table 4.
 """
 
 from __future__ import annotations

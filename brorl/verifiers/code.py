@@ -12,9 +12,9 @@ pool, one per available core (the threads only wait on their sandboxes, each for
 process's zygote: `zygote.py`). Where the OS does not give the sandbox its namespaces and jail
 (`sandbox.capabilities`), the first verification in a process warns.
 
-Deliberately ignored: stdin/stdout-style tests (APPS "input/output" pairs must be turned into
-assert snippets by the data module) and per-test time limits. Paper: spec paper.md §7.1 data
-table (Code: continuous, all test cases, syntax error or >5 s total timeout gives 0).
+Deliberately ignored: stdin/stdout-style tests (APPS "input/output" pairs must be turned into assert
+snippets by the data module) and per-test time limits. Paper: ProRL (arXiv 2505.24864) App. E,
+Table 4 (Code: continuous, all test cases, syntax error or >5 s total timeout gives 0).
 """
 
 from __future__ import annotations

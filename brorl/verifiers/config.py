@@ -21,7 +21,7 @@ class SandboxLimits:
     """Resource limits of one sandboxed run (the wall-clock limit is a `run_tests` argument)."""
 
     cpu_s: int = 5
-    """RLIMIT_CPU, CPU seconds (ProRL's 5 s, spec paper.md §7.1)."""
+    """RLIMIT_CPU, CPU seconds (ProRL's 5 s, ProRL (arXiv 2505.24864) App. E)."""
     memory_bytes: int = 512 * 2**20
     """RLIMIT_AS, bytes of address space (the interpreter itself needs about 30 MiB)."""
     open_files: int = 32
@@ -47,7 +47,7 @@ class VerifyConfig:
     available core."""
     timeout_s: float = 5.0
     """verify.timeout_s: wall-clock limit per item (math and reasoning: one check; code: all
-    tests of one response; ProRL's 5 s, spec §7.1)."""
+    tests of one response; ProRL's 5 s, ProRL (arXiv 2505.24864) App. E)."""
     limits: SandboxLimits = SandboxLimits()
     """The code sandbox's resource limits (verify.cpu_s, memory_mib, open_files, file_bytes,
     output_bytes; the rest `SandboxLimits`' own)."""

@@ -6,14 +6,14 @@ wrapped in `\\boxed{}` like the reference answer, and both are parsed by math-ve
 plain-expression extraction hands text to sympy's `parse_expr`, which runs `eval`, and a scorer
 never evaluates a policy's answer text (the LaTeX parser hands `parse_expr` only the number
 literals its lexer matched, through `sympy.Number("0.75")`). math-verify's own timeouts rely on
-SIGALRM and fail outside the main thread (spec platform.md), so they are switched off and each
+SIGALRM and fail outside the main thread (math-verify 0.9.0), so they are switched off and each
 check instead runs in a forked worker with a wall-clock limit (`workers.judge_answers`: the
 answer is extracted first, and only a response with one is sent to a worker, each distinct
 answer once); this process compares two fixed answers first, so the workers fork with
 math-verify's lazy tables built.
 
-Deliberately ignored: the DeepScaleR grader that ProRL ORs with math-verify (spec paper.md §7.1
-data table); only math-verify decides here.
+Deliberately ignored: the DeepScaleR grader that ProRL ORs with math-verify (ProRL (arXiv
+2505.24864) App. E, Table 4); only math-verify decides here.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ The scorer is rebuilt from the task name (`problem.metadata["source_dataset"]`, 
 `problem.task`) with `reasoning_gym.get_score_answer_fn`, and called on the answer inside the
 last `<answer></answer>` with the entry `{question, answer, metadata}` rebuilt from the record.
 Extracting first matters: given a whole response, several scorers give partial credit when the
-reference is a substring of it (spec platform.md). The reward stays continuous, as in the paper
-(spec paper.md §7.1 data table: Reasoning Gym, continuous, `<answer></answer>`).
+reference is a substring of it (reasoning-gym 0.1.25). The reward stays continuous, as in the paper
+(ProRL (arXiv 2505.24864) App. E, Table 4: Reasoning Gym, continuous, `<answer></answer>`).
 
 A scorer never evaluates the answer text: tasks whose `score_answer` (or a function of its module
 or method of its class that it calls) calls `eval`, `exec`, `compile`, sympy's `parse_expr`,
