@@ -3,7 +3,7 @@
 Scores the model stage's checkpoint of a params file (`model.checkpoint`) on held-out problems of
 every family (the params' data settings, each family's generated count switched on, the
 VALIDATION split: choosing families on the test split would select on it), k samples per
-problem, at the evaluation protocol (temperature 0.6, top-p 0.95, spec §5.2) and at the rollout
+problem, at the evaluation protocol (temperature 0.6, top-p 0.95, BroRL App. D) and at the rollout
 temperatures given. Prints and records (benchmarks/record.py) per family and temperature: pass@1
 (avg@k), the share of problems solved at least once, the mean response length in the model's
 tokens and the share cut at the length limit; then per task at the evaluation protocol.

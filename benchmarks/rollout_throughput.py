@@ -9,10 +9,10 @@ through /proc/self/clear_refs; torch.cuda.max_memory_allocated on GPU, which for
 its preallocated KV pool). `plain` is the naive baseline: transformers' `generate` with each
 prompt repeated N times (TRL's path without vLLM), as many rows per call as the hf engine
 decodes at once, sampling at the same temperature and top-p (no top-k), EOS ending a row.
-Prints one table per prompt set with the engines side by side and hf / plain (and vllm / hf) per
-N, the N=512 / N=16 ratio per engine (the paper: 72.4 / 36.5 = 1.98 on H100, spec §5.5), with the
-core count and /proc/loadavg before and after (other processes on the machine skew the figures),
-and records the tables (`benchmarks/record.py`, name `rollout_throughput`).
+Prints one table per prompt set with the engines side by side and hf / plain (and vllm / hf) per N,
+the N=512 / N=16 ratio per engine (the paper: 72.4 / 36.5 = 1.98 on H100, BroRL Table 2), with the
+core count and /proc/loadavg before and after (other processes on the machine skew the figures), and
+records the tables (`benchmarks/record.py`, name `rollout_throughput`).
 
 On CUDA the hf engine sizes its chunk from the free memory; `--fixed-chunk` holds it at
 `--max-concurrent-rollouts` instead, so that both engines decode the same rows per call.
@@ -90,7 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--vocab-size", type=int, default=None,
                     help="vocabulary size with --params (default: the character tokenizer's)")
     ap.add_argument("--num-layers", type=int, default=None, help="override the shape's layer count")
-    ap.add_argument("--temperature", type=float, default=1.2, help="ProRL v1: 1.2 (spec §7.1)")
+    ap.add_argument("--temperature", type=float, default=1.2,
+                    help="ProRL v1: 1.2 (ProRL (arXiv 2505.24864) §3.2)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus top-p (1: off)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")

@@ -16,8 +16,9 @@ LN2 = math.log(2.0)
 LOSS = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, tis_mode="truncate", tis_cap=5.0,
                   tis_min=0.5, kl_coef=0.0, kl_estimator="k2", kl_input_clamp=20.0,
                   kl_output_clamp=10.0, entropy_coef=0.0)
-"""The options the hand computations use: the paper's clip band (0.2, 0.28) and TIS cap 5
-(spec §7.2, §7.3), the KL's clamps 20 and 10, no KL penalty, no entropy bonus."""
+"""The options the hand computations use: the paper's clip band (0.2, 0.28) and TIS cap 5 (the
+ProRLv2 blog post; NeMo-RL's ProRLv2 example config), the KL's clamps 20 and 10, no KL penalty, no
+entropy bonus."""
 KL = replace(LOSS, kl_coef=0.1)
 
 
@@ -147,7 +148,7 @@ def test_kl_clamps_input_then_output():
     logp, ref = torch.tensor([0.0, -30.0]), torch.tensor([-30.0, 0.0])  # log ratios +30, -30
     # k1: +-30 -> input clamp +-20 -> output clamp +-10
     assert kl_penalty(logp, ref, "k1", 20.0, 10.0).tolist() == [10.0, -10.0]
-    # k2 with the spec's input clamp 10 and no output clamp: 0.5 * 10^2 = 50
+    # k2 with the ProRLv2 blog post's input clamp 10 and no output clamp: 0.5 * 10^2 = 50
     assert kl_penalty(logp, ref, "k2", input_clamp=10.0, output_clamp=None).tolist() == [50.0, 50.0]
     # k3 at +20: e^-20 - 1 + 20 = 19.0 -> 10; at -20: e^20 - 1 - 20 is huge, clamped to 10
     assert kl_penalty(logp, ref, "k3", 20.0, 10.0).tolist() == [10.0, 10.0]

@@ -131,7 +131,7 @@ def test_a_band_margin_that_empties_the_band_is_refused():
 TRAINER_SECTIONS = ("update", "filter", "generate", "verify", "train")
 TRAINER_RENAMED = {
     "lr": {"update.base_lr", "update.base_samples_per_step", "update.prompts_per_step",
-           "update.rollouts_per_prompt", "update.train_subset"},  # the sqrt rule (spec §4.1)
+           "update.rollouts_per_prompt", "update.train_subset"},  # the sqrt rule (BroRL §4.2.1)
     "filter_enabled": {"filter.enabled"}, "filter_max_draws": {"filter.max_draws"},
     "filter_oversample": {"filter.oversample"}, "engine.kind": {"generate.engine"},
     "engine.dtype": {"generate.dtype"},

@@ -17,7 +17,7 @@ from brorl.theory.simulator import (SimConfig, SimulationResult, _row_bytes, see
 
 
 def _config(**changes) -> SimConfig:
-    """The schema's simulator settings (the paper's, spec §3.1) with `changes`."""
+    """The schema's simulator settings (the paper's, BroRL §4.1) with `changes`."""
     return replace(SimConfig.from_params(SimulateParams()), **changes)
 
 
@@ -26,7 +26,8 @@ SMALL = _config(vocab_size=8000, num_correct=600, steps=300, log_every=50)
 
 @pytest.mark.parametrize("lumped", [False, True])
 def test_initial_q_pos_matches_the_seeded_closed_form(lumped):
-    # Spec §3.2: Q_pos(0) = 10000 e^3 / (10000 e^3 + 117999 + e^5) = 0.6296 at the paper's size.
+    # Our arithmetic from BroRL §4.1's seeding (the paper states no value): Q_pos(0) =
+    # 10000 e^3 / (10000 e^3 + 117999 + e^5) = 0.6296 at the paper's size.
     from brorl.theory.simulator import _Columns, _Recorder
 
     cfg = _config()

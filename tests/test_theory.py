@@ -56,7 +56,7 @@ def test_sampled_terms_are_never_negative_and_s_r_is_within_rewards():
         assert (mb.term_sampled_correct >= 0).all()
         assert (mb.term_sampled_wrong >= 0).all()
         assert ((mb.s_r >= -1.0) & (mb.s_r <= 1.0)).all()
-        # Partial masses add up: Q_pos = P_pos + unsampled correct mass (spec §2.1).
+        # Partial masses add up: Q_pos = P_pos + unsampled correct mass (BroRL §2).
         drawn = sampled_mask(sampled, vocab)
         assert torch.allclose(mb.q_pos, mb.p_pos + (p * (correct & ~drawn)).sum(-1))
 

@@ -278,7 +278,8 @@ def test_checkpoint_commit_points_latest_and_prunes(tmp_path):
 
 
 def test_arms_differ_only_in_batch_shape_and_lr():
-    """params/brorl.yaml = params/prorl.yaml with B/4 prompts, N=512, lr x sqrt(8) (spec §4.1)."""
+    """params/brorl.yaml = params/prorl.yaml with B/4 prompts, N=512, lr x sqrt(8) (BroRL
+    §4.2.1)."""
     prorl, brorl = load_params("params/prorl.yaml"), load_params("params/brorl.yaml")
     a, b = TrainerConfig.from_params(prorl), TrainerConfig.from_params(brorl)
     assert b.prompts_per_step * 4 == a.prompts_per_step
