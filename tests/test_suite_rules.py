@@ -19,16 +19,23 @@ bound is below it, where
 A bound counts only when it folds to a number: literals, module constants, parameter defaults,
 and arithmetic on them; any other bound (`timeout_s + MARGIN` with `timeout_s` a local) is
 treated as tight. Lower bounds (`elapsed >= 125`) and stand-in clocks are not wall-clock bounds.
+
+A second rule holds for every tracked file (`outside_spec_citations`): a citation must be one a
+reader of the repository can check, so no file cites the specification that was written outside
+it (its section numbers, its file name or its folder); the papers are cited by their own sections
+("BroRL §4.2.1", "ProRL (arXiv 2505.24864) §3.2").
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 CEILING_S = 30.0
 """The smallest upper bound a test may put on wall-clock seconds."""
 CLOCKS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns"}
@@ -249,3 +256,47 @@ def test_the_rule_finds_each_planted_tight_bound(name):
 @pytest.mark.parametrize("name", sorted(PLANTED_FINE))
 def test_the_rule_allows_ceilings_lower_bounds_and_stand_in_clocks(name):
     assert tight_time_bounds(PLANTED_FINE[name], name) == []
+
+
+OUTSIDE_SPEC = ("spec " + "§", "paper" + ".md", "shared" + "/spec")
+"""What cites the outside specification, lower case: its sections, its file, its folder. Built by
+concatenation so that this module does not match itself."""
+
+
+def outside_spec_citations(text: str, filename: str = "<file>") -> list[str]:
+    """`file:line: text` for each line of `text` that holds one of `OUTSIDE_SPEC`, in any case."""
+    return [f"{filename}:{number}: {line.strip()[:120]}"
+            for number, line in enumerate(text.splitlines(), 1)
+            if any(needle in line.lower() for needle in OUTSIDE_SPEC)]
+
+
+def _tracked_files() -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True, timeout=60).stdout.decode()
+    return [name for name in listed.split("\0") if name]
+
+
+def test_no_tracked_file_cites_the_outside_spec():
+    found = []
+    for name in _tracked_files():
+        try:
+            text = (ROOT / name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):  # deleted in the work tree, a folder, binary
+            continue
+        found += outside_spec_citations(text, name)
+    assert found == [], ("cite the source's own section instead (e.g. \"BroRL §4.2.1\", "
+                         "\"ProRL (arXiv 2505.24864) §3.2\", \"the ProRLv2 blog post\"), or say "
+                         "the value is our choice:\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("line", ["# lr rule (Spec " + "§4.1)", "as in PAPER" + ".MD",
+                                  "see shared" + "/spec/paper" + ".md §2",
+                                  "SHARED" + "/SPEC/platform.md"])
+def test_the_citation_rule_finds_each_planted_citation(line):
+    assert len(outside_spec_citations(f"x = 1\n{line}\n", "planted")) == 1
+
+
+@pytest.mark.parametrize("line", ["# lr rule (BroRL §4.2.1)", "the spec of the params file",
+                                  "ProRL (arXiv 2505.24864) §3.2", "find_spec(name)"])
+def test_the_citation_rule_allows_the_papers_own_sections(line):
+    assert outside_spec_citations(line, "fine") == []
