@@ -258,8 +258,9 @@ def test_the_rule_allows_ceilings_lower_bounds_and_stand_in_clocks(name):
     assert tight_time_bounds(PLANTED_FINE[name], name) == []
 
 
-OUTSIDE_SPEC = ("spec " + "§", "paper" + ".md", "shared" + "/spec")
-"""What cites the outside specification, lower case: its sections, its file, its folder. Built by
+OUTSIDE_SPEC = ("spec " + "§", "paper" + ".md", "shared" + "/spec", "anchors " + "§",
+                "anchors" + ".md", "(anchors" + ")")
+"""What cites the outside specification, lower case: its sections, its files, its folder. Built by
 concatenation so that this module does not match itself."""
 
 
@@ -291,7 +292,8 @@ def test_no_tracked_file_cites_the_outside_spec():
 
 @pytest.mark.parametrize("line", ["# lr rule (Spec " + "§4.1)", "as in PAPER" + ".MD",
                                   "see shared" + "/spec/paper" + ".md §2",
-                                  "SHARED" + "/SPEC/platform.md"])
+                                  "SHARED" + "/SPEC/platform.md", "Knapsack RL (anchors " + "§14.1)",
+                                  "in the update (Anchors" + ")"])
 def test_the_citation_rule_finds_each_planted_citation(line):
     assert len(outside_spec_citations(f"x = 1\n{line}\n", "planted")) == 1
 

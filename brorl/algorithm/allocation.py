@@ -4,7 +4,7 @@ After a first round of n0 rollouts per prompt, each prompt's pass rate is estima
 Beta(1, 1) posterior mean, (c + 1) / (n + 2) for c correct of n, so 0/n0 and n0/n0 are never
 certain), and the rest of the budget goes to the prompts where it buys most learning signal,
 each prompt capped at `cap` rollouts in all. The value of a group of n rollouts at pass rate p is
-Knapsack RL's (arXiv 2509.25849, anchors §14.1): the probability that the group carries a
+Knapsack RL's (arXiv 2509.25849): the probability that the group carries a
 gradient at all, P(0 < #correct < n) = 1 - p^n - (1 - p)^n (the dynamic-sampling keep rule),
 times the information a rollout carries, p (1 - p):
 

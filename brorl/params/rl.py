@@ -222,7 +222,7 @@ class GenerateParams(Section):
     (ProRL (arXiv 2505.24864) §3.2); CPU-sized here."""
     max_concurrent_rollouts: PositiveInt = 256
     """Most rollouts decoded at once (hf: chunk size; vllm: `max_num_seqs`), so memory does not
-    grow with N. vLLM's own default is 256 (anchors §8)."""
+    grow with N. vLLM's own default is 256 (its `max_num_seqs`)."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """vLLM weight/activation dtype; float32 on CPU (trainer log-probs then match within 1e-4).
     `auto`: bfloat16 on CUDA, float32 on CPU (one params file for both)."""
