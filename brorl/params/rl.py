@@ -155,8 +155,8 @@ class UpdateParams(Section):
             raise ValueError(
                 f"prompts_per_step * {trained} = {self.trained_per_step} rollouts trained per step "
                 f"do not split into mini_batches_per_step = {self.mini_batches_per_step} equal "
-                "mini-batches; the count is fixed across arms (BroRL §4.2.1), so pick a divisor of "
-                "the rollouts trained, B * N (B * M with train_subset)."
+                "mini-batches; the count is fixed across arms (BroRL §4.2.1), so pick a divisor "
+                "of the rollouts trained, B * N (B * M with train_subset)."
             )
         if self.tis_min >= self.tis_cap:
             raise ValueError(
