@@ -46,12 +46,14 @@ RESUMABLE_KEYS = (
     "train.steps", "train.max_rollouts", "train.min_steps", "train.max_seconds",
     "train.plateau_patience", "train.eval_every", "train.checkpoint_every",
     "train.keep_checkpoints", "train.save_rollouts", "train.run_dir", "train.checkpoint_dir",
-    "tracking",
+    "tracking", "compare",
 )
 """What may differ between a checkpoint's params and a run resuming it: the stop rules (steps,
 rollout and time budgets, the steps past a budget, plateau), the evaluation and checkpoint
-schedules, which rollouts are kept on disk, where the run's folders are (a moved run), and where
-results are recorded (the `tracking` section). A key names itself and every key under it."""
+schedules, which rollouts are kept on disk, where the run's folders are (a moved run), where
+results are recorded (the `tracking` section), and the `compare` section, which a run never
+reads (an arm of a comparison carries its comparison's). A key names itself and every key
+under it."""
 
 
 class CheckpointError(ValueError):

@@ -90,7 +90,9 @@ def write_params(case: Path, **sections) -> Path:
             "model": {"path": str(case / "policy")},  # as if the model stage had written it
             "train": {"init_checkpoint": str(case / "policy"), "run_dir": str(case / "run"),
                       "checkpoint_dir": str(case / "run" / "checkpoints"),
-                      "eval_splits": ["test"]}}
+                      "eval_splits": ["test"]},
+            "compare": {"arms": {arm: {"train": {"run_dir": str(case / arm)}}  # its own arms
+                                 for arm in ("prorl", "brorl")}}}
     for name, values in sections.items():
         tree.setdefault(name, {}).update(values)
     path = case / "case.yaml"

@@ -40,7 +40,7 @@ def test_a_value_out_of_range_exits_2_naming_key_and_value():
 
 def test_a_flow_missing_from_the_checkout_fails_with_a_clear_message(monkeypatch):
     monkeypatch.setitem(sys.modules, "flows.compare", None)  # as if flows/compare.py were absent
-    result = runner.invoke(cli.app, ["compare", "--params", CI_PARAMS])
+    result = runner.invoke(cli.app, ["compare", "--params", "params/compare_ci.yaml"])
     assert result.exit_code == 1
     assert "the compare flow is not available: no flows/compare.py" in result.output
 

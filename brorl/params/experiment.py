@@ -9,6 +9,7 @@ here (`_check_sections`).
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Any
 
 from pydantic import ValidationError, model_validator
 
@@ -81,6 +82,21 @@ class ExperimentParams(Section):
     def study_label(self) -> str:
         """The study's label: `output_label` of its `study.out_dir`."""
         return self.output_label(self.study.out_dir)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _report_in_own_folder(cls, data: Any) -> Any:
+        """An unset `compare.report_dir` becomes `<tracking.output_dir>/<name>/compare`."""
+        if not isinstance(data, dict):
+            return data
+        compare, tracking = data.get("compare") or {}, data.get("tracking") or {}
+        if isinstance(compare, dict) and isinstance(tracking, dict) \
+                and compare.get("report_dir") is None:
+            out = tracking.get("output_dir", TrackingParams.model_fields["output_dir"].default)
+            name = data.get("name", cls.model_fields["name"].default)
+            if isinstance(out, str) and isinstance(name, str):  # else their checks name them
+                data = {**data, "compare": {**compare, "report_dir": f"{out}/{name}/compare"}}
+        return data
 
     @model_validator(mode="after")
     def _check_sections(self) -> ExperimentParams:

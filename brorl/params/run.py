@@ -185,8 +185,10 @@ class CompareParams(Section):
     baseline: str = "prorl"
     """The arm every other arm is tested against (each paired difference is arm - baseline,
     whatever the order of `arms`); must be a key of `arms`."""
-    report_dir: str = "outputs/compare"
-    """Folder of the report (Markdown, JSON, PNG plots)."""
+    report_dir: str | None = None
+    """Folder of the report (Markdown, JSON, PNG plots); None: `<tracking.output_dir>/<name>/
+    compare`, filled in as the params load, so a new params file never writes another
+    comparison's report (`ExperimentParams`)."""
 
     @model_validator(mode="after")
     def _check_baseline(self) -> CompareParams:
