@@ -307,3 +307,41 @@ def test_report_without_sampling_takes_k_from_the_rows_and_says_the_rest_is_unkn
     build_report([arm], tmp_path / "out", "prorl")
     tables = _captioned_tables((tmp_path / "out" / "report.md").read_text())
     assert "k = 8 evaluation samples, sampling settings not recorded" in tables[0][0]
+
+
+def test_an_arm_given_as_keys_is_the_comparisons_own_params_with_those_keys_set(tmp_path):
+    """One file holds the whole experiment: each arm is the comparison's params with the arm's
+    keys over them, named `<name>-<arm>`, its checkpoints below its own run folder."""
+    mine = load_params(ROOT / "params/smollm2_ci.yaml", [
+        "name=mine", "compare.budget_rollouts=8",
+        "compare.arms={prorl: {train: {run_dir: outputs/mine/p}}, brorl: {update: "
+        "{prompts_per_step: 1, rollouts_per_prompt: 16}, train: {algorithm: brorl, "
+        "run_dir: outputs/mine/b}}}"])
+    arms = compare_arms(mine, ROOT)
+    assert {n: (p.name, p.train.run_dir, p.train.checkpoint_dir, p.train.algorithm,
+                p.update.rollouts_per_prompt, p.train.max_rollouts) for n, p in arms.items()} == {
+        "prorl": ("mine-prorl", "outputs/mine/p", "outputs/mine/p/checkpoints", "prorl", 8, 8),
+        "brorl": ("mine-brorl", "outputs/mine/b", "outputs/mine/b/checkpoints", "brorl", 16, 8)}
+    same = {"data", "model", "generate", "filter", "verify", "diagnostics"}
+    for arm in arms.values():
+        assert arm.model_dump(include=same) == mine.model_dump(include=same)
+    assert mine.compare.report_dir == "outputs/mine/compare"  # its own, by name
+    with pytest.raises(ParamsError, match=r"compare.arms.brorl: invalid params: update.bogus"):
+        compare_arms(mine.model_copy(update={"compare": mine.compare.model_copy(update={
+            "arms": {**mine.compare.arms, "brorl": {"update": {"bogus": 1}}}})}), ROOT)
+
+
+@pytest.mark.parametrize("arms, refusal", [
+    ({"prorl": "params/prorl.yaml", "brorl": "params/brorl.yaml"},
+     r"compare.arms.prorl \(params/prorl.yaml\) has data.path outputs/data/problems, not this "
+     r"comparison's outputs/ci/smollm2/data/problems: the arm belongs to another experiment"),
+    ({"prorl": {}, "brorl": {}},
+     r"compare.arms.brorl: train.run_dir outputs/train is also arm prorl's train.run_dir's"),
+    ({"prorl": {"train": {"run_dir": "outputs/ci/smollm2/compare"}}, "brorl": {}},
+     r"compare.arms.prorl: train.run_dir outputs/ci/smollm2/compare is also compare.report_dir"),
+])
+def test_arms_of_another_experiment_or_sharing_a_folder_are_refused(arms, refusal):
+    compare = load_params(ROOT / "params/smollm2_compare_ci.yaml")
+    with pytest.raises(ValueError, match=refusal):
+        compare_arms(compare.model_copy(update={"compare": compare.compare.model_copy(
+            update={"arms": arms})}), ROOT)
