@@ -138,7 +138,8 @@ def parser() -> argparse.ArgumentParser:
     """The command line: which flows, their params and one schedule option pair per SERVED row."""
     p = argparse.ArgumentParser(prog="python -m commands.deploy",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--params", required=True, help="YAML params file passed to every served flow")
+    p.add_argument("--params", required=True,
+                   help="YAML params file passed to every served flow, e.g. params/prorl.yaml")
     p.add_argument("-S", "--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override one params key, e.g. train.steps=5")
     p.add_argument("--flow", action="append", choices=sorted(SERVED), metavar="NAME",

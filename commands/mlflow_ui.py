@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
         apply_defaults()
     except CheckoutError as err:
         raise SystemExit(f"error: {err}") from None
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m commands.mlflow_ui",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=5000, help="default 5000 (make ui PORT=...)")
     parser.add_argument("--backend-store-uri", default=None,
                         help="default: $MLFLOW_TRACKING_URI, else the project's mlflow.db")
