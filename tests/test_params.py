@@ -426,3 +426,18 @@ def test_no_params_file_sets_the_checkpoint_folder_its_run_folder_implies(path):
     raw = read_yaml_tree(path).get("train", {})
     implied = f"{raw.get('run_dir')}/checkpoints"
     assert "checkpoint_dir" not in raw or raw["checkpoint_dir"] != implied
+
+
+@pytest.mark.parametrize("path", PARAMS, ids=lambda p: p.name)
+def test_a_file_that_picks_a_real_model_trains_from_it(path):
+    """Training (`python -m brorl.train`, the train flow) starts from `train.init_checkpoint`;
+    only the model stage reads the `model` section. A file that sets `model.source` to a GGUF
+    file or an HF folder sets `train.init_checkpoint` to that model's folder too, else it
+    trains the tiny pipeline's warm-up policy it inherits."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text()) or {}
+    if (raw.get("model") or {}).get("source") in ("gguf", "hf"):
+        params = load_params(path)
+        assert "init_checkpoint" in (raw.get("train") or {}), path.name
+        assert params.train.init_checkpoint == params.model.checkpoint, path.name
