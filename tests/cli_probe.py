@@ -128,13 +128,16 @@ def _source(words: list[str]) -> tuple[str, Path | None]:
 def _one(request: dict[str, Any]) -> dict[str, Any]:
     words, describe = list(request["argv"]), bool(request.get("describe"))
     out: dict[str, Any] = {"argv": words, "error": None}
-    err = io.StringIO()
+    err, saved_argv = io.StringIO(), sys.argv
+    sys.argv = [" ".join(words[:2] if words[0] == "accelerate" else words[:1])]  # its usage name
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             words = _launched(words)
     except SystemExit:
-        out["error"] = f"{request['argv'][0]}: " + _last_error(err.getvalue())
+        out["error"] = _last_error(err.getvalue())
         return out
+    finally:
+        sys.argv = saved_argv
     target, source = _source(words)
     args = words[3:] if words[:2] == ["python", "-m"] else words[2:]
     out.update(command=words, target=target, args=args)
