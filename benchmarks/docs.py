@@ -59,7 +59,7 @@ def render(results: Path = RESULTS) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--check", action="store_true", help="fail if docs/benchmarks.md is stale")
     args = ap.parse_args()
     text = render()
