@@ -164,8 +164,9 @@ def _one(request: dict[str, Any]) -> dict[str, Any]:
         out.update(_parser_info(parsed.parser))
         if parsed.namespace is not None:
             out["values"] = {k: _jsonable(v) for k, v in vars(parsed.namespace).items()}
-    except SystemExit:
-        out["error"] = f"{target}: " + _last_error(err.getvalue())
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):  # 0: `--help`, which argparse answers while parsing
+            out["error"] = f"{target}: " + _last_error(err.getvalue())
     except Exception as exc:  # noqa: BLE001 - a program that breaks before parsing
         out["error"] = f"{target}: {type(exc).__name__}: {exc}"
     finally:

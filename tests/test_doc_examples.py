@@ -243,7 +243,8 @@ def _probed(words: list[str]) -> bool:
 
 def _bare(words: list[str], example: Example) -> bool:
     """An inline command without arguments: it names the program only."""
-    program = 3 if words[:2] == ["python", "-m"] else 2 if words[:1] == ["python"] else 1
+    program = (3 if words[:2] == ["python", "-m"] else
+               2 if words[:1] == ["python"] or words[:2] == ["accelerate", "launch"] else 1)
     return not example.fenced and len(words) <= program
 
 
@@ -251,9 +252,9 @@ def probe_requests(examples: list[Example]) -> list[tuple[list[str], bool]]:
     requests = []
     for example in examples:
         if example.kind == "command" and not _waived(example):
-            words = _argv(example)
-            if _probed(words):
-                requests.append((words, _bare(words, example) and words[0] == "python"))
+            words, bare = _argv(example), _bare(_argv(example), example)
+            if _probed(words) and not (bare and words[0] != "python"):
+                requests.append((words, bare))
     return requests
 
 
@@ -310,6 +311,8 @@ class Page:
         if not words:
             return ["an empty command"], None
         bare = _bare(words, example)
+        if bare and words[0] in ("dvc", "make", "torchrun", "deepspeed", "accelerate"):
+            return [], None  # the program named
         if words[:2] == ["python", "-m"] and len(words) > 2:
             if words[2].startswith("flows."):
                 return self.flow(words[2].removeprefix("flows."), words[3:], bare)
@@ -344,9 +347,7 @@ class Page:
                                     *program.params_options["--params"]), program
 
     def program(self, words: list[str], bare: bool) -> tuple[list[str], Program | None]:
-        if bare and words[0] != "python":
-            return [], None  # `torchrun`, `deepspeed`: the launcher named
-        found = self.probes(words, describe=bare and words[0] == "python")
+        found = self.probes(words, describe=bare)
         if found["error"]:
             return [found["error"]], None
         target, options = found["target"], found.get("options", {})
@@ -712,7 +713,8 @@ name: mine
 ```
 
 Then `python -m flows.model --params params/mine.yaml -S model.seed=1` (or `brorl model
---params FILE`) and `python -m flows.study --params params/study.yaml --run <run>`.
+--params FILE`) and `python -m flows.study --params params/study.yaml --run <run>`; `make` and
+`accelerate launch` name programs, `python benchmarks/diagnostics_cost.py --help` options.
 '''
 """A page whose examples hold, one of them on a params file the page itself defines."""
 
