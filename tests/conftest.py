@@ -128,10 +128,17 @@ def start_background(name: str, folder: Path) -> None:
             "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
     server = [sys.executable, "-m", "commands.server", "--pipeline", "--"]
     command = [*server, *BACKGROUND[name](clone)]
+    (folder / "git_status_before.txt").write_text(git_status(clone))
     with open(folder / "log.txt", "wb") as log:
         job = subprocess.Popen(command, cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     RUNNING[name] = (job, clone)
+
+
+def git_status(clone: Path) -> str:
+    """`git status --porcelain` of `clone`, every untracked file listed."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=clone,
+                          capture_output=True, text=True, check=True, timeout=120).stdout
 
 
 def stop_background(job: subprocess.Popen, grace_s: float = 60) -> None:
@@ -163,8 +170,11 @@ def finish_background(name: str, timeout_s: float = 1500) -> Path:
 @pytest.fixture(scope="session")
 def ci_pipeline() -> Path:
     """A clone after `dvc repro compare` with CI params (a few minutes on 2 cores), run in the
-    background from the start of the session (`BACKGROUND`)."""
-    return finish_background("ci_pipeline")
+    background from the start of the session (`BACKGROUND`). Its `git status` right after the
+    pipeline, before any test writes there, is `<clone>/../git_status_after.txt`."""
+    clone = finish_background("ci_pipeline")
+    (clone.parent / "git_status_after.txt").write_text(git_status(clone))
+    return clone
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,15 @@ def _runs(clone: Path) -> list:
     return client.search_runs([experiment.experiment_id]), client
 
 
+def test_the_pipeline_changes_no_tracked_file_but_its_lock_and_leaves_nothing_untracked(
+        ci_pipeline):
+    """As the README says of `make run`: the pipeline writes its outputs (ignored by git) and
+    its lock; with CI params, whose metrics and plots go below outputs/ci, nothing else."""
+    before, after = ((ci_pipeline.parent / f"git_status_{when}.txt").read_text().splitlines()
+                     for when in ("before", "after"))
+    assert sorted(set(after) - set(before)) == [" M dvc.lock"]
+
+
 def test_dvc_repro_runs_every_stage_and_records_them(ci_pipeline):
     clone = ci_pipeline
     lock = (clone / "dvc.lock").read_text()
