@@ -125,7 +125,8 @@ class Example:
         return f"{self.kind} {hashlib.sha256(self.text.encode()).hexdigest()[:12]}"
 
     def where(self) -> str:
-        return f"docs/{self.page}:{self.line}"
+        folder = "" if self.page == "README.md" else "docs/"
+        return f"{folder}{self.page}:{self.line}"
 
 
 def _shell_commands(body: str) -> Iterator[tuple[int, str]]:
@@ -608,7 +609,8 @@ def _dvc_problems(args: list[str]) -> list[str]:
                     else words[:1])
     if form not in DVC_FORMS:
         return [f"no check for `dvc {form}`: add it to DVC_FORMS and its check"]
-    problems = [p for t in getattr(namespace, "targets", None) or []
+    one = getattr(namespace, "target", None)  # `dvc dag` takes one target
+    problems = [p for t in [*(getattr(namespace, "targets", None) or []), *([one] if one else [])]
                 for p in _dvc_target_problems(t)]
     problems += [p for s in getattr(namespace, "set_param", None) or []
                  for p in _dvc_set_problems(s)]
@@ -658,6 +660,23 @@ def test_every_example_of_the_page_holds(page, probes):
     # the README's own params files (tests/test_readme.py writes them) stand for themselves
     problems = Page(probes, {path: b.body for path, b in README_FILES.items()}).problems(
         examples)
+    assert problems == [], "\n" + "\n".join(problems)
+
+
+SYNTAX = ("python -m flows.NAME", "brorl run | ")
+"""How the README's inline code writes a command's shape, not an example: a placeholder NAME,
+the alternatives split by `|`."""
+
+
+def test_every_inline_command_of_the_readme_holds(probes):
+    """The README's fenced blocks run in tests/test_readme.py; its inline commands are checked
+    here as a docs page's are."""
+    readme = ROOT / "README.md"
+    examples = [e for e in examples_of("README.md", readme.read_text())
+                if not e.fenced and not e.text.startswith(SYNTAX)]
+    assert examples
+    probes.prefetch(probe_requests(examples))
+    problems = Page(probes, {path: b.body for path, b in README_FILES.items()}).problems(examples)
     assert problems == [], "\n" + "\n".join(problems)
 
 
