@@ -24,7 +24,7 @@ from brorl.servers import interrupts
 from commands.entry import check, environment
 
 app = typer.Typer(help="BroRL: simulate, train, compare and evaluate RLVR runs (Prefect flows).",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
 
