@@ -242,11 +242,13 @@ class VerifyParams(Section):
     workers: PositiveInt | None = None
     """Parallel verifier processes per family; None uses every available core."""
     timeout_s: float = Field(5.0, gt=0)
-    """Wall-clock limit (s) per item: one math or reasoning check, or all tests of one code
-    response. ProRL: code over 5 s total gets reward 0 (ProRL (arXiv 2505.24864) App. E)."""
+    """Time limit (s) per item: one math or reasoning check, or all tests of one code response,
+    counted as wall time less the time its processes waited for a CPU, so that load never
+    changes a verdict (`brorl.verifiers.clock`; a starved item ends at 12 times it of wall time
+    as `stalled`). ProRL: code over 5 s total gets reward 0 (ProRL (arXiv 2505.24864) App. E)."""
     cpu_s: PositiveInt = 5
-    """Code sandbox RLIMIT_CPU (CPU seconds); matches the 5 s wall limit (ProRL (arXiv 2505.24864)
-    App. E)."""
+    """Code sandbox RLIMIT_CPU (CPU seconds); matches the 5 s time limit (ProRL (arXiv
+    2505.24864) App. E)."""
     memory_mib: PositiveInt = 512
     """Code sandbox RLIMIT_AS (MiB of address space); the interpreter needs about 30. Our choice."""
     open_files: PositiveInt = 32

@@ -6,7 +6,8 @@ process; otherwise the candidate runs in one sandboxed process that evaluates ea
 (`f(3)`), and the judge compares the plain values it sends back against the expected ones here
 (`sandbox.run_tests`, `checks`): the candidate never sees an expected value and none of its code
 takes part in a comparison. Reward = passed / total (ProRL's continuous code reward), 0 when the
-run times out (`timeout_s` bounds all tests together, ProRL's 5 s total), when the candidate's top
+run times out (`timeout_s` bounds all tests together, ProRL's 5 s total, counted without the
+time the run waited for a CPU: `clock`), when the candidate's top
 level raises, or when the process dies before finishing. Sandboxes run concurrently from a thread
 pool, one per available core (the threads only wait on their sandboxes, each forked by this
 process's zygote: `zygote.py`). Where the OS does not give the sandbox its namespaces and jail

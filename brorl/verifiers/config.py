@@ -46,8 +46,10 @@ class VerifyConfig:
     """verify.workers: parallel verifier processes (code: sandboxes) per family; None: every
     available core."""
     timeout_s: float = 5.0
-    """verify.timeout_s: wall-clock limit per item (math and reasoning: one check; code: all
-    tests of one response; ProRL's 5 s, ProRL (arXiv 2505.24864) App. E)."""
+    """verify.timeout_s: time limit per item (math and reasoning: one check; code: all tests of
+    one response; ProRL's 5 s, ProRL (arXiv 2505.24864) App. E), counted as wall time less the
+    time the item's processes waited for a CPU (`clock.RunClock`: load never times a check out);
+    a wall-clock ceiling of `clock.CEILING_FACTOR` times it ends a starved one as `stalled`."""
     limits: SandboxLimits = SandboxLimits()
     """The code sandbox's resource limits (verify.cpu_s, memory_mib, open_files, file_bytes,
     output_bytes; the rest `SandboxLimits`' own)."""

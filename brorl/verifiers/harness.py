@@ -19,29 +19,33 @@ the verifier's socket and locks down:
 2. a fork: the child is PID 1 of the new PID namespace, so no process of the candidate's can see
    or signal any process outside it (another rollout's sandbox, the verifier), and when it ends
    the kernel kills everything left inside; the supervisor sends the verifier the result pipe's
-   read end, then waits for that child, killing it (SIGKILL, to a child it has not reaped: no
-   pid-reuse race) as soon as the verifier's end of the socket closes (its time-out, or the
-   verifier gone), and exits: the result pipe's EOF tells the verifier every process of the run
-   has ended;
+   read end (and the child's pid, whose run delays the verifier's clock subtracts:
+   `brorl.verifiers.clock`), then waits for that child, killing it (SIGKILL, to a child it has
+   not reaped: no pid-reuse race) as soon as the verifier's end of the socket closes (its
+   time-out, or the verifier gone), and exits: the result pipe's EOF tells the verifier every
+   process of the run has ended;
 3. there, a size-limited tmpfs (`SandboxLimits.disk_bytes`, `max_files` inodes) mounted over the
    working directory and `chroot` into it: the candidate's whole file system is that empty,
    capped directory (no data, no test files, no /proc, nothing to fill);
 4. a second fork for the candidate, so it is not PID 1 (which the kernel shields from signals);
-   it sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_NOFILE, RLIMIT_FSIZE, drops to the unprivileged uid with
+   PID 1 waits for it and reports `CPU_LIMIT` when its CPU limit killed it (also where no
+   namespace could be made: then the first child forks it the same way). The candidate sets
+   RLIMIT_CPU, RLIMIT_AS, RLIMIT_NOFILE, RLIMIT_FSIZE, drops to the unprivileged uid with
    no groups, sets RLIMIT_NPROC to 0 (no fork, no threads), runs the candidate's code once and
    evaluates each subject in a copy of its globals.
 
 The candidate has fd 0 (/dev/null), 1 and 2 (the memfds, capped by RLIMIT_FSIZE) and 3 (the
 result pipe) and nothing else. It reports on fd 3 one line per event, each starting with the
 nonce: `ISO <isolation>`, `SYNTAX`, `CANDIDATE_RAISED <type>`, `V<i> <encoded value>` (or
-`V<i> !` when evaluating it raised, `V<i> ?` when its value is not plain data), `DONE`. Values
-are encoded by `encode`, in which only the exact built-in types exist; the judge
+`V<i> !` when evaluating it raised, `V<i> ?` when its value is not plain data), `DONE`, and
+from PID 1 `CPU_LIMIT` (a forged one only turns the candidate's own verdict into `timeout`).
+Values are encoded by `encode`, in which only the exact built-in types exist; the judge
 (`brorl.verifiers.checks`) decodes and compares them in its own process, against expected values
 that never enter this one. It imports nothing outside the standard library and runs without
 `site`.
 
-Deliberately ignored: per-test time limits (the whole run has one wall-clock limit, as ProRL's
-5 s total) and the candidate's exit code (only the tagged lines count).
+Deliberately ignored: per-test time limits (the whole run has one time limit, as ProRL's 5 s
+total) and the candidate's exit code (only the tagged lines count).
 """
 
 HARNESS = r'''
@@ -131,6 +135,25 @@ def wait_exit(pid):
     os._exit(0)
 
 
+def wait_candidate(pid, cpu_s, emit):
+    """Wait for the candidate; say `CPU_LIMIT` when its CPU limit killed it (SIGXCPU at the soft
+    limit, SIGKILL at the hard one), then leave at once."""
+    while True:
+        try:
+            _, status, usage = os.wait4(pid, 0)
+            break
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL
+                                     and usage.ru_utime + usage.ru_stime >= cpu_s):
+            emit("CPU_LIMIT")
+    os._exit(0)
+
+
 PLAIN = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 
 
@@ -202,7 +225,7 @@ def supervise(c, control, fds, zygote_pid):
         finally:
             flush_and_exit()
     os.close(write_end)
-    socket.send_fds(channel, [b"H"], [read_end])
+    socket.send_fds(channel, [b"H%d" % pid], [read_end])  # its pid: the verifier's clock
     for fd in (read_end, out, err, alive_r):
         os.close(fd)
     pidfd = os.pidfd_open(pid)
@@ -224,13 +247,10 @@ def sandbox(c, payload, spaced, may_setuid):
 
     limits, uid = payload["limits"], payload["uid"]
     os.setsid()  # a process group of its own: killpg(0) is not confined by the PID namespace
-    if spaced:
-        jailed = jail(c, limits, uid if may_setuid else None)
-        pid = os.fork()
-        if pid:
-            wait_exit(pid)  # PID 1 of the namespace: the candidate runs in a child of its own
-    else:
-        jailed = False
+    jailed = jail(c, limits, uid if may_setuid else None) if spaced else False
+    pid = os.fork()
+    if pid:  # PID 1 of the namespace: the candidate runs in a child of its own
+        wait_candidate(pid, limits["cpu_s"], emit)
     uid = uid if may_setuid else None
     set_limits(limits, uid)
     emit("ISO", "ns=%d,fs=%d,uid=%d" % (spaced, jailed, os.getuid()))

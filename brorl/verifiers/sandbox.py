@@ -17,8 +17,9 @@ test file to read, no disk to fill); an empty environment; then RLIMIT_CPU, RLIM
 RLIMIT_NOFILE, RLIMIT_FSIZE, the unprivileged `nobody` uid/gid with no supplementary groups, and
 RLIMIT_NPROC 0 (no fork, no threads). Nothing of an earlier run reaches a later one: the zygote
 never holds a candidate's code, and each sandbox is a fresh fork of it with fresh namespaces and
-a fresh tmpfs. At the wall-clock limit the run's PID namespace is killed whole; a run returns
-only once every one of its processes has ended.
+a fresh tmpfs. At the time limit (`timeout_s` of wall time less the run's waits for a CPU:
+`brorl.verifiers.clock`, so that a loaded machine never fails a correct program) the run's PID
+namespace is killed whole; a run returns only once every one of its processes has ended.
 
 stdout and stderr go to memfds capped by RLIMIT_FSIZE and are read back truncated to
 `SandboxLimits.output_bytes`. Results come back on a private pipe (fd 3), read while the run
@@ -47,6 +48,7 @@ from typing import Literal
 
 from brorl.verifiers import zygote
 from brorl.verifiers.checks import decode, parse_tests
+from brorl.verifiers.clock import STALLED
 from brorl.verifiers.config import SandboxLimits
 
 NOBODY = 65534
@@ -62,9 +64,11 @@ class SandboxResult:
     """What one run did: the subjects' decoded `values` (`MISSING` where none), `passed` of
     `total` tests (`run_tests`; 0 of 0 from `run_code`), and how it ended."""
 
-    status: Literal["ok", "syntax_error", "runtime_error", "timeout"]
+    status: Literal["ok", "syntax_error", "runtime_error", "timeout", "stalled"]
     """ok: every subject was evaluated (raising or not); runtime_error: the candidate's top level
-    raised or the process died early; timeout: killed at the wall-clock limit."""
+    raised or the process died early; timeout: ended at its time limit (`timeout_s` of
+    `clock.RunClock`, wall time less waits for a CPU) or killed by its CPU limit; stalled: ended
+    at the wall-clock ceiling before that (a machine too loaded: `brorl.verifiers.clock`)."""
     values: tuple = field(repr=False)
     stdout: str
     stderr: str
@@ -118,7 +122,9 @@ def _result(lines: list[str], nonce: str, total: int, run: zygote.Finished) -> S
                 except ValueError:
                     pass
     events = {tag[0] for tag in tagged}
-    if run.timed_out:
+    if run.ended == STALLED:
+        status = STALLED
+    elif run.timed_out or "CPU_LIMIT" in events:
         status = "timeout"
     elif "SYNTAX" in events:
         status = "syntax_error"

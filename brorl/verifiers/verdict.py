@@ -17,8 +17,11 @@ from brorl.types import Problem
 
 REASONS = (
     "correct", "wrong", "partial", "no_answer", "syntax_error", "timeout", "runtime_error",
+    "stalled",
 )
-"""Every verdict reason, besides `error:<message>` for a verifier's own failure."""
+"""Every verdict reason, besides `error:<message>` for a verifier's own failure. `timeout`: the
+check ran past its time limit (wall time less its waits for a CPU: `brorl.verifiers.clock`);
+`stalled`: a machine too loaded ended it at the wall-clock ceiling first (reward 0 either way)."""
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,12 @@ Used by the math and reasoning verifiers, whose library calls (sympy inside math
 reasoning-gym scorers) can hang and cannot be interrupted from a thread. Each worker is a forked
 child that handles its share of the items one at a time and sends each result back at once; the
 parent kills a worker whose current item runs past `timeout_s`, records that item as timed out,
-and forks a fresh worker for the rest of its share. A worker that dies records its current item
-as an error. Fork (not spawn) so that workers start in milliseconds with the parent's imports and
-the callable need not be picklable.
+and forks a fresh worker for the rest of its share. The limit counts the item's time on the
+worker's `clock.RunClock` (wall time less the time the worker waited for a CPU), so a busy
+machine never turns an answer into a timeout; a worker starved past the wall-clock ceiling
+(`clock.CEILING_FACTOR` times the limit) records its item as `stalled`. A worker that dies
+records its current item as an error. Fork (not spawn) so that workers start in milliseconds
+with the parent's imports and the callable need not be picklable.
 
 Deliberately ignored: platforms without `fork` (brorl verifies on Linux), and the usual caveat of
 forking a multi-threaded parent (a worker that deadlocks on an inherited lock only costs its
@@ -17,16 +20,16 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from brorl.types import Problem
+from brorl.verifiers.clock import CEILING_FACTOR, STALLED, RunClock
 from brorl.verifiers.verdict import Verdict, error_verdict
 
 Outcome = tuple[str, Any]
-"""`("ok", value)`, `("timeout", None)` or `("error", message)`."""
+"""`("ok", value)`, `("timeout", None)`, `("stalled", None)` or `("error", message)`."""
 
 
 def default_workers() -> int:
@@ -39,8 +42,8 @@ def outcome_verdict(outcome: Outcome) -> Verdict:
     status, value = outcome
     if status == "ok":
         return value
-    if status == "timeout":
-        return Verdict(0.0, "timeout")
+    if status in ("timeout", STALLED):
+        return Verdict(0.0, status)
     return error_verdict(RuntimeError(str(value)))
 
 
@@ -76,7 +79,9 @@ def judge_answers(check: Callable[[tuple[Problem, str]], Verdict], problems: Seq
 def map_with_deadline(
     check: Callable[[Any], Any], items: Sequence[Any], *, workers: int | None, timeout_s: float
 ) -> list[Outcome]:
-    """`check(item)` for every item, in order, each bounded by `timeout_s` seconds of wall time.
+    """`check(item)` for every item, in order, each bounded by `timeout_s` seconds of its
+    worker's time (`clock.RunClock`: wall time less the waits for a CPU) and by a wall-clock
+    ceiling of `clock.CEILING_FACTOR` times that (`stalled`).
 
     `workers` forked processes share the items (None: the available cores).
     """
@@ -86,13 +91,18 @@ def map_with_deadline(
     n_workers = max(1, min(workers or default_workers(), len(items)))
     shares = [list(range(w, len(items), n_workers)) for w in range(n_workers)]
     running = [_Worker(check, items, share, timeout_s) for share in shares if share]
+    ceiling = CEILING_FACTOR * timeout_s
     while running:
-        soonest = min(w.deadline for w in running)
-        wait([w.conn for w in running], timeout=max(0.0, soonest - time.monotonic()))
+        # an item's time grows no faster than the wall clock: none can run out sooner
+        soonest = min(min(timeout_s - w.clock.elapsed(), ceiling - w.clock.wall())
+                      for w in running)
+        wait([w.conn for w in running], timeout=max(0.0, soonest))
         for worker in running:
             worker.poll(outcomes)
-            if worker.share and time.monotonic() > worker.deadline:
+            if worker.share and worker.clock.elapsed() > timeout_s:
                 worker.fail(outcomes, ("timeout", None))
+            elif worker.share and worker.clock.wall() > ceiling:
+                worker.fail(outcomes, (STALLED, None))
         for worker in running:
             if not worker.share:
                 worker.stop()
@@ -114,12 +124,9 @@ class _Worker:
         self.process.start()
         child_conn.close()
         self.conn = parent_conn
-        self.last_progress = time.monotonic()
-
-    @property
-    def deadline(self) -> float:
-        """When the item in progress runs out of time (monotonic clock)."""
-        return self.last_progress + self.timeout_s
+        pid = self.process.pid
+        self.clock = RunClock(lambda: (pid,))
+        """The time of the item in progress (restarted at each result)."""
 
     def poll(self, outcomes: list) -> None:
         """Record every result the child has sent; a child that died fails its current item."""
@@ -128,7 +135,7 @@ class _Worker:
                 index, outcome = self.conn.recv()
                 outcomes[index] = outcome
                 self.share.remove(index)
-                self.last_progress = time.monotonic()
+                self.clock.restart()
         except (EOFError, OSError):
             self.fail(outcomes, ("error", "worker process died"))
 

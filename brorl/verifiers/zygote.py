@@ -12,8 +12,12 @@ end of a fresh socket pair, and memfds for the candidate's stdout and stderr); t
 straight to the forked supervisor over that socket, so no candidate's code or nonce ever enters
 the zygote and no sandbox inherits another's. The supervisor answers with the read end of the
 run's result pipe, whose write end only the run's own processes hold: its end of file means the
-whole run is over. At the wall-clock limit the verifier shuts its end of the socket down; the
-supervisor then kills the run's PID namespace and exits. The candidate's stdout and stderr are
+whole run is over, and the pid of the run's first process. At the time limit, counted on a
+`clock.RunClock` of that process and its child (the candidate): wall time less their waits for a
+CPU, so that load never ends a run early, the verifier shuts its end of the socket down; the
+supervisor then kills the run's PID namespace and exits. A run that a starved machine has not
+ended by the wall-clock ceiling (`clock.CEILING_FACTOR` times the limit) is ended the same way
+and reported as stalled. The candidate's stdout and stderr are
 memfds (capped by its RLIMIT_FSIZE), read back from offset 0 after the run.
 
 Processes: each process that verifies gets its own zygote (a fork of a verifier, such as a
@@ -43,26 +47,28 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from brorl.verifiers.clock import CEILING_FACTOR, STALLED, RunClock, children
 from brorl.verifiers.harness import HARNESS
 
 START_TIMEOUT_S = 120.0
 """How long the zygote may take to start and import its modules (a loaded machine)."""
 
 KILL_GRACE_S = 2.0
-"""How long a run may take to end after its time-out (or to start before it) before the
-verifier stops waiting for it."""
+"""How long a run may take to end after its time-out before the verifier stops waiting for it."""
 
 
 @dataclass(frozen=True)
 class Finished:
     """What one run left: its result channel (the first `result_bytes`), the head of its stdout
-    and stderr, whether it was killed at the wall-clock limit, and its wall time."""
+    and stderr, whether it was killed at its time limit, and its wall time; `ended` is None,
+    `timeout` (the limit) or `stalled` (the wall-clock ceiling, the limit not reached)."""
 
     channel: bytes
     stdout: str
     stderr: str
     timed_out: bool
     elapsed_s: float
+    ended: str | None = None
 
 
 class Zygote:
@@ -112,9 +118,10 @@ class Zygote:
 
     def run(self, payload: bytes, *, timeout_s: float, result_bytes: int,
             output_bytes: int) -> Finished:
-        """One sandbox for `payload` (the harness's JSON), ended at `timeout_s` of wall time."""
+        """One sandbox for `payload` (the harness's JSON), ended at `timeout_s` of its time
+        (`clock.RunClock`) or at the wall-clock ceiling."""
         start = time.monotonic()
-        deadline = start + timeout_s
+        ceiling = start + CEILING_FACTOR * timeout_s
         ours, theirs = socket.socketpair()
         out, err = os.memfd_create("brorl-stdout"), os.memfd_create("brorl-stderr")
         try:
@@ -123,40 +130,49 @@ class Zygote:
             finally:
                 theirs.close()
             try:
-                ours.settimeout(timeout_s + KILL_GRACE_S)
+                ours.settimeout(ceiling - start)
                 ours.sendall(len(payload).to_bytes(8, "big") + payload)
-                ours.settimeout(max(deadline - time.monotonic(), 0.0) + KILL_GRACE_S)
-                _, fds, _, _ = socket.recv_fds(ours, 16, 1)
+                ours.settimeout(max(ceiling - time.monotonic(), 0.0))
+                message, fds, _, _ = socket.recv_fds(ours, 16, 1)
             except TimeoutError:  # not even started by then (a machine far too loaded)
-                return Finished(b"", "", "", True, time.monotonic() - start)
+                return Finished(b"", "", "", True, time.monotonic() - start, STALLED)
             if len(fds) != 1:
                 raise RuntimeError("the sandbox's supervisor ended before starting the sandbox")
+            first = int(message[1:]) if message[1:].isdigit() else None
+            clock = RunClock(lambda: [] if first is None else [first, *children(first)])
             try:
-                channel, timed_out = _collect(fds[0], ours, deadline, result_bytes)
+                channel, ended = _collect(fds[0], ours, clock, timeout_s, ceiling, result_bytes)
             finally:
                 os.close(fds[0])
             return Finished(channel, _head(out, output_bytes), _head(err, output_bytes),
-                            timed_out, time.monotonic() - start)
+                            ended is not None, time.monotonic() - start, ended)
         finally:
             _end(ours)
             os.close(out)
             os.close(err)
 
 
-def _collect(fd: int, ours: socket.socket, deadline: float, limit: int) -> tuple[bytes, bool]:
+def _collect(fd: int, ours: socket.socket, clock: RunClock, timeout_s: float, ceiling: float,
+             limit: int) -> tuple[bytes, str | None]:
     """Read the result pipe to its end of file (every process of the run gone), keeping the
-    first `limit` bytes; at `deadline` end the run and wait `KILL_GRACE_S` more for it."""
+    first `limit` bytes; once `clock` passes `timeout_s` (`timeout`), or the monotonic clock
+    `ceiling` (`stalled`), end the run and wait `KILL_GRACE_S` more for it. Returns what was
+    read and why the run was ended (None: it ended by itself)."""
     kept: list[bytes] = []
-    size, timed_out = 0, False
+    size, ended, grace = 0, None, 0.0
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     while True:
-        left = deadline - time.monotonic()
+        if ended is None:  # a run's time grows no faster than the wall clock
+            left = min(timeout_s - clock.elapsed(), ceiling - time.monotonic())
+        else:
+            left = grace - time.monotonic()
         if left <= 0:
-            if timed_out:
+            if ended is not None:
                 break  # not ended within the grace: stop waiting (its processes still die)
             _end(ours)
-            timed_out, deadline = True, time.monotonic() + KILL_GRACE_S
+            ended = "timeout" if clock.elapsed() >= timeout_s else STALLED
+            grace = time.monotonic() + KILL_GRACE_S
             continue
         if not poller.poll(int(left * 1000) + 1):
             continue
@@ -166,7 +182,7 @@ def _collect(fd: int, ours: socket.socket, deadline: float, limit: int) -> tuple
         if size < limit:
             kept.append(chunk[: limit - size])
             size += len(kept[-1])
-    return b"".join(kept), timed_out
+    return b"".join(kept), ended
 
 
 def _end(ours: socket.socket) -> None:
