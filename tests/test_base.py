@@ -13,6 +13,7 @@ from brorl.base import (band_distance, batch_loss_backward, collate, encode_pair
                         length_sorted_chunks, lr_at, make_base_checkpoint, round_shares, warm_up)
 from brorl.data import generate_code, make_problem, split_problems
 from brorl.data.math import generate_math
+from brorl.machine import conditions
 from brorl.scoring import evaluate_policy
 from brorl.verifiers import VerifyConfig
 from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, TrackingParams
@@ -222,6 +223,7 @@ def test_data_and_base_tasks_write_splits_checkpoint_and_metrics(tmp_path):
     timings = json.loads((tmp_path / "base.timings.json").read_text())
     assert {**metrics, **{k: v for k, v in timings.items() if k != "history"}} == base["metrics"]
     assert "base/train_seconds" not in metrics and metrics["base/steps"] == 2.0
+    assert report["machine"] == conditions()  # what else than the seed and params decided it
     assert [h["step"] for h in timings["history"]] == [0, 2]
     assert {"base/pass_at_1_math", "base/pass_at_1_code", "base/pass_at_1_reasoning",
             "base/in_band"} <= set(metrics)

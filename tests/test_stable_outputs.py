@@ -117,6 +117,7 @@ def test_a_rerun_writes_every_stage_output_byte_for_byte_again(two_checkouts):
         assert first == second, (out, sorted(k for k in first if first[k] != second.get(k)))
     summary = json.loads((one / RUN / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["policy"] == f"{RUN}/policy"
+    assert summary["machine"]["intra_op_threads"] == 1  # the conditions, the same in both runs
     # the run updated the policy (else the weights would trivially agree)
     assert any(m["update/skipped"] == 0.0 for m in summary["history"])
 

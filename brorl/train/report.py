@@ -3,6 +3,9 @@ headline metrics (JSON) and the evaluation curve (CSV).
 
 `step_line` is what `python -m brorl.train` prints and the flow logs after each step.
 
+`summary_record` is what the run's `summary.json` holds, with the conditions of the machine
+that made it (`brorl.machine`).
+
 `headline` is what `dvc metrics show` prints for an arm: the last test evaluation's score per
 family (`math`, `code`, `reasoning`), the last validation evaluation's as `val_<family>` (a
 validation-only run such as the warm-up has only these), and the rollouts spent (details: the
@@ -18,8 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from brorl.files import atomic_write_text
+from brorl.files import atomic_write_text, checkout_relative
 from brorl.evals import SELECTION_METRIC, row_split
+from brorl.timings import split_timings
 
 
 def _rows(evals: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
@@ -56,6 +60,18 @@ def eval_csv(evals: list[dict[str, Any]]) -> str:
         lines.append(f"{r['step']},{int(r['rollouts'])},{r['seconds']:.2f},{row_split(r)},"
                      + ",".join(f"{v:.4f}" for v in cells))
     return "\n".join(lines) + "\n"
+
+
+def summary_record(summary: dict[str, Any], history: list[dict[str, Any]],
+                   root: str | Path) -> dict[str, Any]:
+    """What `<run_dir>/summary.json` holds: the run's summary (`Run.finish`) without its
+    wall-clock figures, the `history` given (the state's, without them), its checkpoint and
+    policy paths from the checkout `root`, and the machine's conditions (`brorl.machine`)."""
+    from brorl.machine import conditions
+
+    return {**split_timings(summary)[0], "history": history,
+            "checkpoint": checkout_relative(summary["checkpoint"], root),
+            "policy": checkout_relative(summary["policy"], root), "machine": conditions()}
 
 
 def dvc_files(state: Any, metrics_path: Path, plot_path: Path) -> None:

@@ -65,10 +65,10 @@ from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.state import RunState
 from brorl.train.collection import Collected, Collection
-from brorl.train.report import step_line
+from brorl.train.report import step_line, summary_record
 from brorl.train.trainer import RewardFn, Trainer, parameter_digest
 from brorl.train.verification import ChunkVerifier, Generated
-from brorl.timings import read_timings, split_timings, write_timings
+from brorl.timings import read_timings, write_timings
 from brorl.types import Problem, Timed, timed
 
 if TYPE_CHECKING:
@@ -491,9 +491,7 @@ class Run:
                                 len(t.sampler.problems))
             ckpt.atomic_write_text(self.run_dir / "policy" / RUN_RECORD,
                                    json.dumps(record, indent=1) + "\n")
-            record = {**split_timings(summary)[0], "history": s.stable_dict()["history"],
-                      "checkpoint": checkout_relative(saved, self.config.root),
-                      "policy": checkout_relative(self.run_dir / "policy", self.config.root)}
+            record = summary_record(summary, s.stable_dict()["history"], self.config.root)
             ckpt.atomic_write_text(self.run_dir / "summary.json",
                                    json.dumps(record, indent=1) + "\n")
             self._write_timings()

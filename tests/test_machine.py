@@ -1,0 +1,64 @@
+"""The machine's conditions written with each run (`brorl.machine`): what they hold, that they
+hold no clock (a rerun on one machine writes the same bytes), and that a run's summary carries
+them."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from brorl import machine
+from brorl.timings import is_timing
+from brorl.train.report import summary_record
+
+CONFIG = """PyTorch built with:
+  - Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build 20240605 for Intel(R) 64
+  - Intel(R) MKL-DNN v3.12.0 (Git Hash 80afa71049cd69a3df32adcccb623b12cd7baa22)
+"""
+
+
+def _keys(value, prefix=""):
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield prefix + key
+            yield from _keys(inner, prefix + key + "/")
+
+
+def test_conditions_say_what_decides_the_floats(monkeypatch):
+    monkeypatch.setenv("MKL_CBWR", "AVX2,STRICT")
+    threads = torch.get_num_threads()
+    record = machine.conditions()
+    assert record["intra_op_threads"] == threads
+    assert record["variables"]["MKL_CBWR"] == "AVX2,STRICT"
+    assert record["packages"]["torch"] == torch.__version__
+    assert record["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert set(record["cpu_flags"]) <= set(machine.CPU_FLAGS)
+    assert record["verify_clock"] in ("wall less CPU waits", "wall")
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        assert machine.conditions()["intra_op_threads"] != threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_conditions_are_the_same_bytes_each_time_and_hold_no_timing():
+    first = json.dumps(machine.conditions(), sort_keys=True)
+    assert json.dumps(machine.conditions(), sort_keys=True) == first
+    assert [key for key in _keys(machine.conditions()) if is_timing(key)] == []
+
+
+def test_math_library_versions_come_from_torchs_build_summary():
+    assert machine.math_libraries(CONFIG) == {"mkl": "2024.2-Product", "onednn": "v3.12.0"}
+    assert machine.math_libraries("") == {"mkl": None, "onednn": None}
+
+
+def test_a_runs_summary_carries_the_machine_and_no_seconds(tmp_path):
+    summary = {"name": "r", "steps": 3, "train_seconds": 1.5, "rollouts": 48,
+               "checkpoint": str(tmp_path / "out" / "checkpoints" / "step_000003"),
+               "policy": str(tmp_path / "out" / "policy"), "history": [{"seconds": 1.0}]}
+    record = summary_record(summary, [{"step": 1}], tmp_path)
+    assert record["machine"] == machine.conditions()
+    assert "train_seconds" not in record and record["history"] == [{"step": 1}]
+    assert (record["checkpoint"], record["policy"]) == ("out/checkpoints/step_000003",
+                                                        "out/policy")
