@@ -14,8 +14,8 @@ NaN for the times.
 A key names a wall-clock figure (`is_timing`) when it starts with `time/`, holds `seconds` or
 ends in `_per_s`: the names docs/metrics.md gives every timing metric.
 
-Deliberately ignored: timings of stages whose outputs nothing reads (`metrics/*.json` and
-`plots/*/eval.csv`, declared `cache: false`; eval.csv keeps its `seconds` column).
+The files git tracks (`metrics/*.json`, `plots/*/eval.csv`, declared `cache: false`) hold no
+timing either: a rerun that gives the same results leaves the checkout clean.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import torch
 
 from brorl import machine
 from brorl.timings import is_timing
-from brorl.train.report import summary_record
+from brorl.train.report import eval_csv, summary_record
 
 CONFIG = """PyTorch built with:
   - Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build 20240605 for Intel(R) 64
@@ -62,3 +62,16 @@ def test_a_runs_summary_carries_the_machine_and_no_seconds(tmp_path):
     assert "train_seconds" not in record and record["history"] == [{"step": 1}]
     assert (record["checkpoint"], record["policy"]) == ("out/checkpoints/step_000003",
                                                         "out/policy")
+
+
+def test_the_plot_file_git_tracks_holds_no_clock():
+    """`plots/<arm>/eval.csv` is committed: two runs of the same scores write the same text,
+    however long their evaluations took."""
+    def rows(seconds):
+        family = {"score": 0.5, "pass_at_1": 0.25}
+        return [{"step": s, "rollouts": 16 * s, "seconds": seconds * s, "split": "test",
+                 "scores": {"family": {"math": family, "code": family}}} for s in (0, 4)]
+
+    text = eval_csv(rows(1.0))
+    assert text == eval_csv(rows(97.3))
+    assert text.splitlines()[0].split(",")[:3] == ["step", "rollouts", "split"]

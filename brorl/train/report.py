@@ -10,9 +10,10 @@ that made it (`brorl.machine`).
 family (`math`, `code`, `reasoning`), the last validation evaluation's as `val_<family>` (a
 validation-only run such as the warm-up has only these), and the rollouts spent (details: the
 run's `summary.json` and `evals.jsonl`). `eval_csv` has one row per evaluation of one split
-(test when the run scored it, else validation): step, rollouts, training seconds, the family
-scores and pass@1 and their means, the data of `dvc plots`. Both read the run's state
-(`brorl.train.state.RunState`) alone.
+(test when the run scored it, else validation): step, rollouts, the family scores and pass@1 and
+their means, the data of `dvc plots`; no seconds (git tracks the file: a rerun that gives the same
+scores must leave it unchanged; an evaluation's seconds are in the run's timings file and MLflow).
+Both read the run's state (`brorl.train.state.RunState`) alone.
 """
 
 from __future__ import annotations
@@ -45,19 +46,19 @@ def headline(state: Any) -> dict[str, float]:
 
 
 def eval_csv(evals: list[dict[str, Any]]) -> str:
-    """`step,rollouts,seconds,split,score_<family>...,score_mean,pass_at_1_<family>...,
-    pass_at_1_mean`, one row per evaluation of the test split (the validation split when the run
+    """`step,rollouts,split,score_<family>...,score_mean,pass_at_1_<family>...,pass_at_1_mean`,
+    one row per evaluation of the test split (the validation split when the run
     scored no test rows)."""
     rows = _rows(evals, "test") or _rows(evals, "validation")
     families = sorted(rows[-1]["scores"]["family"]) if rows else []
     columns = [f"{q}_{f}" for q in ("score", "pass_at_1") for f in [*families, "mean"]]
-    lines = ["step,rollouts,seconds,split," + ",".join(columns)]
+    lines = ["step,rollouts,split," + ",".join(columns)]
     for r in rows:
         cells = []
         for q in ("score", "pass_at_1"):
             values = [r["scores"]["family"][f][q] for f in families]
             cells += [*values, sum(values) / len(values) if values else 0.0]
-        lines.append(f"{r['step']},{int(r['rollouts'])},{r['seconds']:.2f},{row_split(r)},"
+        lines.append(f"{r['step']},{int(r['rollouts'])},{row_split(r)},"
                      + ",".join(f"{v:.4f}" for v in cells))
     return "\n".join(lines) + "\n"
 
