@@ -9,6 +9,13 @@ and `python -m flows.NAME` run alike. Creating folders is left to what writes in
 live in the `.cache` folder of the checkout the command runs in (`brorl.checkout`), not of the
 one the code is installed from.
 
+It also pins the CPU kernel paths a run's floats take (`FLOAT_PATHS`, on x86): MKL's AVX2 code
+path in its strict reproducibility mode (`MKL_CBWR`: the same bits at any thread count) and
+torch's AVX2 kernels (`ATEN_CPU_CAPABILITY`), so that a run gives the same numbers with 1 or 2
+threads and on a CPU with AVX-512 as on one with AVX2 only (REPRO_SECTION.md has the figures;
+`brorl.machine` records what held). Set either variable to choose another path (`MKL_CBWR=AUTO
+ATEN_CPU_CAPABILITY=avx512`: each library's fastest here, whose results then vary by machine).
+
 It also holds the Prefect settings that decide orchestration overhead (measured by
 `benchmarks/prefect_overhead.py`) and that an environment variable can say;
 `commands.server.PIPELINE_SERVER` and `flows.prefect_settings` hold the server-only ones and
@@ -18,6 +25,7 @@ the one no variable can carry.
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
@@ -26,6 +34,12 @@ from brorl.checkout import find_root
 CACHES = {"PREFECT_HOME": "prefect", "HF_HOME": "hf", "TORCH_EXTENSIONS_DIR": "torch_extensions",
           "VLLM_CACHE_ROOT": "vllm"}
 """The cache folders, each under `<checkout>/.cache` (`brorl.checkout`) unless set."""
+
+FLOAT_PATHS = {"MKL_CBWR": "AVX2,STRICT", "ATEN_CPU_CAPABILITY": "avx2"}
+"""On x86: the kernel paths of every run unless set (module docstring). Read by MKL and torch
+when they first compute, so they must be set before: every entry point applies them first."""
+
+X86 = ("x86_64", "AMD64", "i686", "i386")
 
 
 def defaults(environ: Mapping[str, str] | None = None, root: Path | None = None) -> dict[str, str]:
@@ -65,6 +79,7 @@ def defaults(environ: Mapping[str, str] | None = None, root: Path | None = None)
         "TORCH_EXTENSIONS_DIR": caches["TORCH_EXTENSIONS_DIR"],  # DeepSpeed's JIT ops
         "VLLM_CACHE_ROOT": caches["VLLM_CACHE_ROOT"],
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in the trainer's process
+        **(FLOAT_PATHS if platform.machine() in X86 else {}),
     }
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
-from brorl.environment import apply_defaults, defaults, with_defaults
+import pytest
+
+from brorl.environment import FLOAT_PATHS, X86, apply_defaults, defaults, with_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,3 +53,42 @@ def test_a_flow_entry_applies_the_defaults_before_its_checks(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.stdout.split() == ["1", str(ROOT / ".cache" / "prefect")], out.stderr[-2000:]
+
+
+TRAIN_A_FEW_STEPS = """
+from brorl.environment import apply_defaults
+apply_defaults()  # before torch loads, as every entry point
+import hashlib, torch
+from brorl.policy import build_policy, build_tokenizer
+tok = build_tokenizer()
+model = build_policy(vocab_size=len(tok), hidden_size=96, num_layers=2, num_heads=3,
+                     num_kv_heads=1, intermediate_size=288, max_position_embeddings=512, seed=0)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+g = torch.Generator().manual_seed(1)
+for _ in range(8):
+    ids = torch.randint(0, len(tok), (32, 60), generator=g)
+    loss = model(input_ids=ids, labels=ids).loss
+    opt.zero_grad(); loss.backward(); opt.step()
+digest = hashlib.sha256()
+for p in model.parameters():
+    digest.update(p.detach().numpy().tobytes())
+print(torch.get_num_threads(), digest.hexdigest())
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in X86, reason="the pinned kernel paths are x86's")
+def test_the_pinned_kernel_paths_give_the_same_weights_at_any_thread_count():
+    """MKL's and torch's default paths round a product differently with 1 and 2 threads (and
+    by the CPU's instruction set); the defaults pin both (`FLOAT_PATHS`)."""
+    assert FLOAT_PATHS.items() <= defaults({}).items()
+    env = {k: v for k, v in os.environ.items() if k not in FLOAT_PATHS} | {
+        "PYTHONPATH": str(ROOT)}
+    out = {}
+    for threads in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", TRAIN_A_FEW_STEPS], cwd=ROOT,
+                              env=env | {"OMP_NUM_THREADS": threads}, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out[threads] = done.stdout.split()
+    assert [out[t][0] for t in ("1", "2")] == ["1", "2"]
+    assert out["1"][1] == out["2"][1]
