@@ -1,6 +1,7 @@
 """What besides the seed and the params can change a run's numbers: the machine's conditions,
-written with each run (`machine` in a training run's `summary.json` and in the base stage's
-`report.json`), so that two results can be told apart by what made them.
+written with each run as `<out>.machine.json` beside its output (`outputs/prorl.machine.json`
+beside a training run's folder, `outputs/base.machine.json` beside the base stage's), so that two
+results can be told apart by what made them.
 
 A training step's floats depend on the order in which sums are rounded, which the math libraries
 choose by the CPU's instruction set (torch's own kernels by `ATEN_CPU_CAPABILITY`, MKL's by
@@ -13,7 +14,11 @@ count, the variables that steer them, the GPU if one is used, and the verifiers'
 clock (`brorl.verifiers.clock`: load-independent where the kernel keeps run delays).
 
 Every field is the same for every run of one command on one machine (no clock, no host name,
-no process id), so a rerun still writes byte-identical outputs (tests/test_stable_outputs.py).
+no process id). Beside the output, never inside it, like its timings (`brorl.timings`):
+`.gitignore` and `.dvcignore` list `*.machine.json`, so the record is in no output's hash. A
+machine (or thread count) that reproduces the results then writes the same outputs, the same
+`dvc.lock` and leaves the checkout clean, while the record still says what each run had. MLflow
+keeps a copy with the run's other artifacts.
 Deliberately ignored: the kernel, the C library and the compiler torch was built with (its
 version stands for them); per-core differences of a heterogeneous CPU.
 """
@@ -22,10 +27,17 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import os
 import platform
 import re
+from pathlib import Path
 from typing import Any
+
+from brorl.files import atomic_write_text
+
+SUFFIX = ".machine.json"
+"""What `machine_path` appends to an output's name (listed in .gitignore and .dvcignore)."""
 
 PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "math-verify", "sympy",
             "reasoning-gym", "vllm")
@@ -58,6 +70,20 @@ def conditions() -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "verify_clock": "wall less CPU waits" if available() else "wall",
     }
+
+
+def machine_path(out: str | Path) -> Path:
+    """`<out>.machine.json`: beside the output `out`, never inside it."""
+    out = Path(out)
+    return out.with_name(out.name + SUFFIX)
+
+
+def write_machine(out: str | Path) -> Path:
+    """Write this process's `conditions()` as the record of output `out`, atomically; its
+    path."""
+    path = machine_path(out)
+    atomic_write_text(path, json.dumps(conditions(), indent=1, sort_keys=True) + "\n")
+    return path
 
 
 def _version(name: str) -> str | None:

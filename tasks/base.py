@@ -14,6 +14,7 @@ from brorl.data import load_split
 from brorl.params import ExperimentParams
 from brorl.policy import save_policy
 from brorl.files import atomic_write_text
+from brorl.machine import machine_path, write_machine
 from brorl.timings import read_timings, split_timings, timings_path, write_timings
 import tracking
 
@@ -43,7 +44,8 @@ def train_base(params: ExperimentParams) -> dict[str, Any]:
     (the paper's score per family) to `<tracking.metrics_dir>/<base_label>.json` for DVC, every
     metric to `<base>/../report.json` but the wall-clock ones (`base/train_seconds`,
     `base/test_seconds`, each check's seconds), which go beside the stage's folder `<base>/..`
-    (`outputs/base.timings.json`, `brorl.timings`), never inside it.
+    (`outputs/base.timings.json`, `brorl.timings`), never inside it, as does the machine's
+    record (`outputs/base.machine.json`, `brorl.machine`).
 
     `base/in_band` reports the held-out scores against [target_pass_low, target_pass_high].
     """
@@ -60,6 +62,7 @@ def train_base(params: ExperimentParams) -> dict[str, Any]:
     atomic_write_text(Path(path).parent / "report.json",
                       json.dumps({**stable, "metrics": kept}, indent=2) + "\n")
     write_timings(Path(path).parent, {**clock, "history": timings["history"]})
+    write_machine(Path(path).parent)  # what else than the seed and params decided it
     return {"path": path, "metrics_path": metrics_path, "metrics": metrics}
 
 
@@ -82,5 +85,6 @@ def log_base(params: dict, result: dict, experiment: str, tracking_uri: str) -> 
         tracking.log_metric_series(tracking_uri, run_id, [steps[-1]],
                                    {k: [v] for k, v in result["metrics"].items()})
         tracking.log_artifacts(tracking_uri, run_id, [Path(result["metrics_path"]), report_path,
-                                                      timings_path(report_path.parent)])
+                                                      timings_path(report_path.parent),
+                                                      machine_path(report_path.parent)])
     return run_id

@@ -223,7 +223,7 @@ def test_data_and_base_tasks_write_splits_checkpoint_and_metrics(tmp_path):
     timings = json.loads((tmp_path / "base.timings.json").read_text())
     assert {**metrics, **{k: v for k, v in timings.items() if k != "history"}} == base["metrics"]
     assert "base/train_seconds" not in metrics and metrics["base/steps"] == 2.0
-    assert report["machine"] == conditions()  # what else than the seed and params decided it
+    assert json.loads((tmp_path / "base.machine.json").read_text()) == conditions()  # beside
     assert [h["step"] for h in timings["history"]] == [0, 2]
     assert {"base/pass_at_1_math", "base/pass_at_1_code", "base/pass_at_1_reasoning",
             "base/in_band"} <= set(metrics)

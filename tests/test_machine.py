@@ -1,17 +1,19 @@
 """The machine's conditions written with each run (`brorl.machine`): what they hold, that they
-hold no clock (a rerun on one machine writes the same bytes), and that a run's summary carries
-them."""
+hold no clock (a rerun on one machine writes the same bytes), that a run writes them beside its
+folder, in no output's hash; and that the files git tracks hold no clock either."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
 from brorl import machine
 from brorl.timings import is_timing
-from brorl.train.report import eval_csv, summary_record
+from brorl.train.report import eval_csv, summary_record, write_summary
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIG = """PyTorch built with:
   - Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build 20240605 for Intel(R) 64
   - Intel(R) MKL-DNN v3.12.0 (Git Hash 80afa71049cd69a3df32adcccb623b12cd7baa22)
@@ -53,15 +55,27 @@ def test_math_library_versions_come_from_torchs_build_summary():
     assert machine.math_libraries("") == {"mkl": None, "onednn": None}
 
 
-def test_a_runs_summary_carries_the_machine_and_no_seconds(tmp_path):
+def test_a_runs_summary_and_its_machine_record_beside_it(tmp_path):
     summary = {"name": "r", "steps": 3, "train_seconds": 1.5, "rollouts": 48,
                "checkpoint": str(tmp_path / "out" / "checkpoints" / "step_000003"),
                "policy": str(tmp_path / "out" / "policy"), "history": [{"seconds": 1.0}]}
-    record = summary_record(summary, [{"step": 1}], tmp_path)
-    assert record["machine"] == machine.conditions()
+    (tmp_path / "out").mkdir()
+    write_summary(tmp_path / "out", summary, [{"step": 1}], tmp_path)
+    record = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert record == summary_record(summary, [{"step": 1}], tmp_path)
     assert "train_seconds" not in record and record["history"] == [{"step": 1}]
     assert (record["checkpoint"], record["policy"]) == ("out/checkpoints/step_000003",
                                                         "out/policy")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["summary.json"]  # no clock
+    beside = machine.machine_path(tmp_path / "out")
+    assert beside == tmp_path / "out.machine.json"
+    assert json.loads(beside.read_text()) == machine.conditions()
+
+
+def test_git_and_dvc_ignore_the_machine_record():
+    """Never in an output's hash: a machine that reproduces the results leaves dvc.lock as is."""
+    for name in (".gitignore", ".dvcignore"):
+        assert "*" + machine.SUFFIX in (ROOT / name).read_text().split(), name
 
 
 def test_the_plot_file_git_tracks_holds_no_clock():

@@ -22,6 +22,7 @@ import pytest
 
 from brorl.params import (BaseParams, DataParams, ExperimentParams, ModelParams, TrackingParams,
                           load_params)
+from brorl.machine import machine_path
 from brorl.timings import is_timing, timings_path
 from brorl.verifiers import Verdict
 
@@ -117,7 +118,9 @@ def test_a_rerun_writes_every_stage_output_byte_for_byte_again(two_checkouts):
         assert first == second, (out, sorted(k for k in first if first[k] != second.get(k)))
     summary = json.loads((one / RUN / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["policy"] == f"{RUN}/policy"
-    assert summary["machine"]["intra_op_threads"] == 1  # the conditions, the same in both runs
+    machine = json.loads(machine_path(one / RUN).read_text())  # beside: in no output's hash
+    assert machine["intra_op_threads"] == 1 and machine_path(two / RUN).read_text() == \
+        machine_path(one / RUN).read_text()
     # the run updated the policy (else the weights would trivially agree)
     assert any(m["update/skipped"] == 0.0 for m in summary["history"])
 

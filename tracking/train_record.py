@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from brorl.checkout import in_checkout
 from brorl.evals import eval_metrics
+from brorl.machine import machine_path
 from brorl.params import ExperimentParams
 from brorl.run_files import mlflow_marker
 from brorl.timings import timings_path
@@ -116,12 +117,12 @@ def log_step_metrics(tracker: Tracker, step: int, metrics: dict[str, float]) -> 
 
 
 def close_record(tracker: Tracker, run: Run, p: ExperimentParams, policy: str) -> str:
-    """The finished run's summary, evaluations, timings (`brorl.timings`) and `policy` folder as
-    artifacts, the policy as a new version of the arm's registered model (returned), the MLflow
-    run FINISHED."""
+    """The finished run's summary, evaluations, timings (`brorl.timings`), machine record
+    (`brorl.machine`) and `policy` folder as artifacts, the policy as a new version of the
+    arm's registered model (returned), the MLflow run FINISHED."""
     client = MlflowClient(tracker.tracking_uri)
     for artifact in (run.run_dir / "summary.json", run.run_dir / "evals.jsonl",
-                     timings_path(run.run_dir)):
+                     timings_path(run.run_dir), machine_path(run.run_dir)):
         if artifact.is_file():
             client.log_artifact(tracker.run_id, str(artifact))
     client.log_artifacts(tracker.run_id, policy, artifact_path="policy")

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from brorl.base.config import BaseConfig
 from brorl.base.supervised import warm_up
 from brorl.evals import sample_per_family
-from brorl.machine import conditions
 from brorl.scoring import evaluate_policy
 from brorl.policy import load_policy
 from brorl.timings import split_timings
@@ -41,8 +40,7 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
     Returns (model, tokenizer, report); the report holds the warm-up history, the steps trained
     and the step whose weights were kept (`selected_step`, see `warm_up`), the held-out test
     scores of those weights (pass@1 from `test_samples` samples at `eval_temperature`, BroRL
-    App. D protocol), the seconds of warm-up (validation checks included) and of the test, and
-    the machine's conditions (`brorl.machine.conditions`: what else decides the floats).
+    App. D protocol) and the seconds of warm-up (validation checks included) and of the test.
     """
     c = config
     model, tokenizer = load_policy(c.start)
@@ -57,8 +55,7 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
     report = {"history": history, "test": scores, "steps": history[-1]["step"],
               "selected_step": next(h["step"] for h in history if h["selected"]),
               "train_seconds": train_seconds,
-              "test_seconds": time.perf_counter() - started - train_seconds,
-              "machine": conditions()}
+              "test_seconds": time.perf_counter() - started - train_seconds}
     return model, tokenizer, report
 
 

@@ -3,8 +3,8 @@ headline metrics (JSON) and the evaluation curve (CSV).
 
 `step_line` is what `python -m brorl.train` prints and the flow logs after each step.
 
-`summary_record` is what the run's `summary.json` holds, with the conditions of the machine
-that made it (`brorl.machine`).
+`write_summary` writes the run's `summary.json` (`summary_record`) and, beside the run's folder,
+the conditions of the machine that made it (`brorl.machine`).
 
 `headline` is what `dvc metrics show` prints for an arm: the last test evaluation's score per
 family (`math`, `code`, `reasoning`), the last validation evaluation's as `val_<family>` (a
@@ -66,13 +66,22 @@ def eval_csv(evals: list[dict[str, Any]]) -> str:
 def summary_record(summary: dict[str, Any], history: list[dict[str, Any]],
                    root: str | Path) -> dict[str, Any]:
     """What `<run_dir>/summary.json` holds: the run's summary (`Run.finish`) without its
-    wall-clock figures, the `history` given (the state's, without them), its checkpoint and
-    policy paths from the checkout `root`, and the machine's conditions (`brorl.machine`)."""
-    from brorl.machine import conditions
-
+    wall-clock figures, the `history` given (the state's, without them), and its checkpoint
+    and policy paths from the checkout `root`."""
     return {**split_timings(summary)[0], "history": history,
             "checkpoint": checkout_relative(summary["checkpoint"], root),
-            "policy": checkout_relative(summary["policy"], root), "machine": conditions()}
+            "policy": checkout_relative(summary["policy"], root)}
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any], history: list[dict[str, Any]],
+                  root: str | Path) -> None:
+    """`<run_dir>/summary.json` (`summary_record`) and `<run_dir>.machine.json`
+    (`brorl.machine.write_machine`: what else than the seed and params decided the run)."""
+    from brorl.machine import write_machine
+
+    record = summary_record(summary, history, root)
+    atomic_write_text(run_dir / "summary.json", json.dumps(record, indent=1) + "\n")
+    write_machine(run_dir)
 
 
 def dvc_files(state: Any, metrics_path: Path, plot_path: Path) -> None:

@@ -65,7 +65,7 @@ from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.state import RunState
 from brorl.train.collection import Collected, Collection
-from brorl.train.report import step_line, summary_record
+from brorl.train.report import step_line, write_summary
 from brorl.train.trainer import RewardFn, Trainer, parameter_digest
 from brorl.train.verification import ChunkVerifier, Generated
 from brorl.timings import read_timings, write_timings
@@ -465,8 +465,9 @@ class Run:
 
     def finish(self) -> dict[str, Any]:
         """Save the last state (if not saved yet) and the policy folder `<run_dir>/policy` with
-        its `run.json`; write `<run_dir>/summary.json` (its seconds beside it, paths from the
-        checkout); return the summary (with the seconds, and absolute paths)."""
+        its `run.json`; write `<run_dir>/summary.json` (its seconds and the machine's record
+        beside it, paths from the checkout); return the summary (with the seconds, and
+        absolute paths)."""
         saved = ckpt.latest_checkpoint(self.trainer.config.checkpoint_dir)
         if saved is None or ckpt.read_state(saved)["step"] != self.step_count:
             saved = Path(self.checkpoint(force=True).value)
@@ -491,8 +492,6 @@ class Run:
                                 len(t.sampler.problems))
             ckpt.atomic_write_text(self.run_dir / "policy" / RUN_RECORD,
                                    json.dumps(record, indent=1) + "\n")
-            record = summary_record(summary, s.stable_dict()["history"], self.config.root)
-            ckpt.atomic_write_text(self.run_dir / "summary.json",
-                                   json.dumps(record, indent=1) + "\n")
+            write_summary(self.run_dir, summary, s.stable_dict()["history"], self.config.root)
             self._write_timings()
         return summary
