@@ -81,7 +81,9 @@ class TrainParams(Section):
     alone stops the run. Our choice, not the paper's."""
     max_seconds: float | None = Field(None, gt=0)
     """Budget: stop once the run's training stages took this long (s, summed over sessions;
-    evaluation and checkpoints excluded); None: none."""
+    evaluation and checkpoints excluded); None: none. Wall-clock time: where it stops the run,
+    the step it stops at (so every result) depends on the machine and its load; the rollout and
+    step budgets do not."""
     plateau_patience: PositiveInt | None = None
     """Stop after this many validation evaluations without a new best `val/score_mean` (the
     `prorl_warmup` stage's saturation rule); needs "validation" in `eval_splits`, so the
@@ -181,7 +183,8 @@ class CompareParams(Section):
     own, which must then be equal."""
     budget_seconds: float | None = Field(None, gt=0)
     """Each arm's budget in training seconds (set as `train.max_seconds`; evaluation and
-    checkpoints excluded); None: the arms' own."""
+    checkpoints excluded; wall-clock time, so where it ends an arm the results depend on the
+    machine and its load); None: the arms' own."""
     baseline: str = "prorl"
     """The arm every other arm is tested against (each paired difference is arm - baseline,
     whatever the order of `arms`); must be a key of `arms`."""
