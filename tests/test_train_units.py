@@ -291,8 +291,11 @@ def test_arms_differ_only_in_batch_shape_and_lr():
     assert different == {"prompts_per_step", "rollouts_per_prompt", "lr", "checkpoint_dir",
                          "first_round", "rollouts_cap"}
     assert a.allocation == b.allocation == "fixed"
-    assert brorl.model_dump(exclude={"name", "update", "train"}) == \
-        prorl.model_dump(exclude={"name", "update", "train"})
+    # compare: each file's default report folder follows its name; a run never reads it
+    same = {"name", "update", "train", "compare"}
+    assert brorl.model_dump(exclude=same) == prorl.model_dump(exclude=same)
+    assert brorl.compare.model_dump(exclude={"report_dir"}) == \
+        prorl.compare.model_dump(exclude={"report_dir"})
 
 
 def test_rollouts_round_trip_through_parquet(groups, tmp_path):
