@@ -37,9 +37,14 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 
 # One Prefect server (PostgreSQL under .cache/prefect when it can run) for the whole dvc repro:
 # every stage reports to it; it stops when dvc ends, fails or is interrupted. The study's stages
-# (two hours) run only under `make study`.
+# (two hours) run only under `make study`. RUN_THREADS: torch's intra-op threads, 1 whatever the
+# machine's cores, so that the committed dvc.lock, metrics and plots come out again bit for bit
+# (the RL update rounds differently with 2 threads: REPRO_SECTION.md); the tiny model runs as fast
+# on 1 thread (the verifiers use the other cores). `make run RUN_THREADS=4` to choose.
+RUN_THREADS ?= 1
 run: install
-	$(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro simulate compare
+	OMP_NUM_THREADS=$(RUN_THREADS) MKL_NUM_THREADS=$(RUN_THREADS) \
+	  $(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro simulate compare
 	@echo
 	@grep -v '^!\[' outputs/compare/report.md
 	@echo
