@@ -39,8 +39,9 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 # every stage reports to it; it stops when dvc ends, fails or is interrupted. The study's stages
 # (two hours) run only under `make study`. RUN_THREADS: torch's intra-op threads, 1 whatever the
 # machine's cores, so that the committed dvc.lock, metrics and plots come out again bit for bit
-# (the RL update rounds differently with 2 threads: REPRO_SECTION.md); the tiny model runs as fast
-# on 1 thread (the verifiers use the other cores). `make run RUN_THREADS=4` to choose.
+# (the RL update rounds differently with 2 threads: the README's reproducibility section); the
+# tiny model runs as fast on 1 thread (the verifiers use the other cores). `make run
+# RUN_THREADS=4` to choose.
 RUN_THREADS ?= 1
 run: install
 	OMP_NUM_THREADS=$(RUN_THREADS) MKL_NUM_THREADS=$(RUN_THREADS) \

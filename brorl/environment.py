@@ -11,10 +11,12 @@ one the code is installed from.
 
 It also pins the CPU kernel paths a run's floats take (`FLOAT_PATHS`, on x86): MKL's AVX2 code
 path in its strict reproducibility mode (`MKL_CBWR`: the same bits at any thread count) and
-torch's AVX2 kernels (`ATEN_CPU_CAPABILITY`), so that a run gives the same numbers with 1 or 2
-threads and on a CPU with AVX-512 as on one with AVX2 only (REPRO_SECTION.md has the figures;
-`brorl.machine` records what held). Set either variable to choose another path (`MKL_CBWR=AUTO
-ATEN_CPU_CAPABILITY=avx512`: each library's fastest here, whose results then vary by machine).
+torch's AVX2 kernels (`ATEN_CPU_CAPABILITY`), so that a CPU with AVX-512 computes as one with
+AVX2 only, and the supervised base stage gives the same weights at 1 and 2 threads (the RL update
+still rounds a few sums by thread count: `make run` fixes the count, `RUN_THREADS` in the
+Makefile; the README's reproducibility section has the figures, `brorl.machine` records what
+held). Set either variable to choose another path (`MKL_CBWR=AUTO ATEN_CPU_CAPABILITY=avx512`:
+each library's fastest here, whose results then vary by machine).
 
 It also holds the Prefect settings that decide orchestration overhead (measured by
 `benchmarks/prefect_overhead.py`) and that an environment variable can say;
