@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from brorl.params.experiment import ExperimentParams
 from brorl.params.resources import check_memory
+from brorl.params.run import own_checkpoints
 
 T = TypeVar("T")
 
@@ -224,7 +225,7 @@ def _arm_over(params: ExperimentParams, name: str, keys: dict[str, Any],
     `train.checkpoint_dir` that was its `run_dir`'s default follows the arm's `run_dir`."""
     tree = params.model_dump(mode="json")
     train = tree["train"]
-    if train["checkpoint_dir"] == f"{train['run_dir'].rstrip('/')}/checkpoints":
+    if train["checkpoint_dir"] == own_checkpoints(train["run_dir"]):
         del train["checkpoint_dir"]
     tree = _deep_merge({**tree, "name": f"{params.name}-{name}"}, keys)
     for override in shared:

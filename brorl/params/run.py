@@ -12,6 +12,11 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from brorl.params.section import Section
 
 
+def own_checkpoints(run_dir: str) -> str:
+    """The default `train.checkpoint_dir` of a run writing `run_dir`: `<run_dir>/checkpoints`."""
+    return f"{run_dir.rstrip('/')}/checkpoints"
+
+
 class TrainParams(Section):
     """The RL run (`brorl.train.Trainer`): start point, length, DeepSpeed, checkpoints.
 
@@ -115,7 +120,7 @@ class TrainParams(Section):
         if isinstance(data, dict) and data.get("checkpoint_dir") is None:
             run_dir = data.get("run_dir", cls.model_fields["run_dir"].default)
             if isinstance(run_dir, str):  # else run_dir's own check names the bad value
-                data = {**data, "checkpoint_dir": f"{run_dir.rstrip('/')}/checkpoints"}
+                data = {**data, "checkpoint_dir": own_checkpoints(run_dir)}
         return data
 
     @model_validator(mode="after")
