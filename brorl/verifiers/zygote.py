@@ -60,15 +60,19 @@ KILL_GRACE_S = 2.0
 @dataclass(frozen=True)
 class Finished:
     """What one run left: its result channel (the first `result_bytes`), the head of its stdout
-    and stderr, whether it was killed at its time limit, and its wall time; `ended` is None,
+    and stderr, its wall time, and how the verifier ended it: None (it ended by itself),
     `timeout` (the limit) or `stalled` (the wall-clock ceiling, the limit not reached)."""
 
     channel: bytes
     stdout: str
     stderr: str
-    timed_out: bool
     elapsed_s: float
     ended: str | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the verifier ended it (at its limit or at the ceiling)."""
+        return self.ended is not None
 
 
 class Zygote:
@@ -135,7 +139,7 @@ class Zygote:
                 ours.settimeout(max(ceiling - time.monotonic(), 0.0))
                 message, fds, _, _ = socket.recv_fds(ours, 16, 1)
             except TimeoutError:  # not even started by then (a machine far too loaded)
-                return Finished(b"", "", "", True, time.monotonic() - start, STALLED)
+                return Finished(b"", "", "", time.monotonic() - start, STALLED)
             if len(fds) != 1:
                 raise RuntimeError("the sandbox's supervisor ended before starting the sandbox")
             first = int(message[1:]) if message[1:].isdigit() else None
@@ -145,7 +149,7 @@ class Zygote:
             finally:
                 os.close(fds[0])
             return Finished(channel, _head(out, output_bytes), _head(err, output_bytes),
-                            ended is not None, time.monotonic() - start, ended)
+                            time.monotonic() - start, ended)
         finally:
             _end(ours)
             os.close(out)
