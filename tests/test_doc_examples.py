@@ -52,11 +52,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import io
 import logging
 import re
 import shlex
+import subprocess
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -532,6 +534,15 @@ def _dvc_files() -> list[str]:
                              p.relative_to(ROOT).parts))
 
 
+@functools.cache
+def _tracked() -> frozenset[str]:
+    """The files git tracks: a DVC metrics or plots file a pipeline run is rewriting is briefly
+    absent from the working tree, and still a sound target."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True, timeout=60).stdout.decode()
+    return frozenset(name for name in listed.split("\0") if name)
+
+
 def _stages(dvc_yaml: str) -> dict:
     return yaml.safe_load((ROOT / dvc_yaml).read_text())["stages"]
 
@@ -551,7 +562,8 @@ def _dvc_target_problems(target: str) -> list[str]:
         if stage.split("@")[0] not in _stages(path):
             return [f"no stage {stage} in {path}"]
         return []
-    if target.split("@")[0] in _stages("dvc.yaml") or (ROOT / target).exists():
+    if (target.split("@")[0] in _stages("dvc.yaml") or target in _tracked()
+            or (ROOT / target).exists()):
         return []
     declared = any(re.search(rf"(^|[\s:/-]){re.escape(target)}\s*$",
                              (ROOT / f).read_text(), re.M) for f in _dvc_files())
