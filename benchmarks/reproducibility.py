@@ -68,7 +68,7 @@ def run_condition(variables: dict[str, str], folder: Path) -> list:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--conditions", default=",".join(CONDITIONS),
                         help=f"comma-separated, of {', '.join(CONDITIONS)}")
     args = parser.parse_args(argv)

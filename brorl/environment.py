@@ -14,7 +14,7 @@ path in its strict reproducibility mode (`MKL_CBWR`: the same bits at any thread
 torch's AVX2 kernels (`ATEN_CPU_CAPABILITY`), so that a CPU with AVX-512 computes as one with
 AVX2 only, and the supervised base stage gives the same weights at 1 and 2 threads (the RL update
 still rounds a few sums by thread count: `make run` fixes the count, `RUN_THREADS` in the
-Makefile; the README's reproducibility section has the figures, `brorl.machine` records what
+Makefile; `benchmarks/reproducibility.py` measures the spread, `brorl.machine` records what
 held). Set either variable to choose another path (`MKL_CBWR=AUTO ATEN_CPU_CAPABILITY=avx512`:
 each library's fastest here, whose results then vary by machine).
 

@@ -8,7 +8,8 @@ choose by the CPU's instruction set (torch's own kernels by `ATEN_CPU_CAPABILITY
 `MKL_ENABLE_INSTRUCTIONS` and `MKL_CBWR`, oneDNN's by `ONEDNN_MAX_CPU_ISA`) and, for MKL unless
 `MKL_CBWR` says STRICT, by the number of threads: a different last bit in one step changes what
 is sampled later, then every score. `brorl.environment` pins those paths by default and `make
-run` the thread count (the README's reproducibility section); this record says what held: the versions of Python and of the libraries that
+run` the thread count (the spread they remove: `benchmarks/reproducibility.py`, in
+docs/benchmarks.md); this record says what held: the versions of Python and of the libraries that
 compute or score, the CPU and the instruction sets that matter, torch's kernel path and thread
 count, the variables that steer them, the GPU if one is used, and the verifiers' time-limit
 clock (`brorl.verifiers.clock`: load-independent where the kernel keeps run delays).

@@ -2,8 +2,8 @@
 
 REINFORCE++-baseline (BroRL §3.1; the ProRLv2 blog post): A = R - mean_group(R), then A is
 normalised by the mean and std over the whole global batch of valid rollouts; there is no per-group
-std. GRPO (ProRL (arXiv 2505.24864) §2): A = (R - mean_group(R)) / (std_group(R) + eps). Rewards may
-be continuous.
+std. GRPO (ProRL (arXiv 2505.24864) §2): A = (R - mean_group(R)) / (std_group(R) + eps).
+Rewards may be continuous.
 
 Group statistics are streamed over the N axis (`GroupStats.update`, Chan et al.'s parallel merge
 of Welford's running mean and sum of squared deviations): a group of N = 512 or more rollouts
@@ -127,8 +127,8 @@ def grpo_advantages(
 ) -> Tensor:
     """GRPO: rewards `[B, N]` -> (R - mean_group) / (std_group + eps) `[B, N]`, 0 where not valid.
 
-    std_group is the unbiased (N - 1) std, as in verl and TRL (ProRL (arXiv 2505.24864) §2 leaves it
-    unstated).
+    std_group is the unbiased (N - 1) std, as in verl and TRL (ProRL (arXiv 2505.24864) §2 leaves
+    it unstated).
     """
     r, mask = _checked(rewards, valid)
     stats = group_stats(r, mask, chunk_size)

@@ -7,7 +7,8 @@ test says whether the start is shown plateaued; each contrast's reading (Holm-ad
 p, Holm-adjusted TOST p at the study's margin) says higher, lower, no change beyond the margin,
 or inconclusive; the pre-registered revival rule is applied per arm. Scores are in points (percent):
 avg@k of the family score (pass@1 for math and code, mean reward for reasoning, ProRL (arXiv
-2505.24864) §3.4), pass@k beside it; cells and tables are `brorl.reporting`'s, as in the comparison.
+2505.24864) §3.4), pass@k beside it; cells and tables are `brorl.reporting`'s, as in the
+comparison.
 
 The report's files are DVC outputs and hold no wall-clock figure: each arm's training and
 evaluation seconds and generation throughput (`TIMING_KEYS`, from the runs' own timings files,
