@@ -13,12 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from brorl.params import (BaseParams, DataParams, ExperimentParams, ModelParams, TrackingParams,
                           load_params)
@@ -106,6 +109,10 @@ def two_checkouts(tmp_path_factory) -> tuple[Path, Path]:
     """The same stages run in two checkout folders, one after the other."""
     folders = tuple(make_checkout(tmp_path_factory.mktemp(name)) for name in ("one", "two"))
     for folder in folders:
+        # as in a fresh process: torch, numpy and python seed their global RNGs from the OS
+        torch.seed()
+        np.random.seed()
+        random.seed()
         run_stages(folder)
     return folders
 

@@ -38,7 +38,7 @@ from brorl.run_files import (LATEST_FILE, PARAMS_FILE, STATE_FILE, is_complete, 
 
 __all__ = ["LATEST_FILE", "PARAMS_FILE", "STATE_FILE", "atomic_write_text", "commit",
            "is_complete", "latest_checkpoint", "load_rng", "policy_to_evaluate", "read_state",
-           "rng_states", "save_rng", "staging_dir", "step_name", "write_state"]
+           "rng_states", "save_rng", "seed_rngs", "staging_dir", "step_name", "write_state"]
 
 
 def commit(root: str | Path, step: int, keep: int) -> Path:
@@ -62,6 +62,19 @@ def commit(root: str | Path, step: int, keep: int) -> Path:
 def write_state(folder: Path, state: dict[str, Any]) -> None:
     """The trainer state JSON (the completion marker), atomically."""
     atomic_write_text(folder / STATE_FILE, json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def seed_rngs(seed: int, rank: int) -> None:
+    """Seed this process's global torch, numpy and python RNGs from the run's seed and rank.
+
+    No result draws from them (every draw has a generator of its own), but a checkpoint saves
+    them (`save_rng`), and torch, numpy and python seed them from the OS at start-up: unseeded,
+    every run's `rng_rank<r>.pt` differed, so a rerun that reproduced every weight still changed
+    its output's hash (dvc.lock). A resumed run then restores the checkpoint's (`load_rng`)."""
+    value = seed * 1_000_003 + rank
+    torch.manual_seed(value)
+    np.random.seed(value % 2**32)
+    random.seed(value)
 
 
 def rng_states() -> dict[str, Any]:

@@ -138,6 +138,7 @@ class Trainer:
 
         self.config = config
         self.rank, self.world = init_distributed()
+        ckpt.seed_rngs(config.seed, self.rank)  # what a checkpoint saves of the global RNGs
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
             if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
