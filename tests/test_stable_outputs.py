@@ -274,3 +274,23 @@ def test_forcing_the_model_and_base_stages_to_rerun_leaves_downstream_up_to_date
         assert f"Running stage '{stage}'" in dvc("repro", "--force", "--single-item", stage)
     status = dvc("status")
     assert "up to date" in status, status
+
+
+def test_a_checkpoints_rng_file_does_not_depend_on_pythons_global_rng(tmp_path):
+    """In a Prefect flow the orchestration libraries draw from python's global RNG as often as
+    the clock makes them: its state stays out of `rng_rank<r>.pt` (brorl never draws from it)."""
+    from brorl.train.checkpoint import load_rng, save_rng, seed_rngs
+
+    for name, draws in (("one", 0), ("two", 7)):
+        seed_rngs(3, 0)
+        for _ in range(draws):
+            random.random()
+        (tmp_path / name).mkdir()
+        save_rng(tmp_path / name, 0)
+    assert (tmp_path / "one" / "rng_rank0.pt").read_bytes() == \
+        (tmp_path / "two" / "rng_rank0.pt").read_bytes()
+    seed_rngs(3, 0)
+    expected = torch.get_rng_state()
+    torch.seed()
+    load_rng(tmp_path / "one", 0)  # restores torch's and numpy's
+    assert torch.equal(torch.get_rng_state(), expected)

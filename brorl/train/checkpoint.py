@@ -5,7 +5,10 @@ Layout of `<checkpoint_dir>/step_000012/`:
   `from_pretrained` loads it as is;
 - `reference/`: the KL reference policy (HF folder);
 - `deepspeed/`: DeepSpeed's engine checkpoint (optimizer partitions per rank, LR scheduler);
-- `rng_rank<r>.pt`: each rank's torch / numpy / python RNG states;
+- `rng_rank<r>.pt`: each rank's global torch and numpy RNG states (not python's: brorl draws
+  from generators of its own, and in a Prefect flow the orchestration libraries draw from
+  python's global RNG as often as the clock makes them, so its state made every checkpoint, and
+  the run's output hash, differ);
 - `params.json`: the resolved params of the run that wrote it (`brorl.run_files.record_params`);
 - `trainer_state.json`: step, data cursor, metric history. Written last: a folder without it is
   incomplete and ignored.
@@ -68,9 +71,10 @@ def seed_rngs(seed: int, rank: int) -> None:
     """Seed this process's global torch, numpy and python RNGs from the run's seed and rank.
 
     No result draws from them (every draw has a generator of its own), but a checkpoint saves
-    them (`save_rng`), and torch, numpy and python seed them from the OS at start-up: unseeded,
-    every run's `rng_rank<r>.pt` differed, so a rerun that reproduced every weight still changed
-    its output's hash (dvc.lock). A resumed run then restores the checkpoint's (`load_rng`)."""
+    torch's and numpy's (`save_rng`), and torch and numpy seed them from the OS at start-up:
+    unseeded, every run's `rng_rank<r>.pt` differed, so a rerun that reproduced every weight
+    still changed its output's hash (dvc.lock). A resumed run then restores the checkpoint's
+    (`load_rng`)."""
     value = seed * 1_000_003 + rank
     torch.manual_seed(value)
     np.random.seed(value % 2**32)
@@ -78,8 +82,7 @@ def seed_rngs(seed: int, rank: int) -> None:
 
 
 def rng_states() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "python": random.getstate()}
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}
 
 
 def save_rng(folder: Path, rank: int) -> None:
@@ -94,4 +97,5 @@ def load_rng(folder: Path, rank: int) -> None:
     states = torch.load(path, weights_only=False)
     torch.set_rng_state(states["torch"])
     np.random.set_state(states["numpy"])
-    random.setstate(states["python"])
+    if "python" in states:  # written before python's state was left out
+        random.setstate(states["python"])
