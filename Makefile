@@ -41,11 +41,14 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 # machine's cores, so that the committed dvc.lock, metrics and plots come out again bit for bit
 # (the RL update rounds differently with 2 threads: the README's reproducibility section); the
 # tiny model runs as fast on 1 thread (the verifiers use the other cores). `make run
-# RUN_THREADS=4` to choose.
+# RUN_THREADS=4` to choose. The study trains the tiny model too (RUN_THREADS); `make real`
+# trains SmolLM2 at REAL_THREADS, 2 whatever the machine, for the same reason.
 RUN_THREADS ?= 1
+REAL_THREADS ?= 2
+THREADS = OMP_NUM_THREADS=$(1) MKL_NUM_THREADS=$(1)
 run: install
-	OMP_NUM_THREADS=$(RUN_THREADS) MKL_NUM_THREADS=$(RUN_THREADS) \
-	  $(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro simulate compare
+	$(call THREADS,$(RUN_THREADS)) $(PY) -m commands.server --pipeline -- \
+	  $(VENV)/bin/dvc repro simulate compare
 	@echo
 	@grep -v '^!\[' outputs/compare/report.md
 	@echo
@@ -67,7 +70,7 @@ run: install
 # --with-deps` in another clone gets the same results without rerunning a stage.
 STUDY := study/dvc.yaml:study_report
 study: install
-	BRORL_STUDY_STARTED=$$(date +%s) $(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro $(STUDY)
+	BRORL_STUDY_STARTED=$$(date +%s) $(call THREADS,$(RUN_THREADS)) $(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro $(STUDY)
 	@if $(VENV)/bin/dvc remote default >/dev/null 2>&1; then \
 	  echo "dvc push to remote $$($(VENV)/bin/dvc remote default)"; \
 	  $(VENV)/bin/dvc push --with-deps $(STUDY); \
@@ -86,7 +89,7 @@ study: install
 # stage: its own DVC pipeline (pipelines/smollm2/dvc.yaml) under one Prefect server, then the
 # ProRL-vs-BroRL report. Under an hour on 2 cores; docs/real_model.md.
 real: install
-	$(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro pipelines/smollm2/dvc.yaml
+	$(call THREADS,$(REAL_THREADS)) $(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro pipelines/smollm2/dvc.yaml
 	@echo
 	@grep -v '^!\[' outputs/smollm2/compare/report.md
 	@echo

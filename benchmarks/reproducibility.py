@@ -43,11 +43,13 @@ CONDITIONS: dict[str, tuple[str, dict[str, str]]] = {
 """Name -> (what it stands for, its variables; RUN_THREADS sets OMP and MKL threads)."""
 
 
-def run_condition(variables: dict[str, str], folder: Path) -> list:
-    """The headline metrics of the pipeline run in a fresh clone under `variables`, and whether
-    the tracked files it writes equal the committed ones."""
+def run_condition(commit: str, variables: dict[str, str], folder: Path) -> list:
+    """The headline metrics of the pipeline run in a fresh clone of `commit` under `variables`,
+    and whether the tracked files it writes equal the committed ones."""
     clone = folder / "repo"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=300)
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(clone)], check=True,
+                   timeout=300)
+    subprocess.run(["git", "checkout", "-q", commit], cwd=clone, check=True, timeout=300)
     threads = variables.get("RUN_THREADS", "1")
     bin_dir = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
@@ -76,14 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in CONDITIONS]
     if unknown:
         parser.error(f"unknown condition(s) {unknown}; choose from {', '.join(CONDITIONS)}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
     rows = []
     for name in names:
         what, variables = CONDITIONS[name]
         with tempfile.TemporaryDirectory(prefix="brorl-repro-") as tmp:
-            rows.append([what, *run_condition(variables, Path(tmp))])
+            rows.append([what, *run_condition(commit, variables, Path(tmp))])
         print(*rows[-1], sep=" | ", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.strip()
     tables = [Table(
         f"make run's headline metrics by kernel path and thread count (commit {commit})",
         ["condition", "base math", "warm-up rollouts", "compare delta", "delta 95% CI",
