@@ -119,16 +119,22 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def counter_uniform(seed: int, rollout_ids: torch.Tensor, step: int) -> torch.Tensor:
+def counter_uniform(seed: int, rollout_ids: torch.Tensor, step: int | torch.Tensor
+                    ) -> torch.Tensor:
     """One uniform in [0, 1) per rollout for decode `step`: `[R]` int64 ids -> `[R]` float64.
 
     A SplitMix64 finaliser over (seed, rollout id, step): stateless, so the number a rollout gets
-    depends only on those three integers, never on the batch it is computed in.
+    depends only on those three integers, never on the batch it is computed in. `step` may be a
+    `[1]` int64 tensor on the ids' device (the fixed-shape decode step's counter, read without a
+    host sync); int64 arithmetic wraps, so the numbers equal those of the int.
     """
-    x = (
-        rollout_ids.to(torch.int64) * _signed(0x9E3779B97F4A7C15)
-        + _signed(seed * 0xD1B54A32D192ED03 + step * 0xABC98388FB8FAC03 + 0x8CB92BA72F3D8DD7)
-    )
+    x = rollout_ids.to(torch.int64) * _signed(0x9E3779B97F4A7C15)
+    if isinstance(step, torch.Tensor):
+        x = x + step.to(torch.int64) * _signed(0xABC98388FB8FAC03) \
+            + _signed(seed * 0xD1B54A32D192ED03 + 0x8CB92BA72F3D8DD7)
+    else:
+        x = x + _signed(seed * 0xD1B54A32D192ED03 + step * 0xABC98388FB8FAC03
+                        + 0x8CB92BA72F3D8DD7)
     x = (x ^ _shift_right(x, 30)) * _signed(0xBF58476D1CE4E5B9)
     x = (x ^ _shift_right(x, 27)) * _signed(0x94D049BB133111EB)
     x = x ^ _shift_right(x, 31)
