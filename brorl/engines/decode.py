@@ -231,14 +231,16 @@ class Decoder:
     (`torch.compile(fullgraph=True)`; on CUDA mode "reduce-overhead", CUDA graphs)."""
 
     def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, stop_ids: torch.Tensor,
-                 pad_id: int, compiled: bool) -> None:
+                 pad_id: int, compiled: bool, backend: str = "inductor") -> None:
         self.model = model
         self.temperature, self.top_p, self.seed = sampling.temperature, sampling.top_p, sampling.seed
         self.stop_ids, self.pad_id = stop_ids, pad_id
         self.compiled = compiled
-        device = stop_ids.device
-        mode = "reduce-overhead" if device.type == "cuda" else None
-        self.run = torch.compile(self.step, fullgraph=True, dynamic=False, mode=mode) \
+        self.buckets_run: set[int] = set()
+        """The row counts the step ran at (`decode_chunk` records them; one graph each)."""
+        cuda = stop_ids.device.type == "cuda" and backend == "inductor"
+        self.run = torch.compile(self.step, fullgraph=True, dynamic=False, backend=backend,
+                                 mode="reduce-overhead" if cuda else None) \
             if compiled else self.step
 
     def step(self, chunk: Chunk) -> None:
@@ -305,6 +307,7 @@ def decode_chunk(decoder: Decoder, chunk: Chunk, sizes: list[int], n: int, check
     earliest first); at the end write the rows into `out`."""
     steps = 0
     while steps < t_max:
+        decoder.buckets_run.add(chunk.rows)
         for _ in range(min(check_every, t_max - steps)):
             decoder.run(chunk)
             steps += 1

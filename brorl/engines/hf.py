@@ -112,6 +112,8 @@ class HfEngine:
         """Most rows decoded at once in the last `generate` call (for the memory-bound test)."""
         self.last_prefills: list[int] = []
         """Prompt indices prefilled by the last `generate` call, in order (each once)."""
+        self.compile_backend = "inductor"
+        """`torch.compile` backend of the compiled step (tests trace with dynamo's `eager`)."""
         self.last_decoder: Decoder | None = None
         """The decode step of the last `generate` call (for the compile tests)."""
 
@@ -157,7 +159,7 @@ class HfEngine:
         sizes = buckets(chunk)
         groups = min(len(prompts), (chunk + n - 2) // n + 1)  # most prompts a chunk spans
         decoder = Decoder(self.model, sampling, self.stop_ids.to(device), self.pad_id,
-                          use_compile(self.compile, device))
+                          use_compile(self.compile, device), self.compile_backend)
         prefixes: dict[int, Prefix] = {}
         texts: list[str] = []
         peak, prefills = 0, []
