@@ -156,10 +156,11 @@ class HfEngine:
         p_width = prompt_width(max(map(len, prompt_ids)))
         free = cuda_free_bytes(device) if device.type == "cuda" else None
         chunk = self.chunk_rows(rows, p_width + t_max, free)
-        sizes = buckets(chunk)
+        compiled = use_compile(self.compile, device)
+        sizes = buckets(chunk, compiled)
         groups = min(len(prompts), (chunk + n - 2) // n + 1)  # most prompts a chunk spans
-        decoder = Decoder(self.model, sampling, self.stop_ids.to(device), self.pad_id,
-                          use_compile(self.compile, device), self.compile_backend)
+        decoder = Decoder(self.model, sampling, self.stop_ids.to(device), self.pad_id, compiled,
+                          self.compile_backend)
         prefixes: dict[int, Prefix] = {}
         texts: list[str] = []
         peak, prefills = 0, []
