@@ -4,8 +4,8 @@ value back to the host, dispatches the same ops whatever the rows and prompts, a
 form decodes the tokens and log-probs of the eager one.
 
 Extra stop ids make rows stop within a few tokens, so chunks hold stopped rows (and, with half
-the vocabulary stopping, compact to smaller buckets). Tracing is checked with dynamo's `eager` backend (no code
-generation); equality with inductor, the engine's backend, one graph per test.
+the vocabulary stopping, compact to smaller buckets). Tracing is checked with dynamo's `eager`
+backend (no code generation); equality with inductor, the engine's backend, one graph per test.
 """
 
 from __future__ import annotations

@@ -240,7 +240,8 @@ class Decoder:
     def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, stop_ids: torch.Tensor,
                  pad_id: int, compiled: bool, backend: str = "inductor") -> None:
         self.model = model
-        self.temperature, self.top_p, self.seed = sampling.temperature, sampling.top_p, sampling.seed
+        self.temperature, self.top_p = sampling.temperature, sampling.top_p
+        self.seed = sampling.seed
         self.stop_ids, self.pad_id = stop_ids, pad_id
         self.compiled = compiled
         self.buckets_run: set[int] = set()

@@ -2,25 +2,28 @@
 
 Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of consecutive
 rows, so peak memory depends on the chunk, not on N or B: a chunk may hold several small groups
-(N below it) or a slice of one large group (N above it). On CPU the chunk is
-`max_concurrent_rollouts` rows; on CUDA it is sized from the free memory (`fitting_rows`). Each
-prompt is prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's scoring); its
-key/value cache `[1, H, P, D]` per layer is kept only while a chunk still needs it, once per
-chunk, and attended by all of the chunk's rows of that prompt (shared-prefix attention, a fixed
-number of ops per layer whatever the number of prompts); the rows' own cache holds their
-responses only. Finished rows (EOS) are dropped from it, and each finished chunk is handed over
-(`on_chunk`), so its verification can run while the next chunk decodes. Architectures outside
+(N below it) or a slice of one large group (N above it). A chunk holds at most
+`max_concurrent_rollouts` rows on every device, and on CUDA no more than the free memory holds
+(`fitting_rows`); `auto` takes what fits on CUDA and `AUTO_CPU_ROWS` elsewhere. Each prompt is
+prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's scoring); its key/value
+cache `[1, H, P, D]` per layer is kept only while a chunk still needs it, once per chunk, and
+attended by all of the chunk's rows of that prompt (shared-prefix attention, a fixed number of
+ops per layer whatever the number of prompts); the rows' own cache holds their responses only.
+Each chunk decodes with fixed shapes (`brorl.engines.decode`): its cache is allocated once,
+sampling and the stop test run on the device, the host checks for stopped rows every
+`stop_check_tokens` steps and then compacts the chunk (compiled: to a smaller bucket once half
+its rows have stopped; eager: to its live rows), and the step can be compiled and, on CUDA,
+captured as CUDA graphs (`compile`). Each finished chunk is handed over (`on_chunk`), so its
+verification can run while the next chunk decodes. Architectures outside
 `brorl.policy.prefix.SHARED_PREFIX_MODELS` decode with plain attention, each row with its own
 copy of its prompt. Token choice is inverse-CDF sampling with one counter-based uniform per
 (seed, rollout, step), so every rollout is the same whether it is decoded alone, in a chunk, with
-all others, or on another rank (`SamplingConfig.first_prompt`).
+all others, compiled or not, or on another rank (`SamplingConfig.first_prompt`).
 
 Deliberately ignored: continuous batching across chunks (a chunk runs until its rows finish),
-paged attention, speculative decoding, a static KV cache and CUDA graphs (rows leave the batch
-as they finish, so shapes change from step to step); the vLLM engine covers the fast path.
+paged attention, speculative decoding; the vLLM engine covers the fast path.
 Paper: BroRL §4.2.4 (one shared prefix per prompt, many concurrent rollouts).
 """
-
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -57,8 +60,8 @@ the model's dtype and in float32, the sampling log-probs, top-p's sort and mask,
 
 def decode_row_bytes(config: Any, dtype_bytes: int, tokens: int) -> int:
     """Bytes one decoding row needs with `tokens` positions of context: its key/value cache in
-    every layer plus one layer's copy (the cache grows by concatenation, one layer at a time),
-    and its logits and sampling buffers (`SAMPLING_BYTES_PER_LOGIT`)."""
+    every layer plus one layer's copy (a compaction copies the cache one layer at a time), and
+    its logits and sampling buffers (`SAMPLING_BYTES_PER_LOGIT`)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_per_token = 2 * config.num_key_value_heads * head_dim * dtype_bytes
     return kv_per_token * tokens * (config.num_hidden_layers + 1) \
