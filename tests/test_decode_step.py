@@ -11,6 +11,7 @@ backend (no code generation); equality with inductor, the engine's backend, one 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -59,7 +60,8 @@ def test_buckets_halve_down_to_a_sixteenth_and_prompts_pad_to_powers_of_two():
 
 def test_the_decode_step_traces_whole_and_compiles_once_per_bucket(layout):
     """Three chunks of 8 rows over groups of 6 (chunks cut groups), compacted as rows stop:
-    one graph per bucket the step ran at, none more in a second call, no graph break."""
+    one graph per bucket the step ran at, none more in a second call with another seed (a
+    training step's), no graph break."""
     model, tokenizer = layout
     torch._dynamo.reset()
     counters.clear()
@@ -71,10 +73,12 @@ def test_the_decode_step_traces_whole_and_compiles_once_per_bucket(layout):
     assert len(ran) >= 2 and "stop" in first.finish_reasons  # chunks compacted
     assert not counters["graph_break"]
     assert counters["stats"]["unique_graphs"] == len(ran)
-    again = engine.generate(PROMPTS[:4], 6, SAMPLING)
+    other = replace(SAMPLING, seed=8)
+    again = engine.generate(PROMPTS[:4], 6, other)
     assert counters["stats"]["unique_graphs"] == len(ran | engine.last_decoder.buckets_run)
-    eager = _engine(model, tokenizer, rows=8).generate(PROMPTS[:4], 6, SAMPLING)
-    for batch in (first, again):
+    reference = _engine(model, tokenizer, rows=8)
+    for batch, sampling in ((first, SAMPLING), (again, other)):
+        eager = reference.generate(PROMPTS[:4], 6, sampling)
         assert torch.equal(batch.response_ids, eager.response_ids)
         assert batch.finish_reasons == eager.finish_reasons
         torch.testing.assert_close(batch.logprobs, eager.logprobs, atol=1e-6, rtol=0)

@@ -119,19 +119,27 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def counter_uniform(seed: int, rollout_ids: torch.Tensor, step: int | torch.Tensor
-                    ) -> torch.Tensor:
+def _term(value: int | torch.Tensor, factor: int) -> int | torch.Tensor:
+    """`value * factor` modulo 2^64, as int64 (a tensor's product wraps)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.int64) * _signed(factor)
+    return _signed(value * factor)
+
+
+def counter_uniform(seed: int | torch.Tensor, rollout_ids: torch.Tensor,
+                    step: int | torch.Tensor) -> torch.Tensor:
     """One uniform in [0, 1) per rollout for decode `step`: `[R]` int64 ids -> `[R]` float64.
 
     A SplitMix64 finaliser over (seed, rollout id, step): stateless, so the number a rollout gets
-    depends only on those three integers, never on the batch it is computed in. `step` may be a
-    `[1]` int64 tensor on the ids' device (the fixed-shape decode step's counter, read without a
-    host sync); int64 arithmetic wraps, so the numbers equal those of the int.
+    depends only on those three integers, never on the batch it is computed in. `seed` and
+    `step` may be `[1]` int64 tensors on the ids' device (the fixed-shape decode step's, read
+    without a host sync and without recompiling per seed); int64 arithmetic wraps, so the
+    numbers equal those of the ints.
     """
     x = rollout_ids.to(torch.int64) * _signed(0x9E3779B97F4A7C15)
-    if isinstance(step, torch.Tensor):
-        x = x + step.to(torch.int64) * _signed(0xABC98388FB8FAC03) \
-            + _signed(seed * 0xD1B54A32D192ED03 + 0x8CB92BA72F3D8DD7)
+    if isinstance(seed, torch.Tensor) or isinstance(step, torch.Tensor):
+        x = x + _term(seed, 0xD1B54A32D192ED03) + _term(step, 0xABC98388FB8FAC03) \
+            + _signed(0x8CB92BA72F3D8DD7)
     else:
         x = x + _signed(seed * 0xD1B54A32D192ED03 + step * 0xABC98388FB8FAC03
                         + 0x8CB92BA72F3D8DD7)

@@ -241,7 +241,8 @@ class Decoder:
                  pad_id: int, compiled: bool, backend: str = "inductor") -> None:
         self.model = model
         self.temperature, self.top_p = sampling.temperature, sampling.top_p
-        self.seed = sampling.seed
+        self.seed = torch.tensor([sampling.seed], device=stop_ids.device)
+        """`[1]` int64: a tensor, so a new seed per call reuses the compiled step."""
         self.stop_ids, self.pad_id = stop_ids, pad_id
         self.compiled = compiled
         self.buckets_run: set[int] = set()
