@@ -1,5 +1,5 @@
 """The hf engine's fixed-shape decode step (`brorl.engines.decode`) on tiny Qwen2 and Llama models
-(CPU, offline): it traces whole (`fullgraph=True`) and compiles once per bucket, never reads a
+(and GPT-2's plain attention for tracing; CPU, offline): it traces whole (`fullgraph=True`) and compiles once per bucket, never reads a
 value back to the host, dispatches the same ops whatever the rows and prompts, and its compiled
 form decodes the tokens and log-probs of the eager one.
 
@@ -22,7 +22,7 @@ from brorl.engines.base import SamplingConfig
 from brorl.engines.decode import Decoder, buckets, decode_chunk, prompt_width
 from brorl.engines.hf import HfEngine
 from brorl.policy import build_tokenizer
-from tests.tiny_models import tiny_model
+from tests.tiny_models import ARCHITECTURES, tiny_model
 
 PROMPTS = ["1+2=", "spell cat backwards:", "x", "count the bits of 13", "ab"]
 SAMPLING = SamplingConfig(temperature=1.2, top_p=0.9, max_response_tokens=12, seed=7)
@@ -58,11 +58,13 @@ def test_buckets_halve_down_to_a_sixteenth_and_prompts_pad_to_powers_of_two():
     assert [prompt_width(k) for k in (1, 32, 33, 100)] == [32, 32, 64, 128]
 
 
-def test_the_decode_step_traces_whole_and_compiles_once_per_bucket(layout):
+@pytest.mark.parametrize("architecture", ARCHITECTURES)  # gpt2: the plain-attention layout
+def test_the_decode_step_traces_whole_and_compiles_once_per_bucket(architecture):
     """Three chunks of 8 rows over groups of 6 (chunks cut groups), compacted as rows stop:
     one graph per bucket the step ran at, none more in a second call with another seed (a
     training step's), no graph break."""
-    model, tokenizer = layout
+    tokenizer = build_tokenizer()
+    model = tiny_model(architecture, len(tokenizer))
     torch._dynamo.reset()
     counters.clear()
     engine = _engine(model, tokenizer, rows=8, compile="on")

@@ -21,7 +21,9 @@ attention (`brorl.policy.prefix.shared_prefix_attention`) masks the cache positi
 written (`SharedPrefix.newest`); plain attention gets a 4-D mask.
 
 Deliberately ignored: refilling finished rows with new ones (continuous batching), paged caches,
-growing a bucket's width with the prompt length beyond powers of two.
+reusing a bucket's buffers across chunks and calls (each new chunk's buffers have new addresses,
+so its bucket's CUDA graph is recorded again: a few steps' cost per chunk, and after 128 such
+re-recordings of one graph torch stops capturing it and runs the compiled step uncaptured).
 Paper: BroRL §4.2.4 (one shared prefix per prompt, many concurrent rollouts).
 """
 
@@ -38,6 +40,10 @@ from brorl.policy.prefix import Prefix, SharedPrefix, group_prefixes, left_pad
 MIN_BUCKET_SHARE = 16
 """The smallest bucket of a chunk of C rows holds C / 16 of them (rounded up): at most five
 halvings, so a compiled step stays within dynamo's default of 8 compiled versions per function."""
+
+RECOMPILE_LIMIT = 64
+"""Compiled versions dynamo may keep of the step (its default is 8): buckets times the
+policy and evaluation samplers' settings (temperature, top-p, response length, prompt width)."""
 
 CompileSetting = Literal["auto", "on", "off"]
 
@@ -247,10 +253,33 @@ class Decoder:
         self.compiled = compiled
         self.buckets_run: set[int] = set()
         """The row counts the step ran at (`decode_chunk` records them; one graph each)."""
-        cuda = stop_ids.device.type == "cuda" and backend == "inductor"
+        self.graphs = compiled and stop_ids.device.type == "cuda" and backend == "inductor"
+        """Whether the compiled step is captured as CUDA graphs (its buffers marked static)."""
+        if compiled:
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
         self.run = torch.compile(self.step, fullgraph=True, dynamic=False, backend=backend,
-                                 mode="reduce-overhead" if cuda else None) \
+                                 mode="reduce-overhead" if self.graphs else None) \
             if compiled else self.step
+
+    def bind(self, chunk: Chunk) -> None:
+        """Before a chunk's first step (and after each compaction): record its bucket, and for
+        CUDA graphs mark the buffers the step reads and writes in place as static inputs (a
+        graph replays on their addresses; a new chunk's buffers re-record it once)."""
+        self.buckets_run.add(chunk.rows)
+        if not self.graphs:
+            return
+        tensors = [chunk.ids, chunk.seeds, chunk.positions, chunk.logits, chunk.tokens,
+                   chunk.logprobs, chunk.lengths, chunk.done, chunk.step,
+                   *chunk.cache.keys, *chunk.cache.values]
+        if chunk.shared is not None:
+            shared = chunk.shared
+            tensors += [shared.bias, shared.slot, shared.group,
+                        *(t for layer in shared.kv for t in layer)]
+        if chunk.prompt_mask is not None and chunk.response_pos is not None:
+            tensors += [chunk.prompt_mask, chunk.response_pos]
+        for tensor in tensors:
+            torch._dynamo.mark_static_address(tensor, guard=False)
 
     def step(self, chunk: Chunk) -> None:
         """One token for every row of `chunk`, in place, with no host sync: sample from the
@@ -315,8 +344,8 @@ def decode_chunk(decoder: Decoder, chunk: Chunk, sizes: list[int], n: int, check
     buckets) holding the live rows when it is smaller than the chunk (its fillers: stopped rows,
     earliest first); at the end write the rows into `out`."""
     steps = 0
+    decoder.bind(chunk)
     while steps < t_max:
-        decoder.buckets_run.add(chunk.rows)
         for _ in range(min(check_every, t_max - steps)):
             decoder.run(chunk)
             steps += 1
@@ -332,4 +361,5 @@ def decode_chunk(decoder: Decoder, chunk: Chunk, sizes: list[int], n: int, check
             order = torch.argsort((~live).to(torch.int8), stable=True)  # live rows first
             keep = order[:bucket].sort().values
             chunk = chunk.select(keep, min(bucket, n))
+            decoder.bind(chunk)
     write_back(chunk, out)
