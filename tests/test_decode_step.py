@@ -1,7 +1,7 @@
 """The hf engine's fixed-shape decode step (`brorl.engines.decode`) on tiny Qwen2 and Llama models
-(and GPT-2's plain attention for tracing; CPU, offline): it traces whole (`fullgraph=True`) and compiles once per bucket, never reads a
-value back to the host, dispatches the same ops whatever the rows and prompts, and its compiled
-form decodes the tokens and log-probs of the eager one.
+(and GPT-2's plain attention for tracing; CPU, offline): it traces whole (`fullgraph=True`) and
+compiles once per bucket, never reads a value back to the host, dispatches the same ops whatever
+the rows and prompts, and its compiled form decodes the tokens and log-probs of the eager one.
 
 Extra stop ids make rows stop within a few tokens, so chunks hold stopped rows (and, with half
 the vocabulary stopping, compact to smaller buckets). Tracing is checked with dynamo's `eager`
