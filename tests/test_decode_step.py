@@ -6,6 +6,7 @@ the rows and prompts, and its compiled form decodes the tokens and log-probs of 
 Extra stop ids make rows stop within a few tokens, so chunks hold stopped rows (and, with half
 the vocabulary stopping, compact to smaller buckets). Tracing is checked with dynamo's `eager`
 backend (no code generation); equality with inductor, the engine's backend, one graph per test.
+On a GPU (`pytest -m gpu`) the compiled step must also run as CUDA graphs.
 """
 
 from __future__ import annotations
@@ -168,4 +169,24 @@ def test_compiled_decoding_gives_the_eager_tokens_and_logprobs(architecture, sam
         assert torch.equal(compiled.response_ids, eager.response_ids)
         assert compiled.finish_reasons == eager.finish_reasons
         torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=2e-5, rtol=0)
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_the_cuda_step_is_captured_and_decodes_the_eager_rollouts():
+    """CUDA (`pytest -m gpu`): the compiled step runs as CUDA graphs (inductor skips none) over
+    compacting chunks, and gives the eager step's tokens, finish reasons and log-probs."""
+    tokenizer = build_tokenizer()
+    model = tiny_model("qwen2", len(tokenizer)).to("cuda")
+    eager = _engine(model, tokenizer, rows=8).generate(PROMPTS[:4], 6, SAMPLING)
+    torch._dynamo.reset()
+    counters.clear()
+    engine = _engine(model, tokenizer, rows=8, compile="auto")  # auto: compiled on CUDA
+    for _ in range(2):
+        compiled = engine.generate(PROMPTS[:4], 6, SAMPLING)
+        assert torch.equal(compiled.response_ids, eager.response_ids)
+        assert compiled.finish_reasons == eager.finish_reasons
+        torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-4, rtol=0)
+    assert engine.last_decoder is not None and engine.last_decoder.graphs
+    assert not counters["inductor"]["cudagraph_skips"] and not counters["graph_break"]
     torch._dynamo.reset()
