@@ -10,10 +10,12 @@ transformers' AttentionInterface), the rows' own cache holding their responses o
 a decode chunk are laid out as a grid of prompts x rows, so each layer scores every row against
 its own prompt in one batched matmul: a step dispatches the same ops for 1 prompt as for 32 (one
 kernel launch each on a GPU). Prompts of different lengths are left-padded and masked, positions
-continue from each prompt's own length. Per rollout this costs about P/N + T token passes
-instead of P + T. Outside `torch.no_grad()` gradients flow from every row back through the one
-shared prefill, so the update's gradient is that of the unshared forward (tested to float
-tolerance).
+continue from each prompt's own length. For the fixed-shape decode step (`brorl.engines.decode`)
+the grid's M, the prompts' padded width and their count are fixed per bucket of rows, filler
+rows share one cell of a spare group, and the rows' cache positions not yet written are masked
+(`SharedPrefix.newest`). Per rollout this costs about P/N + T token passes instead of P + T.
+Outside `torch.no_grad()` gradients flow from every row back through the one shared prefill, so
+the update's gradient is that of the unshared forward (tested to float tolerance).
 
 Covered architectures: `SHARED_PREFIX_MODELS` (Qwen2, Llama: RoPE from `position_ids`, every
 layer full attention through the registered attention function). For any other, `shares_prefix`
