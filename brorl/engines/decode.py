@@ -141,6 +141,7 @@ class Chunk:
     step: torch.Tensor
     """`[1]` int64: the position the next step writes."""
     cache: FixedCache
+    """The rows' keys and values (responses only with shared-prefix attention)."""
     shared: SharedPrefix | None = None
     """The prompts' caches (shared-prefix attention); None with plain attention."""
     prompt_mask: torch.Tensor | None = None
