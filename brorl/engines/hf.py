@@ -34,7 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from brorl.engines.base import ChunkCallback, SamplingConfig, assemble_batch
 from brorl.engines.decode import (
-    CompileSetting, Decoder, Results, buckets, decode_chunk, fit_bucket, plain_chunk,
+    Chunk, CompileSetting, Decoder, Results, buckets, decode_chunk, fit_bucket, plain_chunk,
     prompt_width, shared_chunk, use_compile,
 )
 from brorl.policy.prefix import SHARED_PREFIX, Prefix, attention, prefill, shares_prefix
@@ -184,7 +184,7 @@ class HfEngine:
                 state = plain_chunk(self.model, [prompt_ids[r // n] for r in range(start, stop)],
                                     ids, n, bucket, p_width, sampling, self.pad_id)
             with attention(self.model, SHARED_PREFIX) if shared else nullcontext():
-                decode_chunk(decoder, state, sizes, n, self.stop_check_tokens, t_max, out)
+                self._decode_chunk(state, ids, decoder, sizes, n, out)
             for b in [b for b in prefixes if (b + 1) * n <= stop]:
                 del prefixes[b]  # its last row is done: free its prompt cache
             chunk_texts = self._texts(out, start, stop)
@@ -205,6 +205,13 @@ class HfEngine:
             return self._generate(prompts, n, sampling, on_chunk)
         finally:
             self.model.train(training)
+
+    def _decode_chunk(self, state: Chunk, rows: torch.Tensor, decoder: Decoder,
+                      sizes: list[int], n: int, out: Results) -> None:
+        """Decode the chunk of rows `rows [c]` (the call's row ids; `state` holds them and its
+        fillers) until each stops or reaches `max_response_tokens`, into `out`
+        (`brorl.engines.decode.decode_chunk`, compacting to `sizes`)."""
+        decode_chunk(decoder, state, sizes, n, self.stop_check_tokens, out.tokens.shape[1], out)
 
     def _texts(self, out: Results, start: int, stop: int) -> list[str]:
         """Response texts of rows `start..stop-1` (special tokens dropped)."""
