@@ -11,9 +11,10 @@ shape) and compiles with `torch.compile(fullgraph=True)`; on CUDA it is captured
 (mode "reduce-overhead"), one per bucket.
 
 The host looks at the rows every `stop_check_tokens` steps (one sync): the chunk ends once every
-row has stopped, and once the live rows fit a smaller bucket (`buckets`: C, C/2, C/4, ... down to
-C/16) it is compacted to it (the rows that leave are written back, the caches copied once), so a
-chunk whose responses end early stops paying for them. A chunk with fewer rows than its bucket
+row has stopped, and once the live rows fit a smaller bucket (`buckets`: compiled C, C/2, C/4,
+... down to C/16; eager every count, so stopped rows leave at each check) it is compacted to it
+(the rows that leave are written back, the caches copied once), so a chunk whose responses end
+early stops paying for them. A chunk with fewer rows than its bucket
 (the call's last) is padded with filler rows that start stopped and are never written back. The
 prompt caches are padded to `prompt_width` positions (a power of two) and a fixed group count, so
 all chunks of a bucket, and calls with similar prompts, share one compiled step. The shared-prefix
@@ -185,6 +186,7 @@ def _new_chunk(ids: torch.Tensor, fill: int, first_row: int, positions: torch.Te
             dst.append(buf)
 
     def padded(x: torch.Tensor) -> torch.Tensor:
+        """`x [c, ...]` with the last row repeated for the fillers."""
         return torch.cat([x, x[-1:].expand(fill, *x.shape[1:])])
 
     return Chunk(
