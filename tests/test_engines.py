@@ -270,8 +270,8 @@ def test_shared_prefix_attention_equals_sdpa_over_each_rows_full_cache(length):
 
 def test_decoding_keeps_no_per_row_copy_of_the_prompt_and_restores_the_attention(
         policy, monkeypatch):
-    """The rows' cache (`FixedCache`, allocated once per chunk) holds exactly the
-    `max_response_tokens` response positions, never prompt + response."""
+    """The rows' cache (`FixedCache`, allocated once per chunk) holds the response positions
+    only, never prompt + response: attention sees the positions written so far."""
     from brorl.engines.decode import FixedCache
 
     model, tokenizer = policy
@@ -286,7 +286,7 @@ def test_decoding_keeps_no_per_row_copy_of_the_prompt_and_restores_the_attention
 
     monkeypatch.setattr(FixedCache, "update", update)
     batch = HfEngine(model, tokenizer, max_concurrent_rollouts=8).generate(PROMPTS, 4, SAMPLING)
-    assert seen and set(seen) == {SAMPLING.max_response_tokens}  # never prompt + response
+    assert seen and max(seen) <= SAMPLING.max_response_tokens  # never prompt + response
     assert model.config._attn_implementation == before
     assert int(batch.response_lengths.max()) > 1
 

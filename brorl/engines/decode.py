@@ -96,6 +96,9 @@ class FixedCache:
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], step: torch.Tensor,
                  offset: int) -> None:
         self.keys, self.values, self.step, self.offset = keys, values, step, offset
+        self.limit: int | None = None
+        """Eager decoding: the positions written so far (the host counts the steps), the only
+        ones `update` hands to attention; None (compiled): the whole buffers."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +107,8 @@ class FixedCache:
         position = self.step + self.offset if self.offset else self.step
         keys.index_copy_(2, position, key_states)
         values.index_copy_(2, position, value_states)
+        if self.limit is not None:
+            return keys[:, :, :self.limit], values[:, :, :self.limit]
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -314,6 +319,8 @@ class Decoder:
                               shared_prefix=chunk.shared).logits[:, -1].float()
         assert chunk.prompt_mask is not None and chunk.response_pos is not None
         visible = chunk.prompt_mask | (chunk.response_pos <= chunk.step)
+        if chunk.cache.limit is not None:
+            visible = visible[:, :chunk.cache.limit]
         return self.model(input_ids=tokens[:, None], attention_mask=visible[:, None, None, :],
                           position_ids=position_ids, past_key_values=chunk.cache,
                           use_cache=True).logits[:, -1].float()
@@ -350,6 +357,8 @@ def decode_chunk(decoder: Decoder, chunk: Chunk, sizes: list[int], n: int, check
     decoder.bind(chunk)
     while steps < t_max:
         for _ in range(min(check_every, t_max - steps)):
+            if not decoder.compiled:
+                chunk.cache.limit = chunk.cache.offset + steps + 1
             decoder.run(chunk)
             steps += 1
         if steps == t_max:
