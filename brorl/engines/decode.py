@@ -78,7 +78,7 @@ def use_compile(setting: CompileSetting, device: torch.device) -> bool:
     """Whether `generate.compile` compiles the decode step on `device`: `auto` compiles on CUDA
     (where the eager step is bound by kernel launches) and not on CPU. Measured on this 2-core
     CPU (4 prompts x 64 rows, 64 tokens, one thread): the tiny policy's compiled step decodes
-    1.5x the eager tokens/s, a 512-wide 4-layer one's no more than eager (within the machine's
+    1.3x the eager tokens/s, a 512-wide 4-layer one's no more than eager (within the machine's
     noise), and a cold compile costs 20-30 s per bucket, which short CPU runs and the tests
     never earn back."""
     if setting == "auto":
