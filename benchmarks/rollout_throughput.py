@@ -22,7 +22,8 @@ engine size its chunk from the free memory on CUDA (plain and vllm then take 256
 
 Runs unchanged on a CUDA machine with `vllm` installed: the device is chosen from what is present.
 The model is built from config with random weights (no download); `--shape qwen2.5-1.5b` gives
-Qwen2.5-1.5B's shape. Its vocabulary is wider than the character tokenizer's, which only affects
+Qwen2.5-1.5B's shape; `--checkpoint` takes a model folder instead (real weights, varied
+response lengths). Its vocabulary is wider than the character tokenizer's, which only affects
 decoded texts (ids beyond the tokenizer are dropped), not the compute measured.
 
 Usage: python benchmarks/rollout_throughput.py --engines hf,plain
@@ -30,7 +31,11 @@ Usage: python benchmarks/rollout_throughput.py --engines hf,plain
        python benchmarks/rollout_throughput.py --shape qwen2.5-1.5b --max-response-tokens 1024
        python benchmarks/rollout_throughput.py --params params/shape_qwen2.5-1.5b.yaml \
            --vocab-size 151936 --max-response-tokens 1024      (the shape from a params file)
-Deliberately ignored: the trainer side of a step, multi-GPU engines, real checkpoints.
+       python benchmarks/rollout_throughput.py --checkpoint outputs/smollm2/model/checkpoint \
+           --data-params params/smollm2_ci.yaml --n-values 16,256 --total-rollouts 256
+           (a real checkpoint and its chat-templated training prompts; recorded apart, as
+           rollout_throughput_checkpoint)
+Deliberately ignored: the trainer side of a step, multi-GPU engines.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from benchmarks.record import Table, announce, save  # noqa: E402
 from brorl.engines.base import SamplingConfig  # noqa: E402
 from brorl.engines import build_engine  # noqa: E402
 from brorl.engines.hf import HfEngine  # noqa: E402
-from brorl.policy import build_policy, build_tokenizer, save_policy  # noqa: E402
+from brorl.policy import (build_policy, build_tokenizer, load_policy, load_tokenizer,  # noqa: E402
+                          save_policy)
 from brorl.engines.decode import prompt_width  # noqa: E402
 from brorl.policy.prefix import left_pad  # noqa: E402
 from brorl.policy.tokens import encode_prompts, model_stop_ids, pad_id  # noqa: E402
@@ -80,9 +86,10 @@ def _rows(text: str) -> int | str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engines", default="hf,plain", help="comma list of hf, plain, vllm")
-    ap.add_argument("--prompts", default="data,128",
+    ap.add_argument("--prompts", default=None,
                     help="comma list of prompt sets: data (the CI data's training prompts, "
-                         "--data-params) or a number (random prompts of that many tokens)")
+                         "--data-params) or a number (random prompts of that many tokens); "
+                         "default data,128 (data with --checkpoint)")
     ap.add_argument("--data-params", type=Path, default=Path("params/tiny_ci.yaml"),
                     help="params file whose `data` section makes the `data` prompt set")
     ap.add_argument("--n-values", default="16,64,256,512,1024", help="rollouts per prompt")
@@ -95,6 +102,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="hf: generate.compile, the compiled decode step (auto: on CUDA only)")
     ap.add_argument("--stop-check-tokens", type=int, default=8,
                     help="hf: generate.stop_check_tokens, decode steps between stop checks")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="a model folder (config.json, weights, tokenizer; e.g. the model "
+                         "stage's outputs/smollm2/model/checkpoint) instead of a shape with "
+                         "random weights; its tokenizer renders the data prompts (its chat "
+                         "template)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--params", type=Path, default=None,
                     help="take the model shape from this params file's `model` section instead "
@@ -116,6 +128,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--quick", action="store_true", help="short CPU run: 1024 rollouts, 16 tokens")
     args = ap.parse_args(argv)
+    if args.checkpoint is not None and not (args.checkpoint / "config.json").is_file():
+        ap.error(f"--checkpoint {args.checkpoint}: no config.json there; pass a model folder "
+                 "(brorl model --params FILE writes one)")
+    if args.checkpoint is not None and args.params is not None:
+        ap.error("--checkpoint and --params both give the model: pass one")
+    args.prompts = args.prompts or ("data" if args.checkpoint else "data,128")
     if args.quick:
         args.total_rollouts, args.max_response_tokens, args.prompts = 1024, 16, "data"
     n_values = [int(n) for n in args.n_values.split(",")]
@@ -139,6 +157,9 @@ def shape_of(args: argparse.Namespace) -> tuple[int, int, int, int, int, int | N
 
 
 def build_model(args: argparse.Namespace, device: str, max_len: int):
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    if args.checkpoint is not None:
+        return load_policy(args.checkpoint, dtype=dtype, device=device)
     tokenizer = build_tokenizer()
     hidden, layers, heads, kv, inter, vocab = shape_of(args)
     model = build_policy(
@@ -147,7 +168,6 @@ def build_model(args: argparse.Namespace, device: str, max_len: int):
         num_heads=heads, num_kv_heads=kv, intermediate_size=inter,
         max_position_embeddings=max_len, seed=args.seed,
     )
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     return model.to(device=device, dtype=dtype), tokenizer
 
 
@@ -302,7 +322,7 @@ def measure(engines: dict, prompts: list[str], n: int, args, device: str) -> lis
     return rows
 
 
-def table(setting: str, rows: list[dict], device: str) -> Table:
+def table(setting: str, rows: list[dict], device: str, model: str = "") -> Table:
     """The engines side by side per N, with hf / plain (and vllm / hf) rollouts/s."""
     by = {(r["engine"], r["n"]): r for r in rows}
     engines = list(dict.fromkeys(r["engine"] for r in rows))
@@ -325,7 +345,7 @@ def table(setting: str, rows: list[dict], device: str) -> Table:
             ratio = by[e, 512]["rollouts_per_s"] / by[e, 16]["rollouts_per_s"]
             notes.append(f"{e}: N=512 / N=16 rollouts/s = {ratio:.2f} "
                          "(paper, H100: 72.4/36.5 = 1.98)")
-    return Table(f"Rollouts/s, {setting} prompts", columns, out, notes)
+    return Table(f"Rollouts/s, {setting} prompts{model}", columns, out, notes)
 
 
 def print_table(t: Table) -> None:
@@ -343,12 +363,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args.dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     before = announce(f"device={device} torch_threads={torch.get_num_threads()} "
-                      f"shape={args.params or args.shape} dtype={args.dtype} "
+                      f"model={args.checkpoint or args.params or args.shape} dtype={args.dtype} "
                       f"engines={args.engines} prompts={args.prompts} total={args.total_rollouts} "
                       f"T={args.max_response_tokens} rows/call={args.max_concurrent_rollouts}")
     if device == "cuda":
         print("gpu:", torch.cuda.get_device_name(0))
-    sets = prompt_sets(args, build_tokenizer())
+    tokenizer = load_tokenizer(args.checkpoint) if args.checkpoint else build_tokenizer()
+    sets = prompt_sets(args, tokenizer)
     longest = max(len(p) for prompts in sets.values() for p in prompts)  # characters >= tokens
     max_len = longest + args.max_response_tokens + 16
     model, tokenizer = build_model(args, device, max_len)
@@ -378,13 +399,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             del engines
     after = Path("/proc/loadavg").read_text().strip()
     print("loadavg after:", after)
-    tables = [table(setting, cells, device) for setting, cells in rows.items()]
+    model_name = f", {type(model).__name__} from {args.checkpoint}" if args.checkpoint else ""
+    tables = [table(setting, cells, device, model_name) for setting, cells in rows.items()]
     for t in tables:
         t.notes.append(f"loadavg before {before}; after {after}; torch threads "
                        f"{torch.get_num_threads()}; T={args.max_response_tokens}, "
                        f"temperature {args.temperature}, {args.total_rollouts} rollouts a cell")
         print_table(t)
-    save("rollout_throughput", tables)
+    save("rollout_throughput_checkpoint" if args.checkpoint else "rollout_throughput", tables)
     flat = [{"prompts_set": s, **c} for s, cells in rows.items() for c in cells]
     if args.json:
         args.json.write_text(json.dumps(flat, indent=1))
