@@ -104,7 +104,10 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) ->
     sorted_logp, order = logp.sort(dim=-1, descending=True)
     mass_before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()
     drop_sorted = mass_before >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    # back to vocabulary order through the inverse permutation (a gather), not a scatter:
+    # inductor's AVX2 code for that scatter (torch 2.13, the pinned kernel path) reads past its
+    # vectors and fails its own index check
+    drop = drop_sorted.gather(-1, order.argsort(dim=-1))
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
 
 
