@@ -121,6 +121,14 @@ stability: install
 test-all: install chromium
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15
 
+# The GPU check (docs/gpu.md, "Checking a GPU machine"): pytest -m gpu, rollouts against plain
+# generate at equal rows, the decode step against its memory floor and one RL step, at the
+# Qwen2.5-1.5B shape; about 8 minutes on one GPU. GPU_PYTHON: the GPU environment of docs/gpu.md
+# (not the CPU .venv).
+GPU_PYTHON ?= .venv-gpu/bin/python
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py
+
 simulate: install
 	$(PY) -m flows.simulate --params params/simulate.yaml
 

@@ -25,6 +25,14 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS_ENV = "BRORL_BENCHMARK_RESULTS"
+"""Set to a folder, benchmarks record there instead of `RESULTS` (a self-check's figures, which
+must not replace a machine's recorded ones)."""
+
+
+def results_folder() -> Path:
+    """Where `save` records: `RESULTS`, or the folder `RESULTS_ENV` names."""
+    return Path(os.environ[RESULTS_ENV]) if os.environ.get(RESULTS_ENV) else RESULTS
 """Folder of the results files (committed: docs/benchmarks.md is generated from it)."""
 
 
@@ -99,8 +107,10 @@ def command(argv: list[str] | None = None) -> str:
 
 
 def save(name: str, tables: list[Table], *, argv: list[str] | None = None,
-         results: Path = RESULTS) -> Path:
-    """Record this run of benchmark `name` (replacing the same machine's previous one)."""
+         results: Path | None = None) -> Path:
+    """Record this run of benchmark `name` (replacing the same machine's previous one) in
+    `results` (default: `results_folder()`)."""
+    results = results_folder() if results is None else results
     info = machine()
     path = results / f"{name}.json"
     runs = json.loads(path.read_text()) if path.is_file() else {}

@@ -8,18 +8,22 @@ of `--repeats` runs) and peak memory (process RSS high-water mark on CPU, reset 
 through /proc/self/clear_refs; torch.cuda.max_memory_allocated on GPU, which for vLLM excludes
 its preallocated KV pool). `plain` is the naive baseline: transformers' `generate` with each
 prompt repeated N times (TRL's path without vLLM), as many rows per call as the hf engine
-decodes at once, sampling at the same temperature and top-p (no top-k), EOS ending a row.
+decodes at once (`--max-concurrent-rollouts`, the rows of each printed per N), sampling at the
+same temperature and top-p (no top-k), EOS ending a row.
 Prints one table per prompt set with the engines side by side and hf / plain (and vllm / hf) per N,
 the N=512 / N=16 ratio per engine (the paper: 72.4 / 36.5 = 1.98 on H100, BroRL Table 2), with the
 core count and /proc/loadavg before and after (other processes on the machine skew the figures), and
 records the tables (`benchmarks/record.py`, name `rollout_throughput`).
 
-On CUDA the hf engine sizes its chunk from the free memory; `--fixed-chunk` holds it at
-`--max-concurrent-rollouts` instead, so that both engines decode the same rows per call.
+Every engine decodes `--max-concurrent-rollouts` rows per call (on CUDA the hf engine fewer
+only where they would not fit the free memory); `--max-concurrent-rollouts auto` lets the hf
+engine size its chunk from the free memory on CUDA (plain and vllm then take 256).
+`--compile` sets the hf engine's `generate.compile` (`auto`: compiled on CUDA only).
 
 Runs unchanged on a CUDA machine with `vllm` installed: the device is chosen from what is present.
 The model is built from config with random weights (no download); `--shape qwen2.5-1.5b` gives
-Qwen2.5-1.5B's shape. Its vocabulary is wider than the character tokenizer's, which only affects
+Qwen2.5-1.5B's shape; `--checkpoint` takes a model folder instead (real weights, varied
+response lengths). Its vocabulary is wider than the character tokenizer's, which only affects
 decoded texts (ids beyond the tokenizer are dropped), not the compute measured.
 
 Usage: python benchmarks/rollout_throughput.py --engines hf,plain
@@ -27,7 +31,11 @@ Usage: python benchmarks/rollout_throughput.py --engines hf,plain
        python benchmarks/rollout_throughput.py --shape qwen2.5-1.5b --max-response-tokens 1024
        python benchmarks/rollout_throughput.py --params params/shape_qwen2.5-1.5b.yaml \
            --vocab-size 151936 --max-response-tokens 1024      (the shape from a params file)
-Deliberately ignored: the trainer side of a step, multi-GPU engines, real checkpoints.
+       python benchmarks/rollout_throughput.py --checkpoint outputs/smollm2/model/checkpoint \
+           --data-params params/smollm2_ci.yaml --n-values 16,256 --total-rollouts 256
+           (a real checkpoint and its chat-templated training prompts; recorded apart, as
+           rollout_throughput_checkpoint)
+Deliberately ignored: the trainer side of a step, multi-GPU engines.
 """
 
 from __future__ import annotations
@@ -53,7 +61,9 @@ from benchmarks.record import Table, announce, save  # noqa: E402
 from brorl.engines.base import SamplingConfig  # noqa: E402
 from brorl.engines import build_engine  # noqa: E402
 from brorl.engines.hf import HfEngine  # noqa: E402
-from brorl.policy import build_policy, build_tokenizer, save_policy  # noqa: E402
+from brorl.policy import (build_policy, build_tokenizer, load_policy, load_tokenizer,  # noqa: E402
+                          save_policy)
+from brorl.engines.decode import prompt_width  # noqa: E402
 from brorl.policy.prefix import left_pad  # noqa: E402
 from brorl.policy.tokens import encode_prompts, model_stop_ids, pad_id  # noqa: E402
 from brorl.train.config import EngineConfig  # noqa: E402
@@ -68,21 +78,35 @@ SHAPES = {
 """Model shapes built from config; the Qwen2.5 rows follow their public config.json files."""
 
 
+def _rows(text: str) -> int | str:
+    """`--max-concurrent-rollouts`: a row count or `auto`."""
+    return text if text == "auto" else int(text)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engines", default="hf,plain", help="comma list of hf, plain, vllm")
-    ap.add_argument("--prompts", default="data,128",
+    ap.add_argument("--prompts", default=None,
                     help="comma list of prompt sets: data (the CI data's training prompts, "
-                         "--data-params) or a number (random prompts of that many tokens)")
+                         "--data-params) or a number (random prompts of that many tokens); "
+                         "default data,128 (data with --checkpoint)")
     ap.add_argument("--data-params", type=Path, default=Path("params/tiny_ci.yaml"),
                     help="params file whose `data` section makes the `data` prompt set")
     ap.add_argument("--n-values", default="16,64,256,512,1024", help="rollouts per prompt")
     ap.add_argument("--total-rollouts", type=int, default=2048, help="B*N, equal for every N")
     ap.add_argument("--max-response-tokens", type=int, default=64)
-    ap.add_argument("--max-concurrent-rollouts", type=int, default=256,
-                    help="hf chunk (CPU) / plain rows per call / vllm max_num_seqs")
-    ap.add_argument("--fixed-chunk", action="store_true",
-                    help="CUDA: the hf chunk is --max-concurrent-rollouts, not sized from memory")
+    ap.add_argument("--max-concurrent-rollouts", type=_rows, default=256,
+                    help="hf chunk / plain rows per call / vllm max_num_seqs (equal rows per "
+                         "call); auto: the hf chunk sized from free memory on CUDA, else 256")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="hf: generate.compile, the compiled decode step (auto: on CUDA only)")
+    ap.add_argument("--stop-check-tokens", type=int, default=8,
+                    help="hf: generate.stop_check_tokens, decode steps between stop checks")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="a model folder (config.json, weights, tokenizer; e.g. the model "
+                         "stage's outputs/smollm2/model/checkpoint) instead of a shape with "
+                         "random weights; its tokenizer renders the data prompts (its chat "
+                         "template)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--params", type=Path, default=None,
                     help="take the model shape from this params file's `model` section instead "
@@ -104,6 +128,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--quick", action="store_true", help="short CPU run: 1024 rollouts, 16 tokens")
     args = ap.parse_args(argv)
+    if args.checkpoint is not None and not (args.checkpoint / "config.json").is_file():
+        ap.error(f"--checkpoint {args.checkpoint}: no config.json there; pass a model folder "
+                 "(brorl model --params FILE writes one)")
+    if args.checkpoint is not None and args.params is not None:
+        ap.error("--checkpoint and --params both give the model: pass one")
+    args.prompts = args.prompts or ("data" if args.checkpoint else "data,128")
     if args.quick:
         args.total_rollouts, args.max_response_tokens, args.prompts = 1024, 16, "data"
     n_values = [int(n) for n in args.n_values.split(",")]
@@ -127,6 +157,9 @@ def shape_of(args: argparse.Namespace) -> tuple[int, int, int, int, int, int | N
 
 
 def build_model(args: argparse.Namespace, device: str, max_len: int):
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    if args.checkpoint is not None:
+        return load_policy(args.checkpoint, dtype=dtype, device=device)
     tokenizer = build_tokenizer()
     hidden, layers, heads, kv, inter, vocab = shape_of(args)
     model = build_policy(
@@ -135,7 +168,6 @@ def build_model(args: argparse.Namespace, device: str, max_len: int):
         num_heads=heads, num_kv_heads=kv, intermediate_size=inter,
         max_position_embeddings=max_len, seed=args.seed,
     )
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     return model.to(device=device, dtype=dtype), tokenizer
 
 
@@ -190,13 +222,6 @@ def peak_mib(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-class FixedChunkHf(HfEngine):
-    """The hf engine decoding `max_concurrent_rollouts` rows at once on CUDA too."""
-
-    def chunk_rows(self, rows: int, tokens: int, free_bytes: int | None) -> int:
-        return self.max_concurrent_rollouts
-
-
 class PlainGenerate:
     """The naive baseline: transformers' `generate` on each prompt repeated N times, `rows` rows
     per call, sampling as the engines do (temperature, top-p, no top-k); a row ends at any stop
@@ -233,13 +258,12 @@ class PlainGenerate:
 def make_engine(name: str, model, tokenizer, args: argparse.Namespace, folder: Path,
                 max_len: int):
     if name == "plain":
-        return PlainGenerate(model, tokenizer, args.max_concurrent_rollouts)
-    if name == "hf" and args.fixed_chunk:
-        return FixedChunkHf(model, tokenizer, max_concurrent_rollouts=args.max_concurrent_rollouts)
+        return PlainGenerate(model, tokenizer, fixed_rows(args))
     if name == "vllm":
         save_policy(model, tokenizer, folder)
     config = EngineConfig(
-        kind=name, max_concurrent_rollouts=args.max_concurrent_rollouts, dtype=args.dtype,
+        kind=name, max_concurrent_rollouts=args.max_concurrent_rollouts, compile=args.compile,
+        stop_check_tokens=args.stop_check_tokens, dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
         enforce_eager=args.enforce_eager, seed=args.seed)
     return build_engine(config, model=model, tokenizer=tokenizer, model_path=folder,
@@ -253,9 +277,15 @@ def rows_per_call(engine, name: str, prompts: list[str], n: int, args, device: s
 
         longest = max(len(ids) for ids in encode_prompts(engine.tokenizer, prompts))
         free = cuda_free_bytes(torch.device(device)) if device == "cuda" else None
-        return min(engine.chunk_rows(len(prompts) * n, longest + args.max_response_tokens, free),
-                   len(prompts) * n)
-    return min(args.max_concurrent_rollouts, len(prompts) * n)
+        tokens = prompt_width(longest) + args.max_response_tokens
+        return engine.chunk_rows(len(prompts) * n, tokens, free)
+    return min(fixed_rows(args), len(prompts) * n)
+
+
+def fixed_rows(args: argparse.Namespace) -> int:
+    """Rows per call of plain `generate` (and vllm's `max_num_seqs`): the knob, 256 for auto."""
+    knob = args.max_concurrent_rollouts
+    return 256 if knob == "auto" else knob
 
 
 def measure(engines: dict, prompts: list[str], n: int, args, device: str) -> list[dict]:
@@ -292,7 +322,7 @@ def measure(engines: dict, prompts: list[str], n: int, args, device: str) -> lis
     return rows
 
 
-def table(setting: str, rows: list[dict], device: str) -> Table:
+def table(setting: str, rows: list[dict], device: str, model: str = "") -> Table:
     """The engines side by side per N, with hf / plain (and vllm / hf) rollouts/s."""
     by = {(r["engine"], r["n"]): r for r in rows}
     engines = list(dict.fromkeys(r["engine"] for r in rows))
@@ -315,7 +345,7 @@ def table(setting: str, rows: list[dict], device: str) -> Table:
             ratio = by[e, 512]["rollouts_per_s"] / by[e, 16]["rollouts_per_s"]
             notes.append(f"{e}: N=512 / N=16 rollouts/s = {ratio:.2f} "
                          "(paper, H100: 72.4/36.5 = 1.98)")
-    return Table(f"Rollouts/s, {setting} prompts", columns, out, notes)
+    return Table(f"Rollouts/s, {setting} prompts{model}", columns, out, notes)
 
 
 def print_table(t: Table) -> None:
@@ -333,12 +363,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args.dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     before = announce(f"device={device} torch_threads={torch.get_num_threads()} "
-                      f"shape={args.params or args.shape} dtype={args.dtype} "
+                      f"model={args.checkpoint or args.params or args.shape} dtype={args.dtype} "
                       f"engines={args.engines} prompts={args.prompts} total={args.total_rollouts} "
                       f"T={args.max_response_tokens} rows/call={args.max_concurrent_rollouts}")
     if device == "cuda":
         print("gpu:", torch.cuda.get_device_name(0))
-    sets = prompt_sets(args, build_tokenizer())
+    tokenizer = load_tokenizer(args.checkpoint) if args.checkpoint else build_tokenizer()
+    sets = prompt_sets(args, tokenizer)
     longest = max(len(p) for prompts in sets.values() for p in prompts)  # characters >= tokens
     max_len = longest + args.max_response_tokens + 16
     model, tokenizer = build_model(args, device, max_len)
@@ -352,13 +383,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             engines = {e: make_engine(e, model, tokenizer, args, Path(tmp) / "policy", max_len)
                        for e in group}
             for setting, prompts in sets.items():
-                # warm-up at full concurrency and full length, so compilation and allocation
-                # stay out of the timings of the first cell
-                warm = max(1, min(len(prompts), args.max_concurrent_rollouts // 16))
+                # warm-up at full concurrency and full length, with the measured temperature and
+                # top-p (the compiled hf step's constants), so compilation and allocation stay
+                # out of the timings of the first cell
+                warm = max(1, min(len(prompts), fixed_rows(args) // 16))
                 for engine in engines.values():
-                    engine.generate(prompts[:warm], 16,
-                                    SamplingConfig(temperature=1.0, top_p=1.0, seed=0,
-                                                   max_response_tokens=args.max_response_tokens))
+                    engine.generate(prompts[:warm], 16, SamplingConfig(
+                        temperature=args.temperature, top_p=args.top_p, seed=0,
+                        max_response_tokens=args.max_response_tokens))
                 for n in args.n_values:
                     cells = measure(engines, prompts[: args.total_rollouts // n], n, args, device)
                     for cell in cells:
@@ -367,13 +399,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             del engines
     after = Path("/proc/loadavg").read_text().strip()
     print("loadavg after:", after)
-    tables = [table(setting, cells, device) for setting, cells in rows.items()]
+    model_name = f", {type(model).__name__} from {args.checkpoint}" if args.checkpoint else ""
+    tables = [table(setting, cells, device, model_name) for setting, cells in rows.items()]
     for t in tables:
         t.notes.append(f"loadavg before {before}; after {after}; torch threads "
                        f"{torch.get_num_threads()}; T={args.max_response_tokens}, "
                        f"temperature {args.temperature}, {args.total_rollouts} rollouts a cell")
         print_table(t)
-    save("rollout_throughput", tables)
+    save("rollout_throughput_checkpoint" if args.checkpoint else "rollout_throughput", tables)
     flat = [{"prompts_set": s, **c} for s, cells in rows.items() for c in cells]
     if args.json:
         args.json.write_text(json.dumps(flat, indent=1))

@@ -270,28 +270,23 @@ def test_shared_prefix_attention_equals_sdpa_over_each_rows_full_cache(length):
 
 def test_decoding_keeps_no_per_row_copy_of_the_prompt_and_restores_the_attention(
         policy, monkeypatch):
-    from transformers import DynamicCache
+    """The rows' cache (`FixedCache`, allocated once per chunk) holds the response positions
+    only, never prompt + response: attention sees the positions written so far."""
+    from brorl.engines.decode import FixedCache
 
     model, tokenizer = policy
     before = model.config._attn_implementation
     seen = []
-    real = DynamicCache.update
+    real = FixedCache.update
 
     def update(cache, keys, values, layer_idx, *args, **kwargs):
         result = real(cache, keys, values, layer_idx, *args, **kwargs)
-        seen.append(result[0].shape[2])  # cached length per row: responses only
+        seen.append(result[0].shape[2])  # cached positions per row: responses only
         return result
 
-    decode = HfEngine._decode_chunk
-
-    def spied_decode(*args, **kwargs):  # only the decode loop's cache, not the prefill's
-        with monkeypatch.context() as m:
-            m.setattr(DynamicCache, "update", update)
-            return decode(*args, **kwargs)
-
-    monkeypatch.setattr(HfEngine, "_decode_chunk", spied_decode)
+    monkeypatch.setattr(FixedCache, "update", update)
     batch = HfEngine(model, tokenizer, max_concurrent_rollouts=8).generate(PROMPTS, 4, SAMPLING)
-    assert seen and max(seen) <= SAMPLING.max_response_tokens - 1  # never prompt + response
+    assert seen and max(seen) <= SAMPLING.max_response_tokens  # never prompt + response
     assert model.config._attn_implementation == before
     assert int(batch.response_lengths.max()) > 1
 
@@ -373,9 +368,14 @@ def test_decode_chunks_are_sized_from_free_memory_on_cuda():
     assert fitting_rows(1_000_000, 14_080, rows=512) == 63
     assert fitting_rows(1_000_000, 14_080, rows=40) == 40  # never more than the call has
     assert fitting_rows(1_000, 14_080, rows=40) == 1  # at least one row
+    auto = HfEngine(model, tokenizer, max_concurrent_rollouts="auto")
+    assert auto.chunk_rows(512, 10, free_bytes=1_000_000) == 63  # auto on CUDA: what fits
+    assert auto.chunk_rows(512, 10, free_bytes=None) == 256  # auto off CUDA: AUTO_CPU_ROWS
     engine = HfEngine(model, tokenizer, max_concurrent_rollouts=8)
-    assert engine.chunk_rows(512, 10, free_bytes=1_000_000) == 63
+    assert engine.chunk_rows(512, 10, free_bytes=1_000_000) == 8  # the knob caps on CUDA too
     assert engine.chunk_rows(512, 10, free_bytes=None) == 8  # no CUDA: the knob
+    assert HfEngine(model, tokenizer, max_concurrent_rollouts=100).chunk_rows(
+        512, 10, free_bytes=1_000_000) == 63  # ... and the free memory caps the knob
 
 
 def test_chunks_are_handed_over_in_row_order_and_join_into_the_batch(policy):

@@ -177,8 +177,8 @@ def _other_value(section: BaseModel, name: str) -> BaseModel:
         candidates = list(choices)  # a Literal of ints (zero_stage)
     elif isinstance(value, int | float):
         candidates = [value * 2, value / 2, value + 1, value + 0.05]
-    elif isinstance(value, str):
-        candidates = [c for c in choices if isinstance(c, str)] + [value + "-other"]
+    elif isinstance(value, str):  # a Literal, or a number-or-word union ("auto" or a count)
+        candidates = [c for c in choices if isinstance(c, str)] + [value + "-other", 3]
     elif isinstance(value, list):  # a list of a Literal (eval_splits) or of file names
         inner = get_args(choices[0]) if choices else ()
         candidates = [value[:1], [c for c in inner if c not in value] + value,

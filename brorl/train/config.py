@@ -57,8 +57,13 @@ class EngineConfig:
 
     kind: Literal["hf", "vllm"]
     """generate.engine."""
-    max_concurrent_rollouts: int
-    """generate.max_concurrent_rollouts: most rollouts decoded at once."""
+    max_concurrent_rollouts: int | Literal["auto"]
+    """generate.max_concurrent_rollouts: most rollouts decoded at once (`auto`: sized by the
+    engine)."""
+    compile: Literal["auto", "on", "off"]
+    """generate.compile: the hf engine's compiled decode step."""
+    stop_check_tokens: int
+    """generate.stop_check_tokens: hf decode steps between host stop checks."""
     dtype: str
     """generate.dtype (`auto` resolved): the vLLM engine's dtype."""
     gpu_memory_utilization: float
@@ -74,6 +79,7 @@ class EngineConfig:
     def from_params(cls, params: ExperimentParams) -> EngineConfig:
         g = params.generate
         return cls(kind=g.engine, max_concurrent_rollouts=g.max_concurrent_rollouts,
+                   compile=g.compile, stop_check_tokens=g.stop_check_tokens,
                    dtype=resolve_dtype(g.dtype), gpu_memory_utilization=g.gpu_memory_utilization,
                    cpu_kv_cache_gib=g.cpu_kv_cache_gib, enforce_eager=g.enforce_eager,
                    seed=params.train.seed)
