@@ -68,7 +68,7 @@ import pytest
 import typer
 import yaml
 
-from benchmarks.docs import DOC as GENERATED, HEADER
+from benchmarks.docs import DOC as GENERATED, HEADER, render
 from brorl.params import load_params
 from brorl.params.loading import read_yaml_tree
 from commands import cli, entry
@@ -664,6 +664,11 @@ def probes() -> Probes:
 def test_the_generated_page_is_left_out():
     assert GENERATED.read_text().startswith(HEADER), "docs/benchmarks.md is written by hand"
     assert GENERATED.parent == ROOT / "docs" and PAGES and GENERATED not in PAGES
+
+
+def test_the_generated_page_shows_every_recorded_figure():
+    assert GENERATED.read_text() == render(), (
+        "docs/benchmarks.md differs from benchmarks/results/*.json: run python benchmarks/docs.py")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
