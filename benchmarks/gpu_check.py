@@ -53,8 +53,8 @@ from brorl.devices import memory_floor_s, peak  # noqa: E402
 SHAPE = ["--params", "params/shape_qwen2.5-1.5b.yaml", "--vocab-size", "151936"]
 """Qwen2.5-1.5B's shape with its vocabulary, random weights."""
 FULL = {"n": [16, 512], "total": 512, "tokens": 128, "prompt_tokens": 32, "rows": 512,
-        "limits": {"tests": 240, "rollouts": 240, "decode": 90, "step": 240}}
-TINY = {"n": [16], "total": 32, "tokens": 8, "prompt_tokens": 16, "rows": 32,
+        "warm_steps": 1, "limits": {"tests": 240, "rollouts": 240, "decode": 90, "step": 240}}
+TINY = {"n": [16], "total": 32, "tokens": 8, "prompt_tokens": 16, "rows": 32, "warm_steps": 0,
         "limits": {"tests": 0, "rollouts": 240, "decode": 120, "step": 300}}
 """The sizes of a full check and of `--tiny` (limits in seconds per part; 0: not run)."""
 
@@ -147,7 +147,6 @@ def decode_part(size: dict, shape: list[str], memory_tbs: float | None,
 def decode_child(spec: dict) -> dict:
     """In a fresh process: time the hf engine's calls of 1 and of `tokens` new tokens on one
     prompt x `rows` rows (median of 3 each, after a warm-up call that compiles the step)."""
-    sys.argv = [sys.argv[0]]
     from benchmarks.rollout_throughput import build_model, make_engine, make_prompts, parse_args
     from brorl.engines.base import SamplingConfig
 
@@ -197,7 +196,7 @@ def step_part(size: dict, shape: list[str], folder: Path, limit: int) -> list[li
     cmd = [sys.executable, "benchmarks/step_memory.py", *shape, "--n",
            ",".join(map(str, size["n"])), "--total-rollouts", str(size["total"]),
            "--max-response-tokens", str(size["tokens"]), "--micro-batch-rollouts", "16",
-           "--max-concurrent-rollouts", str(size["rows"]), "--warm-steps", "1",
+           "--max-concurrent-rollouts", str(size["rows"]), "--warm-steps", str(size["warm_steps"]),
            "--json", str(out)]
     if torch.cuda.is_available():
         cmd += ["--dtype", "bfloat16"]
