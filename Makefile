@@ -105,7 +105,7 @@ chromium:
 
 # make test: every test but the `slow` ones (README: what stays slow and why), the main promises
 # included (exact resume after SIGKILL, learning, the CI pipeline and a real `brorl run`, the
-# flow-level resume, the base's gain, a Trainer on vLLM), about 18 minutes on 2 cores from a
+# flow-level resume, the base's gain, a Trainer on vLLM), about 20 minutes on 2 cores from a
 # fresh clone; the slowest 15 are listed at the end. The `gpu` tests (the cuda cases) skip
 # without CUDA.
 test: install
