@@ -123,8 +123,8 @@ test-all: install chromium
 
 # The GPU check (docs/gpu.md, "Checking a GPU machine"): pytest -m gpu, rollouts against plain
 # generate at equal rows, the decode step against its memory floor and one RL step, at the
-# Qwen2.5-1.5B shape; about 8 minutes on one GPU. GPU_PYTHON: the GPU environment of docs/gpu.md
-# (not the CPU .venv).
+# Qwen2.5-1.5B shape; at most 8 minutes (its parts' limits). GPU_PYTHON: the GPU environment
+# of docs/gpu.md (not the CPU .venv).
 GPU_PYTHON ?= .venv-gpu/bin/python
 gpu-check:
 	$(GPU_PYTHON) benchmarks/gpu_check.py
