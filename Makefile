@@ -42,9 +42,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 # (the RL update rounds differently with 2 threads: the README's reproducibility section); the
 # tiny model runs as fast on 1 thread (the verifiers use the other cores). `make run
 # RUN_THREADS=4` to choose. The study trains the tiny model too (RUN_THREADS); `make real`
-# trains SmolLM2 at REAL_THREADS, 2 whatever the machine, for the same reason.
+# trains SmolLM2 at REAL_THREADS, 1 as well, for the same reason (the committed
+# pipelines/smollm2/dvc.lock was made with it).
 RUN_THREADS ?= 1
-REAL_THREADS ?= 2
+REAL_THREADS ?= 1
 THREADS = OMP_NUM_THREADS=$(1) MKL_NUM_THREADS=$(1)
 run: install
 	$(call THREADS,$(RUN_THREADS)) $(PY) -m commands.server --pipeline -- \
