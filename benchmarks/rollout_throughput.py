@@ -58,7 +58,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # brorl and benchmarks.record
 from benchmarks.record import Table, announce, save  # noqa: E402
-from brorl.engines.base import SamplingConfig  # noqa: E402
+from brorl.engines.base import AUTO_ROWS, SamplingConfig  # noqa: E402
 from brorl.engines import build_engine  # noqa: E402
 from brorl.engines.hf import HfEngine  # noqa: E402
 from brorl.policy import (build_policy, build_tokenizer, load_policy, load_tokenizer,  # noqa: E402
@@ -283,9 +283,10 @@ def rows_per_call(engine, name: str, prompts: list[str], n: int, args, device: s
 
 
 def fixed_rows(args: argparse.Namespace) -> int:
-    """Rows per call of plain `generate` (and vllm's `max_num_seqs`): the knob, 256 for auto."""
+    """Rows per call of plain `generate` (and vllm's `max_num_seqs`): the knob, `AUTO_ROWS` for
+    auto."""
     knob = args.max_concurrent_rollouts
-    return 256 if knob == "auto" else knob
+    return AUTO_ROWS if knob == "auto" else knob
 
 
 def measure(engines: dict, prompts: list[str], n: int, args, device: str) -> list[dict]:

@@ -18,6 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.cudagraph_trees import get_manager
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from brorl.engines.base import SamplingConfig
@@ -87,6 +88,42 @@ def test_the_decode_step_traces_whole_and_compiles_once_per_bucket(architecture)
         assert batch.finish_reasons == eager.finish_reasons
         torch.testing.assert_close(batch.logprobs, eager.logprobs, atol=1e-5, rtol=0)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "gpt2"])  # shared prefix, plain attention
+def test_a_bucket_decodes_in_the_same_buffers_in_every_chunk_and_call(architecture):
+    """What a CUDA graph needs to be replayed rather than recorded again: three chunks of 8 rows
+    per call, compacted as rows stop, two calls with other seeds, buffers kept between calls (as
+    with CUDA graphs); every tensor the step is bound to keeps its address per bucket across all
+    of them. Reused buffers leak nothing: the second call decodes what a fresh engine decodes. A
+    call with longer prompts replaces the buffers rather than adding to them. Without CUDA graphs
+    (here) the engine frees its buffers after each call by default."""
+    tokenizer = build_tokenizer()
+    model = tiny_model(architecture, len(tokenizer))
+    default = _engine(model, tokenizer, rows=8)
+    default.generate(PROMPTS[:4], 6, SAMPLING)
+    assert default.buffers.nbytes() == 0
+    engine = _engine(model, tokenizer, rows=8)
+    engine.keep_buffers = True
+    addresses: dict[int, set[tuple[int, ...]]] = {}
+    for seed in (7, 8):
+        engine.generate(PROMPTS[:4], 6, replace(SAMPLING, seed=seed))
+        assert engine.last_decoder is not None
+        for rows, seen in engine.last_decoder.addresses.items():
+            addresses.setdefault(rows, set()).update(seen)
+    assert len(addresses) >= 3  # the chunks were compacted (eager: to their live rows)
+    assert {rows: len(seen) for rows, seen in addresses.items()} == dict.fromkeys(addresses, 1)
+    again = engine.generate(PROMPTS[:4], 6, replace(SAMPLING, seed=8))
+    fresh = _engine(model, tokenizer, rows=8).generate(PROMPTS[:4], 6, replace(SAMPLING, seed=8))
+    assert torch.equal(again.response_ids, fresh.response_ids)
+    assert again.finish_reasons == fresh.finish_reasons
+    assert torch.equal(again.logprobs, fresh.logprobs)
+    long = [prompt * 3 for prompt in PROMPTS[:4]]  # prompt width 64 instead of 32
+    engine.generate(long, 6, SAMPLING)
+    alone = _engine(model, tokenizer, rows=8)
+    alone.keep_buffers = True
+    alone.generate(long, 6, SAMPLING)
+    assert engine.buffers.nbytes() == alone.buffers.nbytes()
 
 
 class _Ops(TorchDispatchMode):
@@ -184,7 +221,8 @@ def test_compiled_decoding_gives_the_eager_tokens_and_logprobs(architecture, sam
 @pytest.mark.gpu
 def test_the_cuda_step_is_captured_and_decodes_the_eager_rollouts():
     """CUDA (`pytest -m gpu`): the compiled step runs as CUDA graphs (inductor skips none) over
-    compacting chunks, and gives the eager step's tokens, finish reasons and log-probs."""
+    compacting chunks, each graph recorded once for all chunks and both calls (none recorded
+    again for moved inputs), and gives the eager step's tokens, finish reasons and log-probs."""
     tokenizer = build_tokenizer()
     model = tiny_model("qwen2", len(tokenizer)).to("cuda")
     eager = _engine(model, tokenizer, rows=8).generate(PROMPTS[:4], 6, SAMPLING)
@@ -198,4 +236,7 @@ def test_the_cuda_step_is_captured_and_decodes_the_eager_rollouts():
         torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-4, rtol=0)
     assert engine.last_decoder is not None and engine.last_decoder.graphs
     assert not counters["inductor"]["cudagraph_skips"] and not counters["graph_break"]
+    manager = get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    assert manager is not None
+    assert not any(sum(by_function.values()) for by_function in manager.num_rerecord.values())
     torch._dynamo.reset()

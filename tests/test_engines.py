@@ -370,7 +370,7 @@ def test_decode_chunks_are_sized_from_free_memory_on_cuda():
     assert fitting_rows(1_000, 14_080, rows=40) == 1  # at least one row
     auto = HfEngine(model, tokenizer, max_concurrent_rollouts="auto")
     assert auto.chunk_rows(512, 10, free_bytes=1_000_000) == 63  # auto on CUDA: what fits
-    assert auto.chunk_rows(512, 10, free_bytes=None) == 256  # auto off CUDA: AUTO_CPU_ROWS
+    assert auto.chunk_rows(512, 10, free_bytes=None) == 256  # auto off CUDA: AUTO_ROWS
     engine = HfEngine(model, tokenizer, max_concurrent_rollouts=8)
     assert engine.chunk_rows(512, 10, free_bytes=1_000_000) == 8  # the knob caps on CUDA too
     assert engine.chunk_rows(512, 10, free_bytes=None) == 8  # no CUDA: the knob

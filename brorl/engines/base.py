@@ -23,6 +23,11 @@ from brorl.types import RolloutBatch
 
 _MASK64 = (1 << 64) - 1
 
+AUTO_ROWS = 256
+"""Rollouts decoded at once with `generate.max_concurrent_rollouts: auto` where no memory
+figure sizes them: the in-process engine off CUDA and vLLM's `max_num_seqs` (vLLM's own
+default)."""
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -140,12 +145,8 @@ def counter_uniform(seed: int | torch.Tensor, rollout_ids: torch.Tensor,
     numbers equal those of the ints.
     """
     x = rollout_ids.to(torch.int64) * _signed(0x9E3779B97F4A7C15)
-    if isinstance(seed, torch.Tensor) or isinstance(step, torch.Tensor):
-        x = x + _term(seed, 0xD1B54A32D192ED03) + _term(step, 0xABC98388FB8FAC03) \
-            + _signed(0x8CB92BA72F3D8DD7)
-    else:
-        x = x + _signed(seed * 0xD1B54A32D192ED03 + step * 0xABC98388FB8FAC03
-                        + 0x8CB92BA72F3D8DD7)
+    x = x + _term(seed, 0xD1B54A32D192ED03) + _term(step, 0xABC98388FB8FAC03) \
+        + _signed(0x8CB92BA72F3D8DD7)
     x = (x ^ _shift_right(x, 30)) * _signed(0xBF58476D1CE4E5B9)
     x = (x ^ _shift_right(x, 27)) * _signed(0x94D049BB133111EB)
     x = x ^ _shift_right(x, 31)

