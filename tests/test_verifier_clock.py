@@ -86,6 +86,24 @@ def test_a_starved_check_is_not_timed_out(hog):
     assert wall > LIMIT_S, f"the check was not starved ({wall:.2f} s): the test shows nothing"
 
 
+def test_a_wait_in_progress_is_not_taken_for_the_runs_own_time(monkeypatch):
+    """The kernel adds a wait to the run delay when the wait ends, so a process starved in
+    stretches longer than its limit (a niced session beside busy ones) looks over its limit while
+    it waits. Past the limit, a process that stays runnable without running is waiting: not over;
+    one that runs, or sleeps (sleeping counts), is over."""
+    monkeypatch.setattr(clock, "run_delay", lambda pid: 0.0)  # no wait has ended yet
+    run = clock.RunClock(lambda: [1])
+    run.started -= 2.0  # two seconds of wall time
+    assert run.elapsed() > 1.0
+    monkeypatch.setattr(clock, "progress", lambda pid: ("R", 5, 0))  # runnable, never runs
+    assert not run.over(1.0) and not run.over(3.0)
+    ran = iter(range(10**6))
+    monkeypatch.setattr(clock, "progress", lambda pid: ("R", next(ran), 0))  # running
+    assert run.over(1.0) and not run.over(3.0)
+    monkeypatch.setattr(clock, "progress", lambda pid: ("S", 5, 0))  # sleeping
+    assert run.over(1.0)
+
+
 def test_a_starved_correct_program_keeps_its_reward(hog):
     result = run_tests(STARVED_CANDIDATE, ["assert f(1) == 4"], timeout_s=LIMIT_S)
     assert (result.status, result.passed) == ("ok", 1)

@@ -17,6 +17,11 @@ so that a run's verdict counts show it.
 Where `/proc/<pid>/schedstat` cannot be read (a kernel without schedstats; `available()`), the
 clock counts wall time, as before: `brorl.run_environment` records which clock a run had.
 
+The kernel adds a wait to the run delay when it ends; a wait in progress therefore looks like
+the run's own time until then, and a process starved in long stretches (a niced session beside
+busy ones) could pass its limit inside one wait. `RunClock.over` decides only after seeing that
+no process is waiting for a CPU at that moment.
+
 Deliberately ignored: the run delay of threads other than each process's main thread (the
 checks and sandboxed candidates here are single-threaded) and waits that are not CPU waits (a
 page fault on a swapping machine counts as the check's own time).
@@ -30,6 +35,10 @@ from collections.abc import Callable, Iterable
 CEILING_FACTOR = 12.0
 """The wall-clock ceiling of a run, as a multiple of its limit (5 s: a minute)."""
 
+CHECK_S = 0.02
+"""How far apart `RunClock.over` looks at a run's processes to see whether one is waiting for a CPU
+(longer than a scheduler tick, in which a running process's CPU time grows)."""
+
 STALLED = "stalled"
 """The verdict reason of a run ended at the wall-clock ceiling before its limit."""
 
@@ -42,6 +51,19 @@ def run_delay(pid: int) -> float | None:
             return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+def progress(pid: int) -> tuple[str, int, int] | None:
+    """Process `pid`'s main thread: its state letter (`R`: running or waiting for a CPU), and
+    its nanoseconds on a CPU and waiting for one; None when the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0].decode()
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            ran, waited = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError, IndexError):
+        return None
+    return state, ran, waited
 
 
 def children(pid: int) -> list[int]:
@@ -94,3 +116,21 @@ class RunClock:
         """The limit's seconds since `restart`: wall time less CPU waits (never below 0)."""
         wall = self.wall()
         return max(wall - self._sample(), 0.0)
+
+    def over(self, limit: float) -> bool:
+        """Whether the run has used more than `limit` seconds. The kernel adds a wait to the run
+        delay only when the wait ends, so a process starved for long stretches (its session
+        niced, many busy processes) shows a wait in progress as its own time: past the limit,
+        the processes are looked at twice `CHECK_S` apart, and a process that stayed runnable
+        without running is waiting, so the verdict waits for the next look (the wall-clock
+        ceiling still ends a run that never gets a CPU)."""
+        if self.elapsed() <= limit:
+            return False
+        before = {pid: progress(pid) for pid in self.pids()}
+        time.sleep(CHECK_S)
+        for pid, first in before.items():
+            now = progress(pid)
+            if first is not None and now is not None and first[0] == now[0] == "R" \
+                    and first[1:] == now[1:]:
+                return False  # runnable, not run, no wait ended: waiting for a CPU now
+        return self.elapsed() > limit

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from brorl.types import Problem
-from brorl.verifiers.clock import CEILING_FACTOR, STALLED, RunClock
+from brorl.verifiers.clock import CEILING_FACTOR, CHECK_S, STALLED, RunClock
 from brorl.verifiers.verdict import Verdict, error_verdict
 
 Outcome = tuple[str, Any]
@@ -96,10 +96,10 @@ def map_with_deadline(
         # an item's time grows no faster than the wall clock: none can run out sooner
         soonest = min(min(timeout_s - w.clock.elapsed(), ceiling - w.clock.wall())
                       for w in running)
-        wait([w.conn for w in running], timeout=max(0.0, soonest))
+        wait([w.conn for w in running], timeout=max(CHECK_S, soonest))
         for worker in running:
             worker.poll(outcomes)
-            if worker.share and worker.clock.elapsed() > timeout_s:
+            if worker.share and worker.clock.over(timeout_s):
                 worker.fail(outcomes, ("timeout", None))
             elif worker.share and worker.clock.wall() > ceiling:
                 worker.fail(outcomes, (STALLED, None))

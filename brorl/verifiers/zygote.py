@@ -47,7 +47,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from brorl.verifiers.clock import CEILING_FACTOR, STALLED, RunClock, children
+from brorl.verifiers.clock import CEILING_FACTOR, CHECK_S, STALLED, RunClock, children
 from brorl.verifiers.harness import HARNESS
 
 START_TIMEOUT_S = 120.0
@@ -168,14 +168,16 @@ def _collect(fd: int, ours: socket.socket, clock: RunClock, timeout_s: float, ce
     poller.register(fd, select.POLLIN)
     while True:
         if ended is None:  # a run's time grows no faster than the wall clock
-            left = min(timeout_s - clock.elapsed(), ceiling - time.monotonic())
+            timed_out = clock.over(timeout_s)
+            left = 0.0 if timed_out else min(max(timeout_s - clock.elapsed(), CHECK_S),
+                                             ceiling - time.monotonic())
         else:
             left = grace - time.monotonic()
         if left <= 0:
             if ended is not None:
                 break  # not ended within the grace: stop waiting (its processes still die)
             _end(ours)
-            ended = "timeout" if clock.elapsed() >= timeout_s else STALLED
+            ended = "timeout" if timed_out else STALLED
             grace = time.monotonic() + KILL_GRACE_S
             continue
         if not poller.poll(int(left * 1000) + 1):
