@@ -149,45 +149,32 @@ class _Reads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_the_micro_batch_loop_reads_nothing_back(setup):
+def test_the_micro_batch_loop_reads_nothing_back(setup, monkeypatch):
     """Inside every micro-batch (forward, loss, backward) no value is read back to the host;
     the metrics are read once, after the loop."""
+    import brorl.train.ppo as ppo
+
     model, batch = setup
     model.train()
     counts = []
 
-    def backward(loss):
-        with _Reads() as mode:
-            loss.backward()
-        counts.append(mode.reads)
+    def counted(fn):
+        def run(*args, **kwargs):
+            with _Reads() as mode:
+                out = fn(*args, **kwargs)
+            counts.append(mode.reads)
+            return out
+        return run
 
-    import brorl.train.ppo as ppo
-    real = ppo.micro_logprobs
-
-    def forward(*args, **kwargs):
-        with _Reads() as mode:
-            out = real(*args, **kwargs)
-        counts.append(mode.reads)
-        return out
-
+    monkeypatch.setattr(ppo, "micro_logprobs", counted(ppo.micro_logprobs))
+    monkeypatch.setattr(ppo, "policy_loss", counted(ppo.policy_loss))
     mask = response_mask(batch)
     zeros = torch.zeros(batch.response_ids.shape)
-    ppo_loss = ppo.policy_loss
-
-    def loss(*args, **kwargs):
-        with _Reads() as mode:
-            out = ppo_loss(*args, **kwargs)
-        counts.append(mode.reads)
-        return out
-
-    try:
-        ppo.micro_logprobs, ppo.policy_loss = forward, loss
-        accumulate_mini_batch(
-            model, backward, batch, torch.arange(24), advantages=mask.float(), old_logp=zeros,
-            engine_logp=zeros, ref_logp=zeros, temperature=1.0, micro_batch_rollouts=8,
-            normaliser=float(mask.sum()), max_tokens=200, loss=LOSS)
-    finally:
-        ppo.micro_logprobs, ppo.policy_loss = real, ppo_loss
+    accumulate_mini_batch(
+        model, counted(lambda loss: loss.backward()), batch, torch.arange(24),
+        advantages=mask.float(), old_logp=zeros, engine_logp=zeros, ref_logp=zeros,
+        temperature=1.0, micro_batch_rollouts=8, normaliser=float(mask.sum()), max_tokens=200,
+        loss=LOSS)
     model.zero_grad(set_to_none=True)
     model.eval()
     assert len(counts) >= 9 and not any(counts), counts
