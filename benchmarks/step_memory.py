@@ -97,8 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="with --checkpoint: the params file whose data, prompt and sampling "
                          "settings the step runs with (default params/smollm2.yaml)")
     ap.add_argument("--max-tokens-per-micro-batch", default="auto",
-                    help="update.max_tokens_per_micro_batch: auto, off (row-padded) or a number; "
-                         "a comma list runs each N once per value")
+                    help="update.max_tokens_per_micro_batch: auto, off (null: row-padded) or a "
+                         "number; a comma list runs each N once per value")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, default=None, help=argparse.SUPPRESS)
@@ -142,7 +142,8 @@ def overrides(args: argparse.Namespace, n: int, workdir: Path) -> list[str]:
            f"filter.enabled={str(args.filter).lower()}", "train.max_rollouts=null",
            "train.steps=1000", "train.eval_every=1000", "train.checkpoint_every=1000",
            "train.save_rollouts=false", f"train.dtype={args.dtype}",
-           f"update.max_tokens_per_micro_batch={args.budget}"]
+           "update.max_tokens_per_micro_batch="
+           + ("null" if args.budget == "off" else args.budget)]
     if args.subset is not None:
         out.append(f"update.train_subset={args.subset}")
     return out

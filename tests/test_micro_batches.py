@@ -7,6 +7,7 @@ so the row-padded layout computes mostly padding and the token budget must cut i
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from brorl.train.ppo import accumulate_mini_batch, micro_batches, score_batch
 from brorl.train.rollouts import response_mask
 from tests.tiny_models import tiny_model
 
+ROOT = Path(__file__).resolve().parents[1]
 LOSS = replace(LossConfig.from_params(UpdateParams()), kl_coef=0.1, tis_cap=1.05)
 LENGTHS = [1, 60, 3, 2, 41, 7, 60, 1, 5, 33, 2, 9, 58, 4, 1, 17, 3, 60, 6, 2, 12, 1, 49, 8]
 """Response lengths of 6 prompts x 4 rollouts."""
@@ -94,6 +96,12 @@ def test_prompt_windows_keep_prefills_a_small_share():
     for m in parts:
         window = sum(len(prompts[b]) for b in m.prompts)
         assert window <= 200 // PREFILL_SHARE or len(m.prompts) == 1
+    # scoring prefills each prompt once, for the first micro-batch that needs it
+    once, again = (plan(prompts, index, lengths, torch.arange(15), max_rows=2, max_tokens=200,
+                        shared=True, prefill_once=scoring) for scoring in (True, False))
+    responses = sum(int(k) - 1 for k in lengths)
+    assert sum(m.valid for m in once) == sum(map(len, prompts)) + responses
+    assert sum(m.valid for m in again) > sum(m.valid for m in once)  # the update prefills again
 
 
 def _grads(model, batch, budget, micro=8):
@@ -213,3 +221,20 @@ def test_throughput_figures_equal_a_hand_computation(setup):
     assert out["perf/mfu"] == pytest.approx(TRAIN_FACTOR * by_hand / 2e12)
     assert out["perf/score_mfu"] == pytest.approx(forward_flops(shape, scoring) / 0.5e12)
     assert "perf/mfu" not in perf_metrics(shape, update, scoring, 2.0, 0.5, 400.0, peak=None)
+
+
+def test_the_budget_setting_reads_auto_a_number_or_null():
+    """`auto` is the device's default (CPU here), a number is taken as is, null is the row-padded
+    layout (not `off`, which YAML reads as false)."""
+    from brorl.params import load_params
+    from brorl.train.config import AUTO_MICRO_TOKENS, TrainerConfig
+
+    def resolved(value: str) -> int | None:
+        params = load_params(ROOT / "params" / "rl.yaml",
+                             [f"update.max_tokens_per_micro_batch={value}"])
+        return TrainerConfig.from_params(params).max_tokens_per_micro_batch
+
+    assert resolved("auto") == AUTO_MICRO_TOKENS["cpu"]
+    assert resolved("512") == 512 and resolved("null") is None
+    with pytest.raises(Exception, match="max_tokens_per_micro_batch"):
+        resolved("off")

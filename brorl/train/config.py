@@ -34,13 +34,11 @@ AUTO_MICRO_TOKENS = {"cuda": 16384, "cpu": 4096}
 default on CUDA; on CPU a micro-batch of a 135M model's 4096 positions keeps the matmuls large)."""
 
 
-def resolve_micro_tokens(value: int | str) -> int | None:
-    """`update.max_tokens_per_micro_batch` as a number, or None for `off` (the row-padded
-    layout); `auto` by the device kind (`AUTO_MICRO_TOKENS`)."""
-    if value == "off":
-        return None
+def resolve_micro_tokens(value: int | str | None) -> int | None:
+    """`update.max_tokens_per_micro_batch` as a number, or None (null: the row-padded layout);
+    `auto` by the device kind (`AUTO_MICRO_TOKENS`)."""
     if value != "auto":
-        return int(value)
+        return None if value is None else int(value)
     import torch
 
     return AUTO_MICRO_TOKENS["cuda" if torch.cuda.is_available() else "cpu"]

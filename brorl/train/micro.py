@@ -36,10 +36,11 @@ PREFILL_SHARE = 4
 """A window's prompt tokens fill at most 1/4 of the token budget, so at least 3/4 of a micro-batch's
 positions are responses (a micro-batch prefills each of its prompts)."""
 
-OVERHEAD_SHARE = 8
-"""A micro-batch costs as much as 1/8 of the budget's positions besides its own (kernel launches,
-Python, the optimizer's per-call work): the plan cuts the sorted rows into one more micro-batch only
-where that saves more padding. Our choice."""
+OVERHEAD_SHARE = 64
+"""A micro-batch costs as much as 1/64 of the budget's positions besides its own (kernel launches,
+Python, the per-call work of backward): the plan cuts the sorted rows into one more micro-batch only
+where that saves more padding than this. Our choice; `benchmarks/step_memory.py --checkpoint`
+shows the padding share it leaves with a real model."""
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,17 @@ def cost(prompt_lengths: Sequence[int], response_lengths: Sequence[int], shared:
 
 
 def plan(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response_lengths: Tensor,
-         rows: Tensor, *, max_rows: int, max_tokens: int | None, shared: bool
-         ) -> list[MicroBatch]:
+         rows: Tensor, *, max_rows: int, max_tokens: int | None, shared: bool,
+         prefill_once: bool = False) -> list[MicroBatch]:
     """The micro-batches of `rows` (indices into a batch whose row r continues prompt
     `prompt_index[r]` of `prompt_ids` with a response of `response_lengths[r]` tokens).
 
     `max_tokens` None: the rows as they come, grouped by prompt, in equal slices of at most
     `max_rows` (the row-padded layout). Otherwise by token budget (module docstring). Every row is
     in exactly one micro-batch; rows with an empty response are in one too (their loss is zero).
+    `prefill_once` (scoring, without gradients): a prompt is prefilled once, by the first
+    micro-batch that needs it, and kept for the later ones, so the cuts weigh responses only and
+    a micro-batch counts the prefill of its new prompts alone.
     """
     rows = rows.to(torch.int64).cpu()
     groups = prompt_index[rows].tolist()
@@ -100,8 +104,17 @@ def plan(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response_len
         count = max(-(-len(rows) // max_rows), 1)
         order = [part.tolist() for part in torch.tensor_split(by_prompt, count) if part.numel()]
     else:
-        order = _pack(prompt_ids, groups, lengths, max_rows, max_tokens, shared)
-    return [_micro_batch(prompt_ids, rows, groups, lengths, part, shared) for part in order]
+        order = _pack(prompt_ids, groups, lengths, max_rows, max_tokens, shared,
+                      prompt_cost=not (shared and prefill_once))
+    if not (shared and prefill_once):
+        return [_micro_batch(prompt_ids, rows, groups, lengths, part, shared) for part in order]
+    done: set[int] = set()
+    out = []
+    for part in order:
+        new = tuple(sorted({groups[i] for i in part} - done))
+        done.update(new)
+        out.append(_micro_batch(prompt_ids, rows, groups, lengths, part, shared, new))
+    return out
 
 
 def describe(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response_lengths: Tensor,
@@ -113,7 +126,7 @@ def describe(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response
 
 
 def _pack(prompt_ids: Sequence[Sequence[int]], groups: list[int], lengths: list[int],
-          max_rows: int, max_tokens: int, shared: bool) -> list[list[int]]:
+          max_rows: int, max_tokens: int, shared: bool, prompt_cost: bool) -> list[list[int]]:
     """Positions into the rows, in micro-batches by token budget (module docstring)."""
     windows: list[list[int]] = []
     if shared:
@@ -136,15 +149,17 @@ def _pack(prompt_ids: Sequence[Sequence[int]], groups: list[int], lengths: list[
     out: list[list[int]] = []
     for window in windows:
         out.extend(_segments(window, [len(prompt_ids[b]) for b in groups], groups, lengths,
-                             max_rows, max_tokens, shared))
+                             max_rows, max_tokens, shared, prompt_cost))
     return out
 
 
 def _segments(window: list[int], prompts: list[int], groups: list[int], lengths: list[int],
-              max_rows: int, max_tokens: int, shared: bool) -> list[list[int]]:
+              max_rows: int, max_tokens: int, shared: bool,
+              prompt_cost: bool = True) -> list[list[int]]:
     """The rows `window`, sorted longest first, cut into consecutive micro-batches of least
     computed positions plus `max_tokens // OVERHEAD_SHARE` per micro-batch (one cut more pays
-    only where it saves more padding than that), each within `max_rows` and `max_tokens`."""
+    only where it saves more padding than that), each within `max_rows` and `max_tokens`.
+    Shared prefix: a micro-batch's prompts count (`prompt_cost`) unless prefilled once outside."""
     def size(i: int) -> int:
         return lengths[i] + (0 if shared else prompts[i])
 
@@ -161,7 +176,8 @@ def _segments(window: list[int], prompts: list[int], groups: list[int], lengths:
             t, p = max(t, lengths[row]), max(p, prompts[row])
             seen.add(groups[row])
             rows = j - i
-            computed = 0 if t == 0 else (len(seen) * p + rows * (t - 1) if shared
+            prefill = len(seen) * p if prompt_cost else 0
+            computed = 0 if t == 0 else (prefill + rows * (t - 1) if shared
                                          else rows * (p + t - 1))
             if computed > max_tokens and rows > 1:
                 break  # it only grows with more rows
@@ -185,16 +201,23 @@ def _prompt_lengths(prompt_ids: Sequence[Sequence[int]], groups: Sequence[int],
 
 
 def _micro_batch(prompt_ids: Sequence[Sequence[int]], rows: Tensor, groups: list[int],
-                 lengths: list[int], part: list[int], shared: bool) -> MicroBatch:
-    """The micro-batch of positions `part` into `rows`, with its shapes and token counts."""
+                 lengths: list[int], part: list[int], shared: bool,
+                 new: tuple[int, ...] | None = None) -> MicroBatch:
+    """The micro-batch of positions `part` into `rows`, with its shapes and token counts; `new`
+    (shared prefix, prompts prefilled once): the prompts this micro-batch prefills (None: all of
+    its own)."""
     mine = [groups[i] for i in part]
     prompts = tuple(sorted(set(mine)))
     where = {b: k for k, b in enumerate(prompts)}
     own = [lengths[i] for i in part]
-    computed = cost(_prompt_lengths(prompt_ids, mine, shared), own, shared)
+    if new is None:
+        computed = cost(_prompt_lengths(prompt_ids, mine, shared), own, shared)
+    else:
+        widest = max((len(prompt_ids[b]) for b in new), default=0)
+        computed = len(new) * widest + len(own) * max(max(own, default=0) - 1, 0)
     valid = attended = 0
     if max(own, default=0) > 0:
-        prefilled = prompts if shared else mine
+        prefilled = (prompts if new is None else new) if shared else mine
         valid = sum(len(prompt_ids[b]) for b in prefilled) + sum(max(k - 1, 0) for k in own)
         attended = sum(len(prompt_ids[b]) * (len(prompt_ids[b]) + 1) // 2 for b in prefilled) \
             + sum((k - 1) * len(prompt_ids[b]) + (k - 1) * k // 2 for b, k in zip(mine, own) if k)

@@ -145,12 +145,14 @@ def _plain_logits(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, t: 
 
 
 def micro_batches(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor,
-                  micro_batch_rollouts: int, max_tokens: int | None) -> list[MicroBatch]:
+                  micro_batch_rollouts: int, max_tokens: int | None,
+                  prefill_once: bool = False) -> list[MicroBatch]:
     """The micro-batches of `rows` (`brorl.train.micro.plan`): at most `micro_batch_rollouts`
     rows each and, with `max_tokens`, at most that many computed positions, rows of similar
-    length together."""
+    length together; `prefill_once` for scoring (each prompt prefilled once for all of them)."""
     return plan(batch.prompt_ids, batch.prompt_index, batch.response_lengths, rows,
-                max_rows=micro_batch_rollouts, max_tokens=max_tokens, shared=shares_prefix(model))
+                max_rows=micro_batch_rollouts, max_tokens=max_tokens, shared=shares_prefix(model),
+                prefill_once=prefill_once)
 
 
 @torch.no_grad()
@@ -171,7 +173,7 @@ def score_batch(
     rows = torch.arange(total) if rows is None else rows
     out = torch.zeros(total, t, dtype=torch.float32)
     device = next(model.parameters()).device
-    parts = micro_batches(model, batch, rows, micro_batch_rollouts, max_tokens)
+    parts = micro_batches(model, batch, rows, micro_batch_rollouts, max_tokens, prefill_once=True)
     if on_plan is not None:
         on_plan(parts)
     last = {b: i for i, micro in enumerate(parts) for b in micro.prompts}
