@@ -171,8 +171,8 @@ def score_batch(
     """
     total, t = batch.response_ids.shape
     rows = torch.arange(total) if rows is None else rows
-    out = torch.zeros(total, t, dtype=torch.float32)
     device = next(model.parameters()).device
+    out = torch.zeros(total, t, dtype=torch.float32, device=device)  # read back once, at the end
     parts = micro_batches(model, batch, rows, micro_batch_rollouts, max_tokens, prefill_once=True)
     if on_plan is not None:
         on_plan(parts)
@@ -185,10 +185,10 @@ def score_batch(
             prefixes.update(prefill_prompts(model, batch, missing, device))
         logp, _ = micro_logprobs(model, batch, micro, temperature,
                                  prefixes=prefixes if shared else None)
-        out[micro.rows, : logp.shape[1]] = logp.float().cpu()
+        out[micro.rows.to(device), : logp.shape[1]] = logp.float()
         for done in [b for b in micro.prompts if last[b] == i]:
             prefixes.pop(done, None)
-    return out
+    return out.cpu()
 
 
 def accumulate_mini_batch(
