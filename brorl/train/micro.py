@@ -6,7 +6,8 @@ to its longest response, a micro-batch of rows with lengths 5 and 500 computes 1
 and group rows by length instead. `plan` does the same: the rows' prompts are taken in windows
 whose prompt tokens fill at most `1 / PREFILL_SHARE` of the budget (each prompt of a micro-batch is
 prefilled once for all of its rows, `brorl.policy.prefix`), the window's rows are sorted by
-response length (longest first) and cut into consecutive micro-batches, each within `max_tokens`
+response length (longest first; or by prompt, then length, where that costs less) and cut into
+consecutive micro-batches, each within `max_tokens`
 computed positions (`cost`: its prompts' prefill plus its rows' padded responses) and `max_rows`
 rows, at the cuts that minimise the computed positions plus a fixed overhead per micro-batch
 (`OVERHEAD_SHARE`; dynamic programming over the cuts). Filling each micro-batch greedily up to the
@@ -156,14 +157,27 @@ def _pack(prompt_ids: Sequence[Sequence[int]], groups: list[int], lengths: list[
 def _segments(window: list[int], prompts: list[int], groups: list[int], lengths: list[int],
               max_rows: int, max_tokens: int, shared: bool,
               prompt_cost: bool = True) -> list[list[int]]:
-    """The rows `window`, sorted longest first, cut into consecutive micro-batches of least
-    computed positions plus `max_tokens // OVERHEAD_SHARE` per micro-batch (one cut more pays
-    only where it saves more padding than that), each within `max_rows` and `max_tokens`.
-    Shared prefix: a micro-batch's prompts count (`prompt_cost`) unless prefilled once outside."""
+    """The rows `window` cut into consecutive micro-batches of least computed positions plus
+    `max_tokens // OVERHEAD_SHARE` per micro-batch (one cut more pays only where it saves more
+    padding than that), each within `max_rows` and `max_tokens`: the better of two orders, every
+    row by length (least padding) or the rows of each prompt together, by length within it
+    (fewest prefills, where a prompt costs more than the padding it saves). Shared prefix: a
+    micro-batch's prompts count (`prompt_cost`) unless prefilled once outside."""
     def size(i: int) -> int:
         return lengths[i] + (0 if shared else prompts[i])
 
-    order = sorted(window, key=lambda i: (-size(i), groups[i], i))
+    orders = [sorted(window, key=lambda i: (-size(i), groups[i], i)),
+              sorted(window, key=lambda i: (groups[i], -size(i), i))]
+    plans = [_cut(order, prompts, groups, lengths, max_rows, max_tokens, shared, prompt_cost)
+             for order in orders]
+    return min(plans)[1]
+
+
+def _cut(order: list[int], prompts: list[int], groups: list[int], lengths: list[int],
+         max_rows: int, max_tokens: int, shared: bool, prompt_cost: bool
+         ) -> tuple[int, list[list[int]]]:
+    """The rows `order` cut into consecutive micro-batches at the least cost (dynamic
+    programming over the cuts); the cost and the micro-batches."""
     overhead = max_tokens // OVERHEAD_SHARE
     best = [0] + [0] * len(order)
     cut = [0] * (len(order) + 1)
@@ -189,7 +203,7 @@ def _segments(window: list[int], prompts: list[int], groups: list[int], lengths:
     while j > 0:
         parts.append(order[cut[j]:j])
         j = cut[j]
-    return parts[::-1]
+    return best[-1], parts[::-1]
 
 
 def _prompt_lengths(prompt_ids: Sequence[Sequence[int]], groups: Sequence[int],
