@@ -106,16 +106,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.n_values = [int(n) for n in args.n.split(",")]
     args.budgets = args.max_tokens_per_micro_batch.split(",")
     args.budget = args.budgets[0]
-    if args.checkpoint is not None and not (args.checkpoint / "config.json").is_file():
-        ap.error(f"--checkpoint {args.checkpoint}: no config.json there; pass a model folder "
-                 "(make real's outputs/smollm2/model/checkpoint, or `brorl model`'s)")
-    if args.checkpoint is not None and args.params is not None:
-        ap.error("--checkpoint and --params both give the model: pass one")
+    check_model_args(ap, args)
     bad = [n for n in args.n_values if args.total_rollouts and args.total_rollouts % n
            and args.child is None]
     if bad:
         ap.error(f"--total-rollouts {args.total_rollouts} is not a multiple of N in {bad}")
     return args
+
+
+def check_model_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A benchmark's `--checkpoint` must be a model folder, and not given beside `--params`
+    (both name the model); one line and exit 2 otherwise."""
+    if args.checkpoint is not None and not (args.checkpoint / "config.json").is_file():
+        ap.error(f"--checkpoint {args.checkpoint}: no config.json there; pass a model folder "
+                 "(make real's outputs/smollm2/model/checkpoint, or `brorl model`'s)")
+    if args.checkpoint is not None and getattr(args, "params", None) is not None:
+        ap.error("--checkpoint and --params both give the model: pass one")
 
 
 def prompts_for(args: argparse.Namespace, n: int) -> int:

@@ -116,7 +116,7 @@ from brorl.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 from benchmarks.record import Table, announce, save, show  # noqa: E402
-from benchmarks.step_memory import PARAMS, prepare  # noqa: E402
+from benchmarks.step_memory import PARAMS, check_model_args, prepare  # noqa: E402
 
 DEFAULT_PROMPTS = {16: 8, 64: 4, 512: 2}
 """P per N by default: the paper's ProRL 8 x 16 and BroRL 2 x 512 shapes (CPU-sized, params/),
@@ -160,9 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.p_values = prompts_per_n(ap, args.n_values, args.prompts)
     if args.steps < 1 or args.warm_steps < 0:
         ap.error("--steps must be >= 1 and --warm-steps >= 0.")
-    if args.checkpoint is not None and not (args.checkpoint / "config.json").is_file():
-        ap.error(f"--checkpoint {args.checkpoint}: no config.json there; pass a model folder "
-                 "(make real's outputs/smollm2/model/checkpoint, or `brorl model`'s)")
+    check_model_args(ap, args)
     return args
 
 
