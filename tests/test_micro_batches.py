@@ -17,7 +17,7 @@ from brorl.engines.base import assemble_batch
 from brorl.params import UpdateParams
 from brorl.train.config import LossConfig
 from brorl.train.micro import PREFILL_SHARE, cost, plan
-from brorl.train.perf import TRAIN_FACTOR, ModelShape, forward_flops, perf_metrics
+from brorl.train.perf import TRAIN_FACTOR, ModelShape, forward_flops, perf_metrics, plan_totals
 from brorl.train.ppo import accumulate_mini_batch, micro_batches, score_batch
 from brorl.train.rollouts import response_mask
 from tests.tiny_models import tiny_model
@@ -214,13 +214,15 @@ def test_throughput_figures_equal_a_hand_computation(setup):
     assert forward_flops(shape, update) == pytest.approx(by_hand)
     computed = sum(m.computed for m in update + scoring)
     valid = sum(m.valid for m in update + scoring)
-    out = perf_metrics(shape, update, scoring, update_s=2.0, scoring_s=0.5, trained_tokens=400.0,
-                       peak=1e12)
+    totals = plan_totals(shape, update, scoring)
+    out = perf_metrics(totals, update_s=2.0, scoring_s=0.5, trained_tokens=400.0, peak=1e12)
     assert out["perf/tokens_per_s"] == 200.0
     assert out["perf/padding_share"] == pytest.approx((computed - valid) / computed)
     assert out["perf/mfu"] == pytest.approx(TRAIN_FACTOR * by_hand / 2e12)
     assert out["perf/score_mfu"] == pytest.approx(forward_flops(shape, scoring) / 0.5e12)
-    assert "perf/mfu" not in perf_metrics(shape, update, scoring, 2.0, 0.5, 400.0, peak=None)
+    assert "perf/mfu" not in perf_metrics(totals, 2.0, 0.5, 400.0, peak=None)
+    two = {key: 2 * value for key, value in totals.items()}  # two ranks' sums, two devices
+    assert perf_metrics(two, 2.0, 0.5, 400.0, peak=1e12, devices=2) == out
 
 
 def test_the_budget_setting_reads_auto_a_number_or_null():

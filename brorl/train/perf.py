@@ -69,19 +69,27 @@ def peak_flops(device: torch.device, override_tflops: float | None) -> float | N
     return None if known is None else known.bf16_tflops * 1e12
 
 
-def perf_metrics(shape: ModelShape, update: list[MicroBatch], scoring: list[MicroBatch],
-                 update_s: float, scoring_s: float, trained_tokens: float,
-                 peak: float | None) -> dict[str, float]:
-    """The step's `perf/*` metrics: trained tokens per second of update, the share of computed
-    positions that are padding (update and scoring), and the MFU of the update and of scoring
-    where the peak is known."""
-    computed = sum(m.computed for m in update) + sum(m.computed for m in scoring)
-    valid = sum(m.valid for m in update) + sum(m.valid for m in scoring)
+def plan_totals(shape: ModelShape, update: list[MicroBatch],
+                scoring: list[MicroBatch]) -> dict[str, float]:
+    """Sums over one rank's micro-batches that the step's `perf/*` need (summed over ranks before
+    `perf_metrics`, so every rank reports the same figures)."""
+    return {"computed": float(sum(m.computed for m in update) + sum(m.computed for m in scoring)),
+            "valid": float(sum(m.valid for m in update) + sum(m.valid for m in scoring)),
+            "update_flops": TRAIN_FACTOR * forward_flops(shape, update),
+            "score_flops": forward_flops(shape, scoring)}
+
+
+def perf_metrics(totals: dict[str, float], update_s: float, scoring_s: float,
+                 trained_tokens: float, peak: float | None, devices: int = 1) -> dict[str, float]:
+    """The step's `perf/*` metrics from `plan_totals` (over all `devices`): trained tokens per
+    second of update, the share of computed positions that are padding (update and scoring), and
+    the MFU of the update and of scoring where the peak (per device) is known."""
+    computed, valid = totals["computed"], totals["valid"]
     out = {"perf/tokens_per_s": trained_tokens / update_s if update_s > 0 else 0.0,
            "perf/padding_share": (computed - valid) / computed if computed else 0.0}
     if peak is not None:
         if update_s > 0:
-            out["perf/mfu"] = TRAIN_FACTOR * forward_flops(shape, update) / (update_s * peak)
+            out["perf/mfu"] = totals["update_flops"] / (update_s * peak * devices)
         if scoring_s > 0:
-            out["perf/score_mfu"] = forward_flops(shape, scoring) / (scoring_s * peak)
+            out["perf/score_mfu"] = totals["score_flops"] / (scoring_s * peak * devices)
     return out

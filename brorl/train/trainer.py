@@ -62,7 +62,7 @@ from brorl.prompts import render_prompt
 from brorl.train import checkpoint as ckpt
 from brorl.train.config import TrainerConfig
 from brorl.train.micro import MicroBatch
-from brorl.train.perf import ModelShape, peak_flops, perf_metrics
+from brorl.train.perf import ModelShape, peak_flops, perf_metrics, plan_totals
 from brorl.train.ppo import accumulate_mini_batch, micro_batches, score_batch
 from brorl.train.collection import Collection
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
@@ -343,10 +343,11 @@ class Trainer:
         train_seconds = time.perf_counter() - training
         self.model.eval()
         out = {key: value / steps for key, value in sums.items()}
-        out.update(perf_metrics(
-            self.shape, trained, scored, train_seconds, score_seconds,
-            trained_tokens=float(mask[real].sum()) * config.epochs_per_step,
-            peak=peak_flops(next(self.model.parameters()).device, config.peak_tflops)))
+        out.update(perf_metrics(  # summed over ranks: every rank reports the same figures
+            self._all_reduce(plan_totals(self.shape, trained, scored)), train_seconds,
+            score_seconds, trained_tokens=float(mask[real].sum()) * config.epochs_per_step,
+            peak=peak_flops(next(self.model.parameters()).device, config.peak_tflops),
+            devices=self.world))
         out.update({
             "update/optimizer_steps": float(steps),
             "update/grad_norm": sum(grad_norms) / len(grad_norms),
