@@ -14,8 +14,8 @@ its time on a GPU is still to be measured):
    memory floor, the time to read the weights and the key/value cache written so far (its mean
    over the steps; the prompt's once) at the device's data-sheet bandwidth (`brorl.devices`;
    `--memory-tbs` for a device it does not know);
-4. one whole RL step at N = 16 and 512 (512 rollouts each) with its stage split
-   (`benchmarks/step_memory.py`).
+4. one whole RL step at N = 16 and 512 (512 rollouts each) with its stage split and the
+   update's tokens/s, padding share and MFU (`benchmarks/step_memory.py`).
 Then one summary table, recorded as `gpu_check` (`python benchmarks/docs.py` renders it); the
 rollout and step parts record their own tables too. A part that fails or runs out of time is
 reported as such and the others still run; the exit code is 1 when any failed.
@@ -207,8 +207,10 @@ def step_part(size: dict, shape: list[str], folder: Path, limit: int) -> list[li
     rows = []
     for r in json.loads(out.read_text()):
         split = ", ".join(f"{k} {v:.1f}" for k, v in r["stage_seconds"].items())
+        busy = f"; update {r['tokens_per_s']:.0f} tokens/s, padding {r['padding_share']:.2f}"
+        busy += "" if r["mfu"] is None else f", MFU {r['mfu']:.3f}"
         rows.append(["RL step", f"N={r['n']}, B={r['prompts']}",
-                     f"{r['seconds']:.1f} s ({split})", status])
+                     f"{r['seconds']:.1f} s ({split}){busy}", status])
     return rows
 
 

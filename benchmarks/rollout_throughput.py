@@ -58,6 +58,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # brorl and benchmarks.record
 from benchmarks.record import Table, announce, save  # noqa: E402
+from benchmarks.step_memory import check_model_args  # noqa: E402
 from brorl.engines.base import AUTO_ROWS, SamplingConfig  # noqa: E402
 from brorl.engines import build_engine  # noqa: E402
 from brorl.engines.hf import HfEngine  # noqa: E402
@@ -128,11 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--quick", action="store_true", help="short CPU run: 1024 rollouts, 16 tokens")
     args = ap.parse_args(argv)
-    if args.checkpoint is not None and not (args.checkpoint / "config.json").is_file():
-        ap.error(f"--checkpoint {args.checkpoint}: no config.json there; pass a model folder "
-                 "(brorl model --params FILE writes one)")
-    if args.checkpoint is not None and args.params is not None:
-        ap.error("--checkpoint and --params both give the model: pass one")
+    check_model_args(ap, args)
     args.prompts = args.prompts or ("data" if args.checkpoint else "data,128")
     if args.quick:
         args.total_rollouts, args.max_response_tokens, args.prompts = 1024, 16, "data"

@@ -84,6 +84,10 @@ Known differences that remain (the measured work is otherwise the same):
   `SamplingConfig` (temperature, top_p): the same distribution.
 
 Usage: python benchmarks/vs_trl.py
+       python benchmarks/vs_trl.py --checkpoint outputs/smollm2/model/checkpoint --n 16,512 \
+           --prompts 8,1 --steps 1 --max-response-tokens 64
+           (a real checkpoint, params/smollm2.yaml's chat-templated prompts and rewards for both
+           sides; recorded as vs_trl_checkpoint)
        python benchmarks/vs_trl.py --n 512 --prompt-tokens 128
        python benchmarks/vs_trl.py --n 16,64 --prompts 2,1 --steps 1 --max-response-tokens 8
 Deliberately ignored: vLLM on either side, several processes, GPU memory, evaluation and
@@ -112,7 +116,7 @@ from brorl.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 from benchmarks.record import Table, announce, save, show  # noqa: E402
-from benchmarks.step_memory import PARAMS, prepare  # noqa: E402
+from benchmarks.step_memory import PARAMS, check_model_args, prepare  # noqa: E402
 
 DEFAULT_PROMPTS = {16: 8, 64: 4, 512: 2}
 """P per N by default: the paper's ProRL 8 x 16 and BroRL 2 x 512 shapes (CPU-sized, params/),
@@ -138,6 +142,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--micro-batch-rollouts", type=int, default=None,
                     help="train.micro_batch_rollouts (default: the params'); TRL's per-device "
                          "batch follows it")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="a model folder (e.g. the model stage's outputs/smollm2/model/checkpoint) "
+                         "instead of the random tiny policy, for both sides: real weights, "
+                         "--data-params' chat-templated prompts and rewards; recorded as "
+                         "vs_trl_checkpoint")
+    ap.add_argument("--data-params", type=Path, default=ROOT / "params" / "smollm2.yaml",
+                    help="with --checkpoint: the params file both sides run with (data, prompt "
+                         "rendering, sampling, update settings; default params/smollm2.yaml)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--child", choices=SIDES, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-n", type=int, default=None, help=argparse.SUPPRESS)
@@ -148,7 +160,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.p_values = prompts_per_n(ap, args.n_values, args.prompts)
     if args.steps < 1 or args.warm_steps < 0:
         ap.error("--steps must be >= 1 and --warm-steps >= 0.")
+    check_model_args(ap, args)
     return args
+
+
+def base_params(args: argparse.Namespace) -> Path:
+    """The params file both sides run with: `PARAMS`, or `--data-params` with a checkpoint."""
+    return PARAMS if args.checkpoint is None else args.data_params
 
 
 def prompts_per_n(ap: argparse.ArgumentParser, n_values: list[int],
@@ -214,11 +232,10 @@ def prompt_lengths(workdir: Path, prompt_tokens: int | None) -> tuple[float, int
     return sum(sizes) / len(sizes), min(sizes), max(sizes)
 
 
-def check_positions(tokens: int) -> None:
+def check_positions(tokens: int, workdir: Path) -> None:
     """Stop early if the longest prompt plus response exceeds the policy's positions."""
-    from brorl.params import load_params
-
-    limit = load_params(PARAMS).model.max_position_embeddings
+    config = json.loads((workdir / "policy" / "config.json").read_text())
+    limit = config["max_position_embeddings"]
     if tokens > limit:
         raise SystemExit(f"the longest prompt plus --max-response-tokens is {tokens} tokens, over "
                          f"the policy's max_position_embeddings = {limit}; lower --prompt-tokens "
@@ -245,7 +262,7 @@ def overrides(args: argparse.Namespace, side: str, n: int, p: int) -> list[str]:
 def load_side_params(args: argparse.Namespace, side: str) -> Any:
     from brorl.params import load_params
 
-    return load_params(PARAMS, overrides(args, side, args.child_n, args.child_p))
+    return load_params(base_params(args), overrides(args, side, args.child_n, args.child_p))
 
 
 def summarise(side: str, args: argparse.Namespace, steps: list[dict[str, float]],
@@ -304,6 +321,8 @@ def run_child(args: argparse.Namespace, side: str, n: int, p: int, workdir: Path
            "--warm-steps", str(args.warm_steps),
            "--max-response-tokens", str(args.max_response_tokens)]
     cmd += ["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else []
+    if args.checkpoint is not None:
+        cmd += ["--checkpoint", str(args.checkpoint), "--data-params", str(args.data_params)]
     if args.micro_batch_rollouts is not None:
         cmd += ["--micro-batch-rollouts", str(args.micro_batch_rollouts)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -391,12 +410,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         workdir = Path(tmp)
-        prepare(workdir)
+        prepare(workdir, data=base_params(args), policy=args.checkpoint is None)
+        if args.checkpoint is not None:  # both sides load "the policy folder"
+            (workdir / "policy").symlink_to(args.checkpoint.resolve(), target_is_directory=True)
         if args.prompt_tokens is not None:
             write_long_data(workdir, args.prompt_tokens)
         mean, low, high = prompt_lengths(workdir, args.prompt_tokens)
         print(f"prompt tokens (train split): mean {mean:.1f}, min {low}, max {high}")
-        check_positions(high + args.max_response_tokens)
+        check_positions(high + args.max_response_tokens, workdir)
         for n, p in zip(args.n_values, args.p_values):
             for side in SIDES:
                 rows.append(run_child(args, side, n, p, workdir))
@@ -404,7 +425,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("loadavg after:", Path("/proc/loadavg").read_text().strip())
     tables = report(rows, mean)
     show(tables)
-    save("vs_trl" if args.prompt_tokens is None else f"vs_trl_prompt{args.prompt_tokens}", tables)
+    name = "vs_trl_checkpoint" if args.checkpoint is not None else "vs_trl"
+    save(name if args.prompt_tokens is None else f"{name}_prompt{args.prompt_tokens}", tables)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

@@ -25,6 +25,8 @@ OPTION_SECTIONS = {
     ("benchmarks/rollout_throughput.py", "--params"): {"model"},
     ("benchmarks/rollout_throughput.py", "--data-params"): {"data"},
     ("benchmarks/step_memory.py", "--params"): {"model"},
+    ("benchmarks/step_memory.py", "--data-params"): {"data"},
+    ("benchmarks/vs_trl.py", "--data-params"): {"data"},
     ("benchmarks/simulate_speed.py", "--params"): {"simulate"},
 }
 """The sections each params-file option of the other programs (`python -m MODULE`, `python

@@ -154,9 +154,9 @@ def test_an_update_on_a_subset_scores_and_trains_exactly_the_max_variance_b_time
     scored: list[tuple[str, ...]] = []
     original = trainer_module.score_batch
 
-    def spy(model, batch, *args):
+    def spy(model, batch, *args, **kwargs):
         scored.append(batch.texts)
-        return original(model, batch, *args)
+        return original(model, batch, *args, **kwargs)
 
     monkeypatch.setattr(trainer_module, "score_batch", spy)
     metrics = trainer.update(groups)

@@ -249,7 +249,8 @@ def test_loss_config_takes_every_field_from_the_update_section():
     assert changed == {key: {f"update.{key}"} for key in changed}
     assert unused == {f"update.{f}" for f in (
         "prompts_per_step", "rollouts_per_prompt", "base_lr", "base_samples_per_step",
-        "mini_batches_per_step", "epochs_per_step", "advantage_estimator",
+        "mini_batches_per_step", "epochs_per_step", "max_tokens_per_micro_batch",
+        "advantage_estimator",
         "reference_reset_every", "reset_optimizer_on_reference_reset", "train_subset",
         "allocation", "first_round", "max_rollouts_per_prompt")}
 

@@ -26,6 +26,7 @@ from brorl.servers import free_port
 from brorl.verifiers import VerifyConfig
 from brorl.stats import paired_test
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
+from brorl.train.report import step_line
 from brorl.verifiers import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,18 +62,21 @@ def _steps(run: Run, count: int) -> list[dict]:
 def _stable(history: list[dict]) -> list[dict]:
     """Metrics without wall-clock figures (timings differ between runs, nothing else may)."""
     return [{k: v for k, v in m.items()
-             if "seconds" not in k and "per_s" not in k and not k.startswith("time/")}
+             if "seconds" not in k and "per_s" not in k and "mfu" not in k
+             and not k.startswith("time/")}
             for m in history]
 
 
-@pytest.mark.parametrize("arm, shape", [("prorl", (8, 16)), ("brorl", (2, 512))])
-def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy_data, easy_split,
-                                                      tmp_path):
-    """The CPU-default arms themselves (BroRL at N = 512), on the easy data and base."""
+@pytest.mark.parametrize("arm, shape, peak",
+                         [("prorl", (8, 16), None), ("brorl", (2, 512), 0.05)])
+def test_one_step_of_each_arm_through_the_python_api(arm, shape, peak, easy_base, easy_data,
+                                                      easy_split, tmp_path):
+    """The CPU-default arms themselves (BroRL at N = 512), on the easy data and base; the step's
+    throughput figures (the MFU only where a peak is given: none is known for a CPU)."""
     params = load_params(ROOT / f"params/{arm}.yaml", [
         f"data.path={easy_data}", f"train.init_checkpoint={easy_base}",
         f"train.checkpoint_dir={tmp_path / 'ck'}", "generate.max_response_tokens=24",
-        "verify.workers=1"])
+        "verify.workers=1", f"train.peak_tflops={'null' if peak is None else peak}"])
     config = TrainerConfig.from_params(params)
     run = _run(config, easy_split.train, tmp_path / "run")
     trainer = run.trainer
@@ -84,6 +88,11 @@ def test_one_step_of_each_arm_through_the_python_api(arm, shape, easy_base, easy
     assert metrics["update/optimizer_steps"] == config.mini_batches_per_step
     assert metrics["update/lr"] == pytest.approx(params.update.lr)
     assert parameter_digest(trainer.model) != before
+    assert metrics["perf/tokens_per_s"] > 0 and 0 <= metrics["perf/padding_share"] < 0.5
+    assert ("perf/mfu" in metrics) == (peak is not None) == ("perf/score_mfu" in metrics)
+    if peak is not None:
+        assert 0 < metrics["perf/mfu"] < 1
+    assert "tokens/s, padding" in step_line(arm, 1, metrics)
     saved = trainer.save_checkpoint()
     assert (saved / "policy" / "config.json").is_file() and (saved / "reference").is_dir()
 

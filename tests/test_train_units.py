@@ -210,13 +210,13 @@ def test_micro_batches_take_a_mini_batchs_rows_grouped_by_prompt(policy, groups,
     monkeypatch.setattr(ppo, "prefill", counting)
     seen = []
     monkeypatch.setattr(ppo, "policy_loss", lambda logp, *a, **k: (logp.sum() * 0, {"n": 1.0}))
-    real_logprobs = ppo.response_logprobs
+    real_logprobs = ppo.micro_logprobs
 
-    def recording(model, batch, rows, *args, **kwargs):
-        seen.append(rows.tolist())
-        return real_logprobs(model, batch, rows, *args, **kwargs)
+    def recording(model, batch, micro, *args, **kwargs):
+        seen.append(micro.rows.tolist())
+        return real_logprobs(model, batch, micro, *args, **kwargs)
 
-    monkeypatch.setattr(ppo, "response_logprobs", recording)
+    monkeypatch.setattr(ppo, "micro_logprobs", recording)
     rows = torch.randperm(12, generator=torch.Generator().manual_seed(3))
     zeros = torch.zeros(batch.response_ids.shape)
     metrics = accumulate_mini_batch(

@@ -118,8 +118,9 @@ def policy_loss(
     engine_logp: Tensor | None = None,
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """Scalar loss and `update/*` metrics for one micro-batch; all tensors `[M, T]`.
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Scalar loss and `update/*` metrics (detached 0-d tensors on the loss's device, so a
+    micro-batch loop sums them without reading back) for one micro-batch; all tensors `[M, T]`.
 
     `config` holds the `update` section's loss options (clip band, TIS, KL, entropy:
     `brorl.train.config.LossConfig`). `advantages` are per token (see
@@ -136,26 +137,26 @@ def policy_loss(
     pg, clip_low, clip_high = clipped_policy_objective(
         logp, old_logp, advantages, c.clip_eps_low, c.clip_eps_high
     )
-    metrics: dict[str, float] = {
-        "update/clip_frac_low": float(_token_sum(clip_low.to(mask.dtype), mask, norm)),
-        "update/clip_frac_high": float(_token_sum(clip_high.to(mask.dtype), mask, norm)),
+    metrics: dict[str, Tensor] = {
+        "update/clip_frac_low": _token_sum(clip_low.to(mask.dtype), mask, norm).detach(),
+        "update/clip_frac_high": _token_sum(clip_high.to(mask.dtype), mask, norm).detach(),
     }
     if engine_logp is not None:
         weights, acted = importance_weights(old_logp, engine_logp, c.tis_mode, c.tis_cap, c.tis_min)
         pg = pg * weights
-        metrics["update/tis_weight_mean"] = float(_token_sum(weights, mask, norm))
-        metrics["update/tis_clip_frac"] = float(_token_sum(acted.to(mask.dtype), mask, norm))
+        metrics["update/tis_weight_mean"] = _token_sum(weights, mask, norm).detach()
+        metrics["update/tis_clip_frac"] = _token_sum(acted.to(mask.dtype), mask, norm).detach()
     loss = _token_sum(pg, mask, norm)
-    metrics["update/pg_loss"] = float(loss.detach())
+    metrics["update/pg_loss"] = loss.detach()
     if ref_logp is not None:
         per_token = kl_penalty(logp, ref_logp, c.kl_estimator, c.kl_input_clamp,
                                c.kl_output_clamp)
         kl = _token_sum(per_token, mask, norm)
         loss = loss + c.kl_coef * kl
-        metrics["update/kl"] = float(kl.detach())
+        metrics["update/kl"] = kl.detach()
     if entropy is not None:
         mean_entropy = _token_sum(entropy, mask, norm)
         loss = loss - c.entropy_coef * mean_entropy
-        metrics["update/entropy"] = float(mean_entropy.detach())
-    metrics["update/loss"] = float(loss.detach())
+        metrics["update/entropy"] = mean_entropy.detach()
+    metrics["update/loss"] = loss.detach()
     return loss, metrics

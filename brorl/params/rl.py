@@ -58,6 +58,13 @@ class UpdateParams(Section):
     ProRL v1: 256 / 64 = 4 (ProRL (arXiv 2505.24864) §3.2); not stated for BroRL: our choice."""
     epochs_per_step: PositiveInt = 1
     """Passes over the step's rollouts. Not stated in the paper: our choice, one pass."""
+    max_tokens_per_micro_batch: PositiveInt | Literal["auto"] | None = "auto"
+    """Most positions one forward/backward (and one scoring forward) computes: rows of similar
+    response length go together, so little compute goes to padding (`brorl.train.micro`, as
+    verl's `use_dynamic_bsz` / `ppo_max_token_len_per_gpu`); `train.micro_batch_rollouts` still
+    caps the rows. `auto`: 16384 on CUDA (verl's default), 4096 on CPU. null: micro-batches of
+    `train.micro_batch_rollouts` rows grouped by prompt, right-padded (the row-padded layout).
+    The loss and its normalisation over the mini-batch are the same either way. Our choice."""
     clip_eps_low: float = Field(0.2, ge=0, lt=1)
     """PPO clip below: ratio >= 1 - eps_low. ProRLv2: 0.20 (the ProRLv2 blog post)."""
     clip_eps_high: float = Field(0.28, ge=0)

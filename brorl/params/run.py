@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from brorl.params.section import Section
 
@@ -49,6 +49,10 @@ class TrainParams(Section):
     """AdamW epsilon (torch default)."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient-norm clip per optimizer step (verl and OpenRLHF default 1.0): our choice."""
+    peak_tflops: PositiveFloat | None = None
+    """Peak TFLOP/s of one device, the 100% of `perf/mfu` and `perf/score_mfu`. None: the
+    CUDA device's data-sheet bfloat16 peak where `brorl.devices` knows it; on other devices
+    (a CPU) the MFU is left out."""
     warmup_steps: NonNegativeInt = 0
     """Linear LR warm-up in optimizer steps; 0: constant LR as ProRL v1 (ProRL (arXiv 2505.24864)
     §3.2)."""

@@ -65,6 +65,19 @@ def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tens
     return ids, mask, positions
 
 
+def attention_mask_4d(visible: torch.Tensor, queries: int) -> torch.Tensor:
+    """`[R, 1, Q, K]` bool for rows whose K key positions are `visible [R, K]` (False: left
+    padding) and whose queries are the last Q of them: a query attends the keys at or before its
+    own position that are visible, and always its own (a padding query then attends one key
+    rather than none, which SDPA would turn into NaN). Built on the host, so the model does not
+    read the mask back to decide whether it needs one (transformers does for a 2-D mask)."""
+    keys = visible.shape[1]
+    own = torch.arange(keys - queries, keys)[:, None]
+    position = torch.arange(keys)[None, :]
+    allowed = ((position <= own)[None] & visible[:, None, :].bool()) | (position == own)[None]
+    return allowed[:, None]
+
+
 def prefill(
     model: torch.nn.Module, prompts: Sequence[Sequence[int]], device: torch.device
 ) -> list[Prefix]:
@@ -73,7 +86,8 @@ def prefill(
     its last position (the LM head is applied to that position only). One batched call instead
     of one per prompt: on a GPU a 1.5B model's single-prompt pass is bound by kernel launches."""
     ids, mask, positions = left_pad(prompts)
-    result = model(input_ids=ids.to(device), attention_mask=mask.long().to(device),
+    result = model(input_ids=ids.to(device),
+                   attention_mask=attention_mask_4d(mask, mask.shape[1]).to(device),
                    position_ids=positions.to(device), use_cache=True, logits_to_keep=1)
     layers = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
     pads = (~mask).sum(dim=1).tolist()
@@ -83,25 +97,28 @@ def prefill(
 
 
 def rows_cache(
-    prefixes: Mapping[int, Prefix], groups: torch.Tensor
+    prefixes: Mapping[int, Prefix], prompts: Sequence[int], slot: torch.Tensor
 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For rows continuing prompts `groups [C]` (keys of `prefixes`): the cache `[C, H, P_max, D]`
-    per layer, its attention mask `[C, P_max]` (left padding masked), each row's prompt length
-    `[C]` (its next position) and the logits of its first response token `[C, V]`."""
-    index, kv, lengths, mask, logits = _stack(prefixes, groups)
+    """For rows continuing the prompts `prompts` (distinct keys of `prefixes`; row i continues
+    `prompts[slot[i]]`): the cache `[C, H, P_max, D]` per layer, its attention mask `[C, P_max]`
+    (left padding masked), each row's prompt length `[C]` (its next position) and the logits of
+    its first response token `[C, V]`. Reads nothing back from the device."""
+    device = prefixes[prompts[0]].logits.device
+    index = slot.to(device)
+    kv, lengths, mask, logits = _stack(prefixes, prompts, index)
     layers = [(keys[index], values[index]) for keys, values in kv]
     return DynamicCache(ddp_cache_data=layers), mask[index].long(), lengths[index], logits
 
 
-def _stack(prefixes: Mapping[int, Prefix], groups: torch.Tensor, p_width: int | None = None,
-           n_groups: int | None = None
-           ) -> tuple[torch.Tensor, KV, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The distinct prompts of rows `groups [C]`: each row's index among them `[C]`, their caches
-    per layer left-padded to the longest `[G, H, P_max, D]`, lengths `[G]`, masks `[G, P_max]`,
-    and each row's first-token logits `[C, V]`. A fixed layout (`brorl.engines.decode`) pads
-    P_max to `p_width` and G to `n_groups` (zero caches, nothing masked, no row of theirs)."""
-    unique, index = torch.unique(groups, return_inverse=True)
-    chosen = [prefixes[int(b)] for b in unique.tolist()]
+def _stack(prefixes: Mapping[int, Prefix], prompts: Sequence[int], index: torch.Tensor,
+           p_width: int | None = None, n_groups: int | None = None
+           ) -> tuple[KV, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prompts `prompts` (keys of `prefixes`) of rows `index [C]` (each row's position in
+    `prompts`): their caches per layer left-padded to the longest `[G, H, P_max, D]`, lengths
+    `[G]`, masks `[G, P_max]`, and each row's first-token logits `[C, V]`. A fixed layout
+    (`brorl.engines.decode`) pads P_max to `p_width` and G to `n_groups` (zero caches, nothing
+    masked, no row of theirs)."""
+    chosen = [prefixes[b] for b in prompts]
     p_max = max(p.length for p in chosen) if p_width is None else p_width
     extra = 0 if n_groups is None else n_groups - len(chosen)
     kv = []
@@ -112,7 +129,7 @@ def _stack(prefixes: Mapping[int, Prefix], groups: torch.Tensor, p_width: int | 
     lengths = torch.tensor([p.length for p in chosen] + [p_max] * extra, device=index.device)
     mask = torch.arange(p_max, device=index.device)[None, :] >= (p_max - lengths)[:, None]
     logits = torch.stack([p.logits for p in chosen])[index]
-    return index, kv, lengths, mask, logits
+    return kv, lengths, mask, logits
 
 
 def _pad_cache(kv: tuple[torch.Tensor, torch.Tensor], p_max: int
@@ -230,7 +247,8 @@ def group_prefixes(prefixes: Mapping[int, Prefix], groups: torch.Tensor, *,
     of its prompt's cache: decode with `shared_prefix_attention` and a cache of responses only.
     A fixed layout gives the grid's M (`max_width`), the prompt width and the group count
     (`_stack`)."""
-    index, kv, lengths, mask, logits = _stack(prefixes, groups, p_width, n_groups)
+    unique, index = torch.unique(groups, return_inverse=True)
+    kv, lengths, mask, logits = _stack(prefixes, unique.tolist(), index, p_width, n_groups)
     return (SharedPrefix(kv=kv, mask=mask, group=index, max_width=max_width), lengths[index],
             logits)
 

@@ -29,6 +29,21 @@ def resolve_dtype(name: str) -> str:
     return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
+AUTO_MICRO_TOKENS = {"cuda": 16384, "cpu": 4096}
+"""`update.max_tokens_per_micro_batch: auto` per device kind (verl's `ppo_max_token_len_per_gpu`
+default on CUDA; on CPU a micro-batch of a 135M model's 4096 positions keeps the matmuls large)."""
+
+
+def resolve_micro_tokens(value: int | str | None) -> int | None:
+    """`update.max_tokens_per_micro_batch` as a number, or None (null: the row-padded layout);
+    `auto` by the device kind (`AUTO_MICRO_TOKENS`)."""
+    if value != "auto":
+        return None if value is None else int(value)
+    import torch
+
+    return AUTO_MICRO_TOKENS["cuda" if torch.cuda.is_available() else "cpu"]
+
+
 @dataclass(frozen=True)
 class LossConfig:
     """Arguments of `brorl.algorithm.losses.policy_loss` besides the tensors."""
@@ -119,6 +134,8 @@ class TrainerConfig:
     """update.epochs_per_step: passes over the step's rollouts."""
     micro_batch_rollouts: int
     """train.micro_batch_rollouts: rollouts per forward/backward."""
+    max_tokens_per_micro_batch: int | None
+    """update.max_tokens_per_micro_batch resolved (`resolve_micro_tokens`); None: row-padded."""
     advantage_estimator: Literal["reinforce_pp_baseline", "grpo"]
     """update.advantage_estimator."""
     loss: LossConfig
@@ -165,6 +182,8 @@ class TrainerConfig:
     """train.adam_eps."""
     max_grad_norm: float
     """train.max_grad_norm: gradient-norm clip per optimizer step."""
+    peak_tflops: float | None
+    """train.peak_tflops: the device's peak for `perf/mfu` (None: its data sheet's, if known)."""
     warmup_steps: int
     """train.warmup_steps: linear LR warm-up (optimizer steps)."""
     # checkpoints (their schedule is the run's: `brorl.train.run.RunConfig`)
@@ -182,7 +201,9 @@ class TrainerConfig:
             allocation=u.allocation, first_round=u.first_round_rollouts,
             rollouts_cap=u.rollouts_cap, lr=u.lr,
             mini_batches_per_step=u.mini_batches_per_step, epochs_per_step=u.epochs_per_step,
-            micro_batch_rollouts=t.micro_batch_rollouts, advantage_estimator=u.advantage_estimator,
+            micro_batch_rollouts=t.micro_batch_rollouts,
+            max_tokens_per_micro_batch=resolve_micro_tokens(u.max_tokens_per_micro_batch),
+            advantage_estimator=u.advantage_estimator,
             loss=LossConfig.from_params(u), reference_reset_every=u.reference_reset_every,
             reset_optimizer_on_reference_reset=u.reset_optimizer_on_reference_reset,
             filter_enabled=f.enabled, keep_rule=f.keep_rule, filter_max_draws=f.max_draws,
@@ -193,7 +214,7 @@ class TrainerConfig:
             verify=VerifyConfig.from_params(params.verify),
             zero_stage=t.zero_stage, dtype=resolve_dtype(t.dtype), weight_decay=t.weight_decay,
             adam_betas=(t.adam_beta1, t.adam_beta2), adam_eps=t.adam_eps,
-            max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps,
+            max_grad_norm=t.max_grad_norm, peak_tflops=t.peak_tflops, warmup_steps=t.warmup_steps,
             keep_checkpoints=t.keep_checkpoints,
         )
 

@@ -91,16 +91,18 @@ def build_probes(problems: Sequence[Problem], tokenizer) -> Probes:
 
 
 def reference_probs(model: torch.nn.Module, probes: Probes, temperature: float,
-                    micro_batch_rollouts: int) -> Tensor:
+                    micro_batch_rollouts: int, max_tokens: int | None = None) -> Tensor:
     """Probabilities `[P, T]` float32 of the probes' reference tokens under `model`'s sampling
-    distribution (the trainer's: softmax(logits / temperature)), 0 on padding."""
+    distribution (the trainer's: softmax(logits / temperature)), 0 on padding; scored in the
+    trainer's micro-batches (`max_tokens`: `update.max_tokens_per_micro_batch`)."""
     from brorl.train.ppo import score_batch
 
     if len(probes) == 0:
         return torch.zeros(0, 0)
     was_training = model.training
     model.eval()
-    logp = score_batch(model, probes.batch, temperature, micro_batch_rollouts)
+    logp = score_batch(model, probes.batch, temperature, micro_batch_rollouts,
+                       max_tokens=max_tokens)
     model.train(was_training)
     return torch.where(probes.mask, logp.exp(), torch.zeros_like(logp))
 
@@ -201,9 +203,10 @@ def rollout_parts(model: torch.nn.Module, reference: torch.nn.Module, groups, co
     mask = response_mask(batch)
     advantages = token_advantages(
         compute_advantages(groups.rewards, c.advantage_estimator, groups.valid), mask).float()
-    old_logp = score_batch(model, batch, c.temperature, c.micro_batch_rollouts)
-    ref_logp = score_batch(reference, batch, c.temperature, c.micro_batch_rollouts) \
-        if c.loss.kl_coef > 0 else None
+    tokens = c.max_tokens_per_micro_batch
+    old_logp = score_batch(model, batch, c.temperature, c.micro_batch_rollouts, max_tokens=tokens)
+    ref_logp = score_batch(reference, batch, c.temperature, c.micro_batch_rollouts,
+                           max_tokens=tokens) if c.loss.kl_coef > 0 else None
     correct = groups.rewards.reshape(-1) >= c.correct_reward
     real = groups.valid_mask().reshape(-1)  # padded groups: their empty rows are neither
     rows = torch.arange(batch.num_rollouts)
@@ -213,7 +216,7 @@ def rollout_parts(model: torch.nn.Module, reference: torch.nn.Module, groups, co
             model, backward, batch, index, advantages=advantages, old_logp=old_logp,
             engine_logp=batch.logprobs, ref_logp=ref_logp, temperature=c.temperature,
             micro_batch_rollouts=c.micro_batch_rollouts, normaliser=float(mask.sum()),
-            loss=c.loss)
+            max_tokens=tokens, loss=c.loss)
 
     return {"correct": partial(run, rows[correct & real]),
             "incorrect": partial(run, rows[~correct & real])}
@@ -259,9 +262,11 @@ class Shrinkage:
 
     def __init__(self, heldout: Probes, tokenizer, config: DiagnosticsConfig, temperature: float,
                  micro_batch_rollouts: int, correct_reward: float,
-                 start: Sequence[float] | None = None) -> None:
+                 start: Sequence[float] | None = None, max_tokens: int | None = None) -> None:
         self.heldout, self.tokenizer, self.config = heldout, tokenizer, config
         self.temperature, self.micro = temperature, micro_batch_rollouts
+        self.max_tokens = max_tokens
+        """`update.max_tokens_per_micro_batch` (None: row-padded micro-batches)."""
         self.correct_reward = correct_reward
         self.start: Tensor | None = None
         if start is not None:
@@ -273,7 +278,7 @@ class Shrinkage:
         return None if self.start is None else self.start[self.heldout.mask].tolist()
 
     def _probs(self, model: torch.nn.Module, probes: Probes) -> Tensor:
-        return reference_probs(model, probes, self.temperature, self.micro)
+        return reference_probs(model, probes, self.temperature, self.micro, self.max_tokens)
 
     def before(self, model: torch.nn.Module, drawn: Sequence[tuple[Problem, bool]],
                decompose: Callable[[Callable[[], Tensor]], dict[str, float]] | None

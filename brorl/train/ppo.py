@@ -5,9 +5,13 @@ The trainer's policy is the sampling distribution at the rollout temperature wit
 differences between engine and trainer are left to truncated importance sampling.
 
 A mini-batch (rows of the step's B x N rollouts) is processed in micro-batches of at most
-`micro_batch_rollouts` rows: forward, `policy_loss` with the mini-batch's token count as
+`micro_batch_rollouts` rows and, with `update.max_tokens_per_micro_batch`, at most that many
+computed positions, rows of similar response length together (`brorl.train.micro`, planned on the
+host before the first forward): forward, `policy_loss` with the mini-batch's token count as
 normaliser, `backward(loss)`. The gradients therefore sum to the mini-batch gradient whatever the
-split (tested), and peak memory is bounded by the micro-batch, not by N.
+split (tested), and peak memory is bounded by the micro-batch, not by N. The loop reads nothing
+back from the device: the metrics are summed there and read once per mini-batch. Scoring (old and
+reference log-probs) runs the same micro-batches across prompt groups.
 
 Each distinct prompt of a micro-batch is run once and shared by its rows (`brorl.policy.prefix`,
 as in generation), so scoring and the update cost about P/N + T token passes per rollout, not
@@ -15,8 +19,9 @@ P + T; the LM head is applied only at positions that predict a response token. A
 outside `brorl.policy.prefix.SHARED_PREFIX_MODELS` runs each row's prompt and response in one
 plain forward pass instead (same log-probs, P + T token passes).
 
-Deliberately ignored: sequence packing / padding removal (responses are right-padded to the
-longest of the micro-batch), logit chunking for very large vocabularies.
+Deliberately ignored: packing rows into one sequence (responses are right-padded to the longest
+of their micro-batch, which length bucketing keeps close), logit chunking for very large
+vocabularies.
 Paper: BroRL §3.1 (clipped PPO, clip-higher, TIS; token-level as NeMo-RL's ProRLv2 example
 config), §4.2.1 (fixed mini-batch count).
 """
@@ -24,14 +29,20 @@ config), §4.2.1 (fixed mini-batch count).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from brorl.algorithm.losses import policy_loss, token_entropy
-from brorl.policy.prefix import Prefix, left_pad, prefill, rows_cache, shares_prefix
+from brorl.policy.prefix import (
+    Prefix, attention_mask_4d, left_pad, prefill, rows_cache, shares_prefix,
+)
+from brorl.train.micro import MicroBatch, describe, plan
 from brorl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from brorl.train.config import LossConfig
 
 
 def prefill_prompts(model: torch.nn.Module, batch: RolloutBatch, prompts: list[int],
@@ -53,13 +64,24 @@ def response_logprobs(
     (prompt index -> its prefill, covering every prompt of `rows`) reuses prefills made before.
     Architectures the shared prefix does not cover (`shares_prefix`) run each row whole.
     """
-    t = int(batch.response_lengths[rows].max()) if rows.numel() else 0
+    micro = describe(batch.prompt_ids, batch.prompt_index, batch.response_lengths, rows,
+                     shares_prefix(model))
+    return micro_logprobs(model, batch, micro, temperature, with_entropy, prefixes)
+
+
+def micro_logprobs(
+    model: torch.nn.Module, batch: RolloutBatch, micro: MicroBatch, temperature: float,
+    with_entropy: bool = False, prefixes: Mapping[int, Prefix] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """`response_logprobs` of a planned micro-batch (`brorl.train.micro`): its shapes come from
+    the plan, so nothing is read back from the device."""
+    rows, t = micro.rows, micro.t
     device = next(model.parameters()).device
     if t == 0:
         empty = torch.zeros(len(rows), 0, device=device)
         return empty, (empty if with_entropy else None)
     if shares_prefix(model):
-        picked = _shared_prefix_logits(model, batch, rows, t, prefixes)
+        picked = _shared_prefix_logits(model, batch, micro, prefixes)
     else:
         picked = _plain_logits(model, batch, rows, t)
     picked = picked.float()
@@ -76,26 +98,35 @@ def response_logprobs(
     return logp, entropy
 
 
-def _shared_prefix_logits(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, t: int,
+def _shared_prefix_logits(model: torch.nn.Module, batch: RolloutBatch, micro: MicroBatch,
                           prefixes: Mapping[int, Prefix] | None) -> Tensor:
-    """Logits `[M, t, V]` predicting rows' response tokens 0..t-1: each distinct prompt run once
-    (or taken from `prefixes`), its cache copied into its rows, the responses run on top."""
+    """Logits `[M, t, V]` predicting the micro-batch's response tokens 0..t-1: each distinct
+    prompt run once (or taken from `prefixes`), its cache copied into its rows, the responses
+    run on top."""
     device = next(model.parameters()).device
-    groups = batch.prompt_index[rows].to(device)
+    rows, t = micro.rows, micro.t
     if prefixes is None:
-        prefixes = prefill_prompts(model, batch, groups.unique().tolist(), device)
-    cache, mask, lengths, first = rows_cache(prefixes, groups)
+        prefixes = prefill_prompts(model, batch, list(micro.prompts), device)
+    cache, mask, lengths, first = rows_cache(prefixes, micro.prompts, micro.slot)
     if t == 1:
         return first[:, None]
-    ones = torch.ones(len(rows), t - 1, dtype=mask.dtype, device=device)
+    visible = torch.cat([_prompt_visible(batch, micro, cache.get_seq_length()),
+                         torch.ones(len(rows), t - 1, dtype=torch.bool)], dim=1)
     rest = model(  # response tokens 0..t-2 predict tokens 1..t-1
         input_ids=batch.response_ids[rows, : t - 1].to(device),
-        attention_mask=torch.cat([mask, ones], dim=1),
+        attention_mask=attention_mask_4d(visible, t - 1).to(device),
         position_ids=lengths[:, None] + torch.arange(t - 1, device=device)[None, :],
         past_key_values=cache,
         use_cache=False,
     ).logits
     return torch.cat([first[:, None], rest], dim=1)
+
+
+def _prompt_visible(batch: RolloutBatch, micro: MicroBatch, width: int) -> Tensor:
+    """`[M, width]` bool on the host: each row's prompt positions in a cache left-padded to
+    `width` (what `rows_cache`'s mask holds, without reading it back)."""
+    lengths = torch.tensor([len(batch.prompt_ids[b]) for b in micro.prompts])[micro.slot]
+    return torch.arange(width)[None, :] >= (width - lengths)[:, None]
 
 
 def _plain_logits(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, t: int) -> Tensor:
@@ -108,42 +139,56 @@ def _plain_logits(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, t: 
     ids = torch.cat([ids, batch.response_ids[rows, : t - 1]], dim=1)
     mask = torch.cat([mask, torch.ones(len(rows), t - 1, dtype=torch.bool)], dim=1)
     positions = torch.cat([positions, lengths[:, None] + torch.arange(t - 1)[None, :]], dim=1)
-    return model(input_ids=ids.to(device), attention_mask=mask.long().to(device),
+    return model(input_ids=ids.to(device),
+                 attention_mask=attention_mask_4d(mask, mask.shape[1]).to(device),
                  position_ids=positions.to(device), use_cache=False, logits_to_keep=t).logits
+
+
+def micro_batches(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor,
+                  micro_batch_rollouts: int, max_tokens: int | None,
+                  prefill_once: bool = False) -> list[MicroBatch]:
+    """The micro-batches of `rows` (`brorl.train.micro.plan`): at most `micro_batch_rollouts`
+    rows each and, with `max_tokens`, at most that many computed positions, rows of similar
+    length together; `prefill_once` for scoring (each prompt prefilled once for all of them)."""
+    return plan(batch.prompt_ids, batch.prompt_index, batch.response_lengths, rows,
+                max_rows=micro_batch_rollouts, max_tokens=max_tokens, shared=shares_prefix(model),
+                prefill_once=prefill_once)
 
 
 @torch.no_grad()
 def score_batch(
     model: torch.nn.Module, batch: RolloutBatch, temperature: float, micro_batch_rollouts: int,
-    rows: Tensor | None = None,
+    rows: Tensor | None = None, max_tokens: int | None = None,
+    on_plan: Callable[[list[MicroBatch]], Any] | None = None,
 ) -> Tensor:
-    """Log-probs `[B*N, T]` float32 under `model`, `micro_batch_rollouts` rows at a time.
+    """Log-probs `[B*N, T]` float32 under `model`, in micro-batches (`micro_batches`) across
+    prompt groups.
 
     Only `rows` (default: all) are scored; the other rows stay 0. A prompt is prefilled once
-    for all its rows, whichever micro-batches they fall in (at N=512 with 64-row micro-batches
-    it was run 8 times), and its cache dropped after its last row: with rows grouped by prompt,
-    as a batch holds them, no more than a micro-batch's prompts are held at once.
+    for all its rows, whichever micro-batches they fall in, and its cache dropped after the last
+    micro-batch that needs it (the token-budget plan takes prompts in windows, so no more than a
+    window's prompts are held at once). `on_plan` receives the plan (for throughput figures).
     """
     total, t = batch.response_ids.shape
     rows = torch.arange(total) if rows is None else rows
-    out = torch.zeros(total, t, dtype=torch.float32)
     device = next(model.parameters()).device
-    groups = batch.prompt_index[rows].tolist()
-    last = {b: i for i, b in enumerate(groups)}  # each prompt's last position in `rows`
+    out = torch.zeros(total, t, dtype=torch.float32, device=device)  # read back once, at the end
+    parts = micro_batches(model, batch, rows, micro_batch_rollouts, max_tokens, prefill_once=True)
+    if on_plan is not None:
+        on_plan(parts)
+    last = {b: i for i, micro in enumerate(parts) for b in micro.prompts}
     shared = shares_prefix(model)
     prefixes: dict[int, Prefix] = {}
-    for start in range(0, len(rows), micro_batch_rollouts):
-        end = start + micro_batch_rollouts
-        index = rows[start:end]
-        missing = sorted(set(groups[start:end]) - prefixes.keys())
+    for i, micro in enumerate(parts):
+        missing = [b for b in micro.prompts if b not in prefixes]
         if missing and shared:
             prefixes.update(prefill_prompts(model, batch, missing, device))
-        logp, _ = response_logprobs(model, batch, index, temperature,
-                                    prefixes=prefixes if shared else None)
-        out[index, : logp.shape[1]] = logp.float().cpu()
-        for done in [b for b in prefixes if last[b] < end]:
-            del prefixes[done]
-    return out
+        logp, _ = micro_logprobs(model, batch, micro, temperature,
+                                 prefixes=prefixes if shared else None)
+        out[micro.rows.to(device), : logp.shape[1]] = logp.float()
+        for done in [b for b in micro.prompts if last[b] == i]:
+            prefixes.pop(done, None)
+    return out.cpu()
 
 
 def accumulate_mini_batch(
@@ -161,6 +206,7 @@ def accumulate_mini_batch(
     normaliser: float,
     loss_scale: float = 1.0,
     num_micro_batches: int | None = None,
+    max_tokens: int | None = None,
     loss: LossConfig,
 ) -> dict[str, float]:
     """Forward/backward `rows` in micro-batches; return the mini-batch's `update/*` metrics.
@@ -169,30 +215,32 @@ def accumulate_mini_batch(
     (token advantages; log-probs as from `score_batch`). `normaliser` is the valid-token count
     of the whole mini-batch (over all ranks); `loss_scale` multiplies the loss handed to
     `backward` (the data-parallel world size, when the backend averages gradients over ranks).
-    Metrics are sums of per-micro-batch metrics, i.e. this rank's share of the mini-batch values.
+    Metrics are sums of per-micro-batch metrics, i.e. this rank's share of the mini-batch values,
+    summed on the device and read once after the last micro-batch.
 
-    `num_micro_batches` (default: as many as `micro_batch_rollouts` needs) fixes the number of
-    backward calls, so every data-parallel rank makes the same number (ZeRO-2 reduces gradients
-    inside each backward); an empty micro-batch backpropagates a zero loss.
+    Micro-batches (`micro_batches`): at most `micro_batch_rollouts` rows, and with `max_tokens`
+    at most that many computed positions, rows of similar length together; without it, rows of
+    one prompt together, right-padded (the row-padded layout). How a mini-batch is split does not
+    change its gradient: each loss is over the mini-batch's tokens. `num_micro_batches` (default:
+    as many as the plan has) fixes the number of backward calls, so every data-parallel rank makes
+    the same number (ZeRO-2 reduces gradients inside each backward); the extra calls
+    backpropagate a zero loss.
     """
-    needed = -(-len(rows) // micro_batch_rollouts)
-    count = needed if num_micro_batches is None else num_micro_batches
-    if count < needed:
+    parts = micro_batches(model, batch, rows, micro_batch_rollouts, max_tokens)
+    count = len(parts) if num_micro_batches is None else num_micro_batches
+    if count < len(parts):
+        size = f"<= {micro_batch_rollouts} rollouts" + (
+            f" and <= {max_tokens} tokens" if max_tokens is not None else "")
         raise ValueError(
-            f"{len(rows)} rows need {needed} micro-batches of <= {micro_batch_rollouts} rollouts, "
+            f"{len(rows)} rows need {len(parts)} micro-batches of {size}, "
             f"got num_micro_batches={count}."
         )
-    totals: dict[str, float] = {}
-    # Rows of one prompt in the same micro-batch share one prefill; how a mini-batch is split
-    # into micro-batches does not change its gradient (each loss is over the mini-batch's tokens).
-    rows = rows[torch.argsort(batch.prompt_index[rows], stable=True)]
-    for index in torch.tensor_split(rows, max(count, 1)):
-        if index.numel() == 0:
-            backward(_zero_loss(model))
-            continue
-        logp, entropy = response_logprobs(model, batch, index, temperature, with_entropy=True)
+    totals: dict[str, Any] = {}
+    for micro in parts:
+        logp, entropy = micro_logprobs(model, batch, micro, temperature, with_entropy=True)
         t = logp.shape[1]
         device = logp.device
+        index = micro.rows
 
         def part(x: Tensor | None) -> Tensor | None:
             return None if x is None else x[index, :t].to(device)
@@ -205,7 +253,20 @@ def accumulate_mini_batch(
         backward(value * loss_scale)
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
-    return totals
+    for _ in range(count - len(parts)):
+        backward(_zero_loss(model))
+    return read_metrics(totals)
+
+
+def read_metrics(totals: Mapping[str, Any]) -> dict[str, float]:
+    """Metrics summed on the device (0-d tensors, or floats) as floats, in one read."""
+    keys = list(totals)
+    if not keys:
+        return {}
+    device = next((v.device for v in totals.values() if isinstance(v, Tensor)), None)
+    values = torch.stack([torch.as_tensor(totals[k], dtype=torch.float64, device=device).detach()
+                          for k in keys])
+    return dict(zip(keys, values.tolist()))
 
 
 def _zero_loss(model: torch.nn.Module) -> Tensor:

@@ -106,6 +106,12 @@ def step_line(name: str, step: int, m: dict[str, float]) -> str:
         parts.append("test score " + " ".join(scores))
     if SELECTION_METRIC in m:
         parts.append(f"validation score {m[SELECTION_METRIC]:.3f}")
+    if "perf/tokens_per_s" in m:
+        busy = (f"update {m['perf/tokens_per_s']:.0f} tokens/s, "
+                f"padding {100 * m['perf/padding_share']:.0f}%")
+        if "perf/mfu" in m:
+            busy += f", MFU {100 * m['perf/mfu']:.0f}%"
+        parts.append(busy)
     if "time/iteration" in m:
         parts.append(f"{m['time/iteration']:.1f} s")
     return " | ".join(parts)

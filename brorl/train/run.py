@@ -163,7 +163,7 @@ class Run:
             self.shrinkage = Shrinkage(
                 build_probes(probe_problems, trainer.tokenizer), trainer.tokenizer,
                 config.diagnostics, c.temperature, c.micro_batch_rollouts, c.correct_reward,
-                start=self.state.probe_start)
+                start=self.state.probe_start, max_tokens=c.max_tokens_per_micro_batch)
 
     @classmethod
     def open(cls, params: ExperimentParams, root: Path | str = ".", *, resume: bool = True,

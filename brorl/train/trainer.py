@@ -9,7 +9,9 @@ the ProRLv2 blog post):
    never past the rollouts the run has left (`start_collection(max_rollouts)`);
 2. `update`: advantages over the kept groups (REINFORCE++-baseline or GRPO), old and reference
    log-probs, then `mini_batches_per_step` PPO mini-batches per epoch, each accumulated from
-   micro-batches of `micro_batch_rollouts` rows and applied with one optimizer step;
+   micro-batches (at most `micro_batch_rollouts` rows and `max_tokens_per_micro_batch`
+   positions, rows of similar length together: `brorl.train.micro`) and applied with one
+   optimizer step; `perf/*` says how busy the device was (`brorl.train.perf`);
 3. `end_step`: count the step, reset the reference on schedule (optionally clearing the
    optimizer), sync the engine's weights; `save_checkpoint` when the run says so.
 The run (`brorl.train.run`) owns the loop, its stop rules and schedules, and the timings.
@@ -33,7 +35,7 @@ of k + m steps. Continuation: a fresh run whose `init_checkpoint` holds a `run.j
 (`brorl.train.sampler.continue_stream`).
 
 Deliberately ignored: a vLLM engine per rank, ZeRO-3 (whole parameters are needed for the
-engine and HF saves), sequence packing, asynchronous (off-policy) rollouts.
+engine and HF saves), packing rows into one sequence, asynchronous (off-policy) rollouts.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ from brorl.policy import load_policy
 from brorl.prompts import render_prompt
 from brorl.train import checkpoint as ckpt
 from brorl.train.config import TrainerConfig
-from brorl.train.ppo import accumulate_mini_batch, score_batch
+from brorl.train.micro import MicroBatch
+from brorl.train.perf import ModelShape, peak_flops, perf_metrics, plan_totals
+from brorl.train.ppo import accumulate_mini_batch, micro_batches, score_batch
 from brorl.train.collection import Collection
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, read_run_record
@@ -161,6 +165,8 @@ class Trainer:
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(config))
+        self.shape = ModelShape.of(model)
+        """The policy's shape, for the FLOPs of `perf/mfu` (`brorl.train.perf`)."""
         self.step_count = 0
         self.step_offset = 0
         """Global step of the run this one continues (`run.json` of `init_checkpoint`), or 0."""
@@ -299,36 +305,49 @@ class Trainer:
                 for perm in perms]
         mine = torch.cat([mb[self.rank :: self.world] for epoch in plan for mb in epoch]).unique()
         self.model.eval()
+        tokens = config.max_tokens_per_micro_batch
+        scored: list[MicroBatch] = []
         scoring = time.perf_counter()
         old_logp = score_batch(self.model, batch, config.temperature, config.micro_batch_rollouts,
-                               mine)
+                               mine, max_tokens=tokens, on_plan=scored.extend)
         ref_logp = None
         if config.loss.kl_coef > 0:
             ref_logp = score_batch(self.reference, batch, config.temperature,
-                                   config.micro_batch_rollouts, mine)
+                                   config.micro_batch_rollouts, mine, max_tokens=tokens,
+                                   on_plan=scored.extend)
         score_seconds = time.perf_counter() - scoring
         self.model.train()
+        training = time.perf_counter()
         sums: dict[str, float] = {}
-        grad_norms, steps = [], 0
+        grad_norms, steps, trained = [], 0, []
         for epoch in plan:
             for mb in epoch:
                 share = mb[self.rank :: self.world]
-                per_rank = -(-len(mb) // self.world)
+                parts = [micro_batches(self.model, batch, mb[rank :: self.world],
+                                       config.micro_batch_rollouts, tokens)
+                         for rank in range(self.world)]  # every rank's, for an equal count
+                trained.extend(parts[self.rank])
                 metrics = accumulate_mini_batch(
                     self.model, partial(self.engine.backward, scale_wrt_gas=False), batch, share,
                     advantages=token_adv, old_logp=old_logp, engine_logp=batch.logprobs,
                     ref_logp=ref_logp, temperature=config.temperature,
                     micro_batch_rollouts=config.micro_batch_rollouts,
                     normaliser=float(mask[mb].sum()), loss_scale=float(self.world),
-                    num_micro_batches=-(-per_rank // config.micro_batch_rollouts),
+                    num_micro_batches=max(map(len, parts)), max_tokens=tokens,
                     loss=config.loss)
                 self.engine.step()
                 steps += 1
                 grad_norms.append(float(self.engine.get_global_grad_norm() or 0.0))
                 for key, value in self._all_reduce(metrics).items():
                     sums[key] = sums.get(key, 0.0) + value
+        train_seconds = time.perf_counter() - training
         self.model.eval()
         out = {key: value / steps for key, value in sums.items()}
+        out.update(perf_metrics(  # summed over ranks: every rank reports the same figures
+            self._all_reduce(plan_totals(self.shape, trained, scored)), train_seconds,
+            score_seconds, trained_tokens=float(mask[real].sum()) * config.epochs_per_step,
+            peak=peak_flops(next(self.model.parameters()).device, config.peak_tflops),
+            devices=self.world))
         out.update({
             "update/optimizer_steps": float(steps),
             "update/grad_norm": sum(grad_norms) / len(grad_norms),
