@@ -59,10 +59,11 @@ class UpdateParams(Section):
     epochs_per_step: PositiveInt = 1
     """Passes over the step's rollouts. Not stated in the paper: our choice, one pass."""
     max_tokens_per_micro_batch: PositiveInt | Literal["auto"] | None = "auto"
-    """Most positions one forward/backward (and one scoring forward) computes: rows of similar
-    response length go together, so little compute goes to padding (`brorl.train.micro`, as
-    verl's `use_dynamic_bsz` / `ppo_max_token_len_per_gpu`); `train.micro_batch_rollouts` still
-    caps the rows. `auto`: 16384 on CUDA (verl's default), 4096 on CPU. null: micro-batches of
+    """Most positions one forward/backward (and one scoring forward) computes: a prompt's rows
+    packed end to end (shared-prefix models) or rows of similar response length together, so
+    little compute goes to padding (`brorl.train.micro`, as verl's `use_dynamic_bsz` /
+    `ppo_max_token_len_per_gpu`); `train.micro_batch_rollouts` still caps the sequences (packed
+    lanes, or rows). `auto`: 16384 on CUDA (verl's default), 4096 on CPU. null: micro-batches of
     `train.micro_batch_rollouts` rows grouped by prompt, right-padded (the row-padded layout).
     The loss and its normalisation over the mini-batch are the same either way. Our choice."""
     clip_eps_low: float = Field(0.2, ge=0, lt=1)

@@ -20,15 +20,23 @@ Everything a micro-batch's forward needs to know about its shape (its longest re
 distinct prompts, each row's prompt slot) is computed here, on the host, before the first forward,
 so the micro-batch loop reads nothing back from the device.
 
-Deliberately ignored: packing several rows into one sequence (position ids restarting per row):
-the shared-prefix attention and SDPA's masks would need a varlen kernel; bucketing by length is the
-fallback that works with every attention implementation.
+Packing (`pack`, the shared-prefix path): the rows of one prompt are laid end to end in lanes,
+sequences as long as the window's longest response, each row's positions restarting after the
+prompt and its attention kept to its prompt and its own earlier tokens (`Lanes`, a 4-D mask
+built on the host, `brorl.train.ppo`); the micro-batches are cut over lanes instead of rows.
+Rows of very different lengths then share a lane instead of padding to the longest, so the
+padding left is a lane's unused tail. A lane holds one prompt's rows only: its prompt cache is
+that prompt's. With plain attention (no shared prefix) rows are bucketed by length, which works
+with every attention implementation.
+
+Deliberately ignored: lanes across prompts (a lane would carry several prompt caches) and varlen
+attention kernels (the lane's mask is dense: a lane of width W attends W x (P + W) scores).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -65,6 +73,26 @@ class MicroBatch:
     response position its prompt and its response so far): the attention's share of FLOPs."""
     predicted: int
     """Response tokens predicted (positions through the LM head that count)."""
+    lanes: Lanes | None = None
+    """Packed (`pack`): where each row's response tokens sit in the forward's sequences; None:
+    one sequence per row, right-padded to `t`."""
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """Rows packed end to end in `L` sequences ("lanes") of `width` positions, each lane one
+    prompt's rows. A row with k response tokens occupies positions `offset .. offset + k - 2`
+    of its lane, holding its tokens 0..k-2 (each predicting the next; token 0's own prediction
+    comes from the prompt's prefill)."""
+
+    slot: Tensor
+    """`[L]` int64: each lane's prompt, as a position in the micro-batch's `prompts`."""
+    lane: Tensor
+    """`[M]` int64: each row's lane (-1: a row of at most one token, which needs none)."""
+    offset: Tensor
+    """`[M]` int64: the position of each row's token 0 in its lane."""
+    width: int
+    """Positions per lane: the most any lane uses."""
 
 
 def cost(prompt_lengths: Sequence[int], response_lengths: Sequence[int], shared: bool) -> int:
@@ -84,7 +112,7 @@ def cost(prompt_lengths: Sequence[int], response_lengths: Sequence[int], shared:
 
 def plan(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response_lengths: Tensor,
          rows: Tensor, *, max_rows: int, max_tokens: int | None, shared: bool,
-         prefill_once: bool = False) -> list[MicroBatch]:
+         prefill_once: bool = False, pack: bool = False) -> list[MicroBatch]:
     """The micro-batches of `rows` (indices into a batch whose row r continues prompt
     `prompt_index[r]` of `prompt_ids` with a response of `response_lengths[r]` tokens).
 
@@ -93,7 +121,8 @@ def plan(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response_len
     in exactly one micro-batch; rows with an empty response are in one too (their loss is zero).
     `prefill_once` (scoring, without gradients): a prompt is prefilled once, by the first
     micro-batch that needs it, and kept for the later ones, so the cuts weigh responses only and
-    a micro-batch counts the prefill of its new prompts alone.
+    a micro-batch counts the prefill of its new prompts alone. `pack` (shared prefix, with
+    `max_tokens`): rows in lanes (`Lanes`), `max_rows` then counting lanes, not rows.
     """
     rows = rows.to(torch.int64).cpu()
     groups = prompt_index[rows].tolist()
@@ -104,6 +133,8 @@ def plan(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response_len
                                  dtype=torch.long)
         count = max(-(-len(rows) // max_rows), 1)
         order = [part.tolist() for part in torch.tensor_split(by_prompt, count) if part.numel()]
+    elif pack and shared:
+        return _packed(prompt_ids, rows, groups, lengths, max_rows, max_tokens, prefill_once)
     else:
         order = _pack(prompt_ids, groups, lengths, max_rows, max_tokens, shared,
                       prompt_cost=not (shared and prefill_once))
@@ -118,6 +149,74 @@ def plan(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response_len
     return out
 
 
+def _packed(prompt_ids: Sequence[Sequence[int]], rows: Tensor, groups: list[int],
+            lengths: list[int], max_lanes: int, max_tokens: int,
+            prefill_once: bool) -> list[MicroBatch]:
+    """The packed plan (module docstring): per prompt window, each prompt's rows first-fit by
+    decreasing length into lanes as wide as the window's longest response (and, with the
+    prompt, within the budget: a longer row has a lane of its own), the lanes cut into
+    micro-batches like rows are (`_segments`, a lane costing its used positions)."""
+    out: list[MicroBatch] = []
+    done: set[int] = set()
+    for window in _windows(prompt_ids, groups, max_tokens):
+        width = max(max(lengths[i] - 1 for i in window), 1)
+        lanes: list[list[int]] = []  # positions into the rows, per lane
+        used: list[int] = []
+        owner: list[int] = []  # each lane's prompt
+        for b in sorted({groups[i] for i in window}):
+            mine = sorted((i for i in window if groups[i] == b), key=lambda i: (-lengths[i], i))
+            first = len(lanes)
+            room = min(width, max_tokens - len(prompt_ids[b]))  # a lane alone within the budget
+            for i in mine:
+                need = max(lengths[i] - 1, 0)
+                home = next((k for k in range(first, len(lanes)) if used[k] + need <= room),
+                            None)
+                if home is None or (need == 0 and not lanes[first:]):
+                    lanes.append([])
+                    used.append(0)
+                    owner.append(b)
+                    home = len(lanes) - 1
+                lanes[home].append(i)
+                used[home] += need
+        prompts = [len(prompt_ids[b]) for b in owner]
+        cuts = _segments(list(range(len(lanes))), prompts, owner, [u + 1 for u in used],
+                         max_lanes, max_tokens, True, prompt_cost=not prefill_once)
+        for part in cuts:
+            new = None
+            if prefill_once:
+                new = tuple(sorted({owner[k] for k in part} - done))
+                done.update(new)
+            out.append(_lanes_batch(prompt_ids, rows, groups, lengths,
+                                    [lanes[k] for k in part], new))
+    return out
+
+
+def _lanes_batch(prompt_ids: Sequence[Sequence[int]], rows: Tensor, groups: list[int],
+                 lengths: list[int], lanes: list[list[int]],
+                 new: tuple[int, ...] | None) -> MicroBatch:
+    """The micro-batch of `lanes` (positions into `rows`, each lane one prompt's rows, laid
+    end to end in that order)."""
+    part = [i for lane in lanes for i in lane]
+    batch = _micro_batch(prompt_ids, rows, groups, lengths, part, True, new)
+    where = {b: k for k, b in enumerate(batch.prompts)}
+    lane_of, offset, slot = [], [], []
+    width = 0
+    for lane in lanes:
+        position = 0
+        real = any(lengths[i] > 1 for i in lane)
+        for i in lane:
+            lane_of.append(len(slot) if real else -1)
+            offset.append(position)
+            position += max(lengths[i] - 1, 0)
+        if real:
+            slot.append(where[groups[lane[0]]])
+            width = max(width, position)
+    prefill = batch.computed - (len(part) * max(batch.t - 1, 0))
+    return replace(batch, computed=prefill + len(slot) * width, lanes=Lanes(
+        slot=torch.tensor(slot, dtype=torch.long), lane=torch.tensor(lane_of, dtype=torch.long),
+        offset=torch.tensor(offset, dtype=torch.long), width=width))
+
+
 def describe(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response_lengths: Tensor,
              rows: Tensor, shared: bool) -> MicroBatch:
     """`rows` as one micro-batch (as `plan` would describe it)."""
@@ -129,29 +228,34 @@ def describe(prompt_ids: Sequence[Sequence[int]], prompt_index: Tensor, response
 def _pack(prompt_ids: Sequence[Sequence[int]], groups: list[int], lengths: list[int],
           max_rows: int, max_tokens: int, shared: bool, prompt_cost: bool) -> list[list[int]]:
     """Positions into the rows, in micro-batches by token budget (module docstring)."""
-    windows: list[list[int]] = []
-    if shared:
-        members: dict[int, list[int]] = {}
-        for i, b in enumerate(groups):
-            members.setdefault(b, []).append(i)
-        current: list[int] = []
-        tokens = 0
-        for b in sorted(members):
-            p = len(prompt_ids[b])
-            if current and tokens + p > max_tokens // PREFILL_SHARE:
-                windows.append(current)
-                current, tokens = [], 0
-            current.extend(members[b])
-            tokens += p
-        if current:
-            windows.append(current)
-    else:
-        windows = [list(range(len(groups)))]
+    windows = _windows(prompt_ids, groups, max_tokens) if shared else [list(range(len(groups)))]
     out: list[list[int]] = []
     for window in windows:
         out.extend(_segments(window, [len(prompt_ids[b]) for b in groups], groups, lengths,
                              max_rows, max_tokens, shared, prompt_cost))
     return out
+
+
+def _windows(prompt_ids: Sequence[Sequence[int]], groups: list[int],
+             max_tokens: int) -> list[list[int]]:
+    """Positions into the rows, by prompt, in windows of prompts whose tokens fill at most
+    `1 / PREFILL_SHARE` of `max_tokens` (one prompt alone may fill more)."""
+    members: dict[int, list[int]] = {}
+    for i, b in enumerate(groups):
+        members.setdefault(b, []).append(i)
+    windows: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for b in sorted(members):
+        p = len(prompt_ids[b])
+        if current and tokens + p > max_tokens // PREFILL_SHARE:
+            windows.append(current)
+            current, tokens = [], 0
+        current.extend(members[b])
+        tokens += p
+    if current:
+        windows.append(current)
+    return windows
 
 
 def _segments(window: list[int], prompts: list[int], groups: list[int], lengths: list[int],

@@ -19,9 +19,12 @@ P + T; the LM head is applied only at positions that predict a response token. A
 outside `brorl.policy.prefix.SHARED_PREFIX_MODELS` runs each row's prompt and response in one
 plain forward pass instead (same log-probs, P + T token passes).
 
-Deliberately ignored: packing rows into one sequence (responses are right-padded to the longest
-of their micro-batch, which length bucketing keeps close), logit chunking for very large
-vocabularies.
+With the token budget and the shared prefix, a micro-batch's rows are packed end to end in lanes
+(`brorl.train.micro.Lanes`): one forward over the lanes, each row's positions restarting after its
+prompt and its attention kept within its own tokens by a 4-D mask; the log-probs are taken on the
+lanes and scattered back to the rows' `[M, T]` layout, so the loss is unchanged.
+
+Deliberately ignored: logit chunking for very large vocabularies.
 Paper: BroRL §3.1 (clipped PPO, clip-higher, TIS; token-level as NeMo-RL's ProRLv2 example
 config), §4.2.1 (fixed mini-batch count).
 """
@@ -80,22 +83,107 @@ def micro_logprobs(
     if t == 0:
         empty = torch.zeros(len(rows), 0, device=device)
         return empty, (empty if with_entropy else None)
+    if micro.lanes is not None:
+        return _packed_logprobs(model, batch, micro, temperature, with_entropy, prefixes)
     if shares_prefix(model):
         picked = _shared_prefix_logits(model, batch, micro, prefixes)
     else:
         picked = _plain_logits(model, batch, rows, t)
-    picked = picked.float()
-    if temperature > 0:
-        picked = picked / temperature
-    logp_all = torch.log_softmax(picked, dim=-1)
-    tokens = batch.response_ids[rows, :t].to(device)
-    logp = logp_all.gather(-1, tokens[..., None]).squeeze(-1)
+    logp, entropy = _token_logprobs(picked, batch.response_ids[rows, :t].to(device), temperature,
+                                    with_entropy)
     valid = (torch.arange(t)[None, :] < batch.response_lengths[rows][:, None]).to(device)
     logp = torch.where(valid, logp, torch.zeros_like(logp))
-    entropy = None
-    if with_entropy:
-        entropy = torch.where(valid, token_entropy(picked), torch.zeros_like(logp))
+    if entropy is not None:
+        entropy = torch.where(valid, entropy, torch.zeros_like(logp))
     return logp, entropy
+
+
+def _token_logprobs(logits: Tensor, tokens: Tensor, temperature: float, with_entropy: bool
+                    ) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of `tokens [...]` under `logits [..., V]` at `temperature`, and the entropy."""
+    picked = logits.float()
+    if temperature > 0:
+        picked = picked / temperature
+    logp = torch.log_softmax(picked, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    return logp, (token_entropy(picked) if with_entropy else None)
+
+
+def _packed_logprobs(model: torch.nn.Module, batch: RolloutBatch, micro: MicroBatch,
+                     temperature: float, with_entropy: bool,
+                     prefixes: Mapping[int, Prefix] | None) -> tuple[Tensor, Tensor | None]:
+    """`micro_logprobs` of a packed micro-batch: token 0 of each row from its prompt's prefill,
+    tokens 1.. from one forward over the lanes (`brorl.train.micro.Lanes`), each lane on top of
+    its prompt's cache, scattered back to `[M, t]` (0 past each row's length)."""
+    device = next(model.parameters()).device
+    rows, t, lanes = micro.rows, micro.t, micro.lanes
+    assert lanes is not None
+    if prefixes is None:
+        prefixes = prefill_prompts(model, batch, list(micro.prompts), device)
+    first = torch.stack([prefixes[b].logits for b in micro.prompts])[micro.slot.to(device)]
+    logp0, entropy0 = _token_logprobs(first, batch.response_ids[rows, 0].to(device), temperature,
+                                      with_entropy)
+    lengths = batch.response_lengths[rows]
+    valid = torch.arange(t)[None, :] < lengths[:, None]
+    zeros = torch.zeros(len(rows), t, device=device)
+    if len(lanes.slot) == 0:
+        logp = torch.cat([logp0[:, None], zeros[:, 1:]], dim=1)
+        entropy = None if entropy0 is None else torch.cat([entropy0[:, None], zeros[:, 1:]], 1)
+        return torch.where(valid.to(device), logp, zeros), entropy
+    ids, targets, positions, mask, index = _lane_layout(batch, micro)
+    cache, _, prompt_lengths, _ = rows_cache(prefixes, micro.prompts, lanes.slot)
+    visible = torch.cat([_prompt_visible(batch, micro.prompts, lanes.slot,
+                                         cache.get_seq_length()).unsqueeze(1)
+                         .expand(-1, lanes.width, -1), mask], dim=2)
+    logits = model(
+        input_ids=ids.to(device), attention_mask=visible[:, None].to(device),
+        position_ids=prompt_lengths[:, None] + positions.to(device), past_key_values=cache,
+        use_cache=False,
+    ).logits
+    packed, packed_entropy = _token_logprobs(logits, targets.to(device), temperature,
+                                             with_entropy)
+    index, later = index.to(device), valid[:, 1:].to(device)
+
+    def unpack(head: Tensor, lanes_values: Tensor) -> Tensor:
+        rest = torch.where(later, lanes_values.reshape(-1)[index], zeros[:, 1:])
+        return torch.cat([torch.where(valid[:, 0].to(device), head, zeros[:, 0])[:, None], rest],
+                         dim=1)
+
+    entropy = None
+    if packed_entropy is not None and entropy0 is not None:
+        entropy = unpack(entropy0, packed_entropy)
+    return unpack(logp0, packed), entropy
+
+
+def _lane_layout(batch: RolloutBatch, micro: MicroBatch
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """On the host, for a packed micro-batch's `[L, W]` lanes: input ids (each row's tokens
+    0..k-2), targets (its tokens 1..k-1), positions after the prompt (restarting per row), the
+    `[L, W, W]` mask of which lane positions each position attends (its own row's, up to itself;
+    a padding position itself only), and `[M, t - 1]` indices into the flattened lanes where row
+    tokens 1..t-1 are predicted (0 past a row's length)."""
+    lanes, rows, t = micro.lanes, micro.rows, micro.t
+    assert lanes is not None
+    count, width = len(lanes.slot), lanes.width
+    ids = torch.zeros(count, width, dtype=torch.long)
+    targets = torch.zeros(count, width, dtype=torch.long)
+    positions = torch.zeros(count, width, dtype=torch.long)
+    owner = torch.full((count, width), -1, dtype=torch.long)  # which row holds each position
+    index = torch.zeros(len(rows), max(t - 1, 0), dtype=torch.long)
+    for m, (row, k, lane, start) in enumerate(zip(rows.tolist(),
+                                                  batch.response_lengths[rows].tolist(),
+                                                  lanes.lane.tolist(), lanes.offset.tolist())):
+        if k < 2:
+            continue
+        span = slice(start, start + k - 1)
+        ids[lane, span] = batch.response_ids[row, : k - 1]
+        targets[lane, span] = batch.response_ids[row, 1:k]
+        positions[lane, span] = torch.arange(k - 1)
+        owner[lane, span] = m
+        index[m, : k - 1] = lane * width + torch.arange(start, start + k - 1)
+    here = torch.arange(width)
+    mask = ((owner[:, :, None] == owner[:, None, :]) & (owner[:, :, None] >= 0)
+            & (here[None, None, :] <= here[None, :, None])) | (here[:, None] == here[None, :])
+    return ids, targets, positions, mask, index
 
 
 def _shared_prefix_logits(model: torch.nn.Module, batch: RolloutBatch, micro: MicroBatch,
@@ -110,7 +198,8 @@ def _shared_prefix_logits(model: torch.nn.Module, batch: RolloutBatch, micro: Mi
     cache, mask, lengths, first = rows_cache(prefixes, micro.prompts, micro.slot)
     if t == 1:
         return first[:, None]
-    visible = torch.cat([_prompt_visible(batch, micro, cache.get_seq_length()),
+    visible = torch.cat([_prompt_visible(batch, micro.prompts, micro.slot,
+                                         cache.get_seq_length()),
                          torch.ones(len(rows), t - 1, dtype=torch.bool)], dim=1)
     rest = model(  # response tokens 0..t-2 predict tokens 1..t-1
         input_ids=batch.response_ids[rows, : t - 1].to(device),
@@ -122,10 +211,12 @@ def _shared_prefix_logits(model: torch.nn.Module, batch: RolloutBatch, micro: Mi
     return torch.cat([first[:, None], rest], dim=1)
 
 
-def _prompt_visible(batch: RolloutBatch, micro: MicroBatch, width: int) -> Tensor:
-    """`[M, width]` bool on the host: each row's prompt positions in a cache left-padded to
-    `width` (what `rows_cache`'s mask holds, without reading it back)."""
-    lengths = torch.tensor([len(batch.prompt_ids[b]) for b in micro.prompts])[micro.slot]
+def _prompt_visible(batch: RolloutBatch, prompts: tuple[int, ...], slot: Tensor,
+                    width: int) -> Tensor:
+    """`[R, width]` bool on the host: the prompt positions of sequences continuing
+    `prompts[slot]` in a cache left-padded to `width` (what `rows_cache`'s mask holds, without
+    reading it back)."""
+    lengths = torch.tensor([len(batch.prompt_ids[b]) for b in prompts])[slot]
     return torch.arange(width)[None, :] >= (width - lengths)[:, None]
 
 
@@ -150,9 +241,10 @@ def micro_batches(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor,
     """The micro-batches of `rows` (`brorl.train.micro.plan`): at most `micro_batch_rollouts`
     rows each and, with `max_tokens`, at most that many computed positions, rows of similar
     length together; `prefill_once` for scoring (each prompt prefilled once for all of them)."""
+    shared = shares_prefix(model)
     return plan(batch.prompt_ids, batch.prompt_index, batch.response_lengths, rows,
-                max_rows=micro_batch_rollouts, max_tokens=max_tokens, shared=shares_prefix(model),
-                prefill_once=prefill_once)
+                max_rows=micro_batch_rollouts, max_tokens=max_tokens, shared=shared,
+                prefill_once=prefill_once, pack=shared)
 
 
 @torch.no_grad()
