@@ -15,7 +15,7 @@ PYTHON ?= python3.11
 # point (the flows, commands.server and the dvc it runs, brorl.train, commands.mlflow_ui, the tests).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run real study test test-all stability simulate serve ui bench lock clean-venv
+.PHONY: install run real study test test-all stability simulate serve server deploy worker status ui bench lock clean-venv
 
 install: $(STAMP)
 
@@ -141,6 +141,23 @@ serve: install
 	$(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS) --check
 	$(PY) -m commands.server --port $(or $(PORT),4200) -- \
 	  $(PY) -m commands.deploy --params $(PARAMS) $(SERVE_ARGS)
+
+# Work pools and workers (docs/deploy.md): `make server` runs the project's Prefect server on
+# 127.0.0.1:4200 until Ctrl-C; `make deploy` checks prefect.yaml, creates the work pool and this
+# machine's device limits and registers the deployments; `make worker` starts a process worker for
+# the pool in this checkout (one per device: CUDA_VISIBLE_DEVICES=1 make worker); `make status`
+# shows the pool, its workers and the runs waiting. PREFECT_API_URL: another server.
+server: install
+	$(PY) -m commands.server --port $(or $(PORT),4200)
+
+deploy: install
+	PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:$(or $(PORT),4200)/api} $(PY) -m commands.pools deploy
+
+worker: install
+	PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:$(or $(PORT),4200)/api} $(PY) -m commands.pools worker $(WORKER_ARGS)
+
+status: install
+	PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:$(or $(PORT),4200)/api} $(PY) -m commands.pools status
 
 # MLflow UI + REST API for mlflow.db (or $$MLFLOW_TRACKING_URI) on 127.0.0.1:5000 (make ui
 # PORT=5001 for another port); Ctrl-C stops it.

@@ -73,6 +73,10 @@ def defaults(environ: Mapping[str, str] | None = None, root: Path | None = None)
         "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE": "1000",
         "DO_NOT_TRACK": "true",
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        # every MLflow run brorl opens logs CPU, memory (and GPU) use, one sample each 10 s
+        # (`tracking.system_metrics`); false turns it off
+        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "true",
+        "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "10",
         "DVC_NO_ANALYTICS": "1",
         "HF_HUB_OFFLINE": "1",  # every model and tokenizer is a local folder
         "HF_HUB_DISABLE_TELEMETRY": "1",

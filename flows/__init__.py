@@ -8,6 +8,8 @@ flow-run heartbeats; measured by `benchmarks/prefect_overhead.py`); the server's
 """
 
 import os
+import re
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,3 +50,61 @@ def run_stage(task: Callable[[Any], dict[str, Any]], log: Callable[..., str], lo
 
     params = load_params(params_path, overrides or [])
     return tracking.record_stage(log, params, logged, task(params))
+
+
+DEVICE_LIMIT_PREFIX = "brorl-device"
+
+
+def device_limit_names(environ: dict[str, str] | None = None) -> list[str]:
+    """The global concurrency limits of this machine's devices, one slot each: the CPU and every
+    CUDA device this process sees (`CUDA_VISIBLE_DEVICES`' ids when set), named
+    `brorl-device-<host>-<device>`. `python -m commands.pools setup` creates them (`make worker`
+    runs it), a training deployment's flow run holds one (`device_slot`)."""
+    environ = os.environ if environ is None else environ
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())
+    names = ["cpu"]
+    import torch
+
+    if torch.cuda.is_available():
+        visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                   if v.strip()]
+        names += [f"cuda{v}" for v in (visible or map(str, range(torch.cuda.device_count())))]
+    return [f"{DEVICE_LIMIT_PREFIX}-{host}-{name}" for name in names]
+
+
+def device_limit_name(environ: dict[str, str] | None = None) -> str:
+    """The limit of the device a training in this process runs on: the first CUDA device it
+    sees, else the CPU (`device_limit_names`)."""
+    names = device_limit_names(environ)
+    return names[1] if len(names) > 1 else names[0]
+
+
+@contextmanager
+def device_slot() -> Iterator[None]:
+    """Hold this machine's training device (`device_limit_name`, a global concurrency limit of 1)
+    for the block when the flow run belongs to a deployment (a worker or `serve` runs it): a
+    second training that a worker starts on the same device waits here until the first ends,
+    instead of sharing the device. Outside a deployment (`dvc repro`, `python -m flows.train`)
+    nothing is held. A missing limit fails the run with the command that creates it."""
+    from prefect.runtime import deployment
+
+    if deployment.id is None:
+        yield
+        return
+    from prefect import get_run_logger
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectNotFound
+    from prefect.client.orchestration import get_client
+
+    name = device_limit_name()
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            raise RuntimeError(f"no concurrency limit {name!r} on the Prefect server: start this "
+                               "machine's workers with `make worker` (or run `python -m "
+                               "commands.pools setup`), which creates it.") from None
+    get_run_logger().info("waiting for %s (one training per device)", name)
+    with concurrency(name, occupy=1, strict=True):
+        get_run_logger().info("holding %s", name)
+        yield

@@ -17,11 +17,12 @@ from typing import Any
 
 from prefect import flow
 
-from flows import run_stage
+from flows import device_slot, run_stage
 from tasks.base import log_base, train_base
 
 
 @flow(name="base")
 def base(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Warm the model stage's checkpoint up with the `base` section's knobs."""
-    return run_stage(train_base, log_base, {"model", "base"}, params_path, overrides)
+    with device_slot():  # a deployment's run: one training per device
+        return run_stage(train_base, log_base, {"model", "base"}, params_path, overrides)

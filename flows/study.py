@@ -31,7 +31,7 @@ from prefect import flow
 
 from brorl.params import ExperimentParams, load_params
 from brorl.study.warmup import train_to_plateau, write_plateau
-from flows import prefect_settings
+from flows import device_slot, prefect_settings
 from flows.train import PrefectDriver, train_arm
 from tasks import study as s
 from tasks import train as t
@@ -46,12 +46,13 @@ def study_warmup(params_path: str, overrides: list[str] | None = None) -> dict[s
     """Train the warm-up until its validation slope is shown flat or its cap; `plateau.json`."""
     params = _params(params_path, overrides)
     wp = s.warmup(params)
-    run = t.open_run(wp)
-    tracker = t.start_tracking(run, wp, s.parent_run(params))
-    with prefect_settings():
-        record = train_to_plateau(run, ExperimentParams.model_validate(params).study,
-                                  PrefectDriver(tracker))
-    t.finish_run(run, tracker, wp)
+    with device_slot():  # a deployment's run: one training per device
+        run = t.open_run(wp)
+        tracker = t.start_tracking(run, wp, s.parent_run(params))
+        with prefect_settings():
+            record = train_to_plateau(run, ExperimentParams.model_validate(params).study,
+                                      PrefectDriver(tracker))
+        t.finish_run(run, tracker, wp)
     write_plateau(run.run_dir, record)
     return record
 
@@ -80,8 +81,9 @@ def study_run(params_path: str, run: str, overrides: list[str] | None = None,
     """Train run `run` of the study (resuming an interrupted session) as a child MLflow run."""
     params = _params(params_path, overrides)
     prepared = s.prepare_run(params, run, started)
-    summary = train_arm(prepared["params"], prepared["params"]["name"],
-                        parent_run_id=s.parent_run(params), start=prepared["start"])
+    with device_slot():  # a deployment's run: one training per device
+        summary = train_arm(prepared["params"], prepared["params"]["name"],
+                            parent_run_id=s.parent_run(params), start=prepared["start"])
     s.finish_run(prepared, summary)
     return summary
 

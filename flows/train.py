@@ -25,7 +25,7 @@ from prefect.utilities.annotations import quote
 from brorl.evals import read_start
 from brorl.params import load_params
 from brorl.train import Run, Timed
-from flows import prefect_settings
+from flows import device_slot, prefect_settings
 from tasks import train as t
 
 
@@ -74,4 +74,5 @@ def train_arm(params: dict[str, Any], name: str, parent_run_id: str | None = Non
 def train(params_path: str, overrides: list[str] | None = None) -> dict:
     """Load params and train the arm they describe."""
     params = load_params(params_path, overrides or [])
-    return train_arm(params.model_dump(mode="json"), params.name)
+    with device_slot():  # a deployment's run: one training per device
+        return train_arm(params.model_dump(mode="json"), params.name)

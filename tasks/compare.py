@@ -61,6 +61,7 @@ def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | Non
     for name in ("report.md", "report.json", "scores.png", "pass_at_1.png"):
         client.log_artifact(run_id, str(folder / name), artifact_path="report")
     client.log_artifact(run_id, str(timings_path(folder)), artifact_path="report")
+    tracking.stop_system_metrics(run_id)
     client.set_terminated(run_id, status="FINISHED")
     return run_id
 
@@ -73,5 +74,7 @@ def create_mlflow_run(params: dict[str, Any]) -> str:
     experiment_id = tracking.ensure_experiment(p.tracking.experiment, uri)
     tags = {"stage": "compare", "git_commit": tracking.git_commit(),
             "arms": ",".join(p.compare.arms)}
-    return MlflowClient(uri).create_run(experiment_id, run_name=f"{p.name}-compare",
-                                        tags=tags).info.run_id
+    run_id = MlflowClient(uri).create_run(experiment_id, run_name=f"{p.name}-compare",
+                                          tags=tags).info.run_id
+    tracking.start_system_metrics(run_id, uri)
+    return run_id

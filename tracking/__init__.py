@@ -9,12 +9,19 @@ the checkout the command runs in (`brorl.checkout`; platform notes: the `./mlrun
 is deprecated). `MLFLOW_TRACKING_URI`, then the params' `tracking.tracking_uri`, override it.
 Metric names are sanitised to what MLflow accepts (verl#119: `@` and parentheses crash it), and
 a step's metrics go in one `log_batch` call.
+
+Every run opened here logs system metrics while it is open (`system_metrics`: MLflow's own
+monitor, `system/cpu_utilization_percentage`, `system/system_memory_usage_megabytes`, and the
+GPUs' utilisation and memory where NVML answers), every `MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`
+seconds (brorl's default 10, `brorl.environment`), at least one sample per run however short;
+`MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false` turns it off. Both are MLflow's own switches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -124,16 +131,63 @@ def mlflow_run(experiment: str, tracking_uri: str, run_name: str, tags: Mapping[
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     client = MlflowClient(tracking_uri)
+    reopened = run_id is not None
     if run_id is None:
         run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
     else:
         client.update_run(run_id, status="RUNNING")
     try:
-        yield run_id
+        with system_metrics(run_id, tracking_uri, resume=reopened):
+            yield run_id
     except BaseException:
         client.set_terminated(run_id, status="FAILED")
         raise
     client.set_terminated(run_id, status="FINISHED")
+
+
+@contextmanager
+def system_metrics(run_id: str, tracking_uri: str, resume: bool = False) -> Iterator[None]:
+    """System metrics of run `run_id` for the block (`start_system_metrics`)."""
+    start_system_metrics(run_id, tracking_uri, resume)
+    try:
+        yield
+    finally:
+        stop_system_metrics(run_id)
+
+
+_MONITORS: dict[str, Any] = {}
+"""Run id -> its system-metrics monitor, while the run is open in this process."""
+
+
+def start_system_metrics(run_id: str, tracking_uri: str, resume: bool = False) -> None:
+    """Start MLflow's system-metrics monitor on run `run_id` (module docstring), unless
+    `MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING` is false or one already runs; `resume`: a reopened
+    run, its steps continued. `stop_system_metrics` stops it."""
+    from mlflow.environment_variables import MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING.get() is False or run_id in _MONITORS:
+        return
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop lines
+    monitor = SystemMetricsMonitor(run_id, resume_logging=resume, tracking_uri=tracking_uri)
+    monitor.brorl_first_step = monitor._logging_step
+    monitor.collect_metrics()  # the first sample now, before the monitor's thread starts
+    monitor.start()
+    _MONITORS[run_id] = monitor
+
+
+def stop_system_metrics(run_id: str) -> None:
+    """Stop run `run_id`'s monitor, if one runs, before the run is terminated. MLflow's monitor
+    logs only after a full interval: a run that ends sooner logs the samples it took (at least
+    the first) here."""
+    monitor = _MONITORS.pop(run_id, None)
+    if monitor is None:
+        return
+    monitor.finish()
+    if monitor._logging_step == monitor.brorl_first_step:  # ended within its first interval
+        if metrics := monitor.aggregate_metrics():
+            monitor.publish_metrics(metrics)
+            monitor.mlflow_logger.flush()
 
 
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:

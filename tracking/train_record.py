@@ -65,6 +65,7 @@ def open_record(run: Run, p: ExperimentParams, parent_run_id: str | None,
             client.update_run(run_id, status="RUNNING")
             client.set_tag(run_id, "resumed_at_step", str(run.step_count))
             logged = [m.step for key in STEP_KEYS for m in client.get_metric_history(run_id, key)]
+            tracking.start_system_metrics(run_id, uri, resume=True)
             return Tracker(run_id, uri, backfill(uri, run_id, run, max(logged, default=-1)))
     tags = {**run_tags(p), "git_commit": tracking.git_commit(), "stage": "train",
             "params_name": p.name, "mlflow.runColor": tracking.RUN_COLOURS[p.train.algorithm]}
@@ -78,6 +79,7 @@ def open_record(run: Run, p: ExperimentParams, parent_run_id: str | None,
     params_file.write_text(json.dumps(p.model_dump(mode="json"), indent=1) + "\n")
     client.log_artifact(run_id, str(params_file))
     marker.write_text(json.dumps({"run_id": run_id}) + "\n")
+    tracking.start_system_metrics(run_id, uri)
     return Tracker(run_id, uri)
 
 
@@ -127,6 +129,7 @@ def close_record(tracker: Tracker, run: Run, p: ExperimentParams, policy: str) -
             client.log_artifact(tracker.run_id, str(artifact))
     client.log_artifacts(tracker.run_id, policy, artifact_path="policy")
     version = tracking.register_policy(tracker.tracking_uri, tracker.run_id, p.name, run_tags(p))
+    tracking.stop_system_metrics(tracker.run_id)
     tracking.flush()
     client.set_terminated(tracker.run_id, status="FINISHED")
     return version
@@ -134,5 +137,6 @@ def close_record(tracker: Tracker, run: Run, p: ExperimentParams, policy: str) -
 
 def fail_record(tracker: Tracker) -> None:
     """The MLflow run FAILED, its queued metrics flushed first."""
+    tracking.stop_system_metrics(tracker.run_id)
     tracking.flush()
     MlflowClient(tracker.tracking_uri).set_terminated(tracker.run_id, status="FAILED")
