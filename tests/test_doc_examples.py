@@ -323,6 +323,8 @@ class Page:
             return _dvc_problems(words[1:]), None
         if words[0] == "make":
             return _make_problems(words[1:]), None
+        if words[:3] == ["prefect", "deployment", "run"]:
+            return _deployment_problems(words[3:]), None
         for pattern in ALLOWED:
             if example.fenced and re.fullmatch(pattern, example.text):
                 return (_pip_problems(words) if words[:2] == ["pip", "install"] else []), None
@@ -541,6 +543,26 @@ def _tracked() -> frozenset[str]:
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
                             check=True, timeout=60).stdout.decode()
     return frozenset(name for name in listed.split("\0") if name)
+
+
+def _deployment_problems(args: list[str]) -> list[str]:
+    """`prefect deployment run FLOW/NAME [-p KEY=VALUE]`: a deployment prefect.yaml declares
+    (`commands.pools.check_deployments`), each `-p` key one of its flow's parameters."""
+    from commands import pools
+
+    names = pools.check_deployments(ROOT / "prefect.yaml", None)
+    if not args or args[0] not in names:
+        return [f"prefect deployment run {' '.join(args)}: no such deployment in prefect.yaml "
+                f"(its deployments: {', '.join(names)})"]
+    keys = [a.partition("=")[0] for flag, a in zip(args[1:], args[2:]) if flag in ("-p", "--param")]
+    entry = next(e for e in pools.deployments(ROOT / "prefect.yaml")
+                 if f"{e['entrypoint'].partition(':')[2].replace('_', '-')}/{e['name']}" == args[0])
+    file, _, function = entry["entrypoint"].partition(":")
+    tree = ast.parse((ROOT / file).read_text())
+    [found] = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == function]
+    known = {a.arg for a in found.args.args + found.args.kwonlyargs}
+    return [f"prefect deployment run {args[0]}: -p {k}: not a parameter of {function} "
+            f"({', '.join(sorted(known))})" for k in keys if k not in known]
 
 
 def _stages(dvc_yaml: str) -> dict:

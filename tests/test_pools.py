@@ -151,6 +151,10 @@ def test_two_workers_run_two_trainings_one_device_at_a_time(tmp_path, ci_pipelin
                 workers.append(_start_worker(name, clone, env, tmp_path / f"{name}.log"))
             with temporary_settings({PREFECT_API_URL: url}), \
                     get_client(sync_client=True) as client:
+                deadline = time.monotonic() + 180  # both polling before any run is submitted
+                while len(client.read_workers_for_work_pool(pools.POOL)) < 2:
+                    assert time.monotonic() < deadline and all(w.poll() is None for w in workers)
+                    time.sleep(1)
                 runs = []
                 for arm in ARMS:  # submitted together
                     deployment = client.read_deployment_by_name(f"train/{arm}")
@@ -228,14 +232,16 @@ def test_status_warns_in_the_run_log_when_no_worker_polls(tmp_path):
 
 
 @pytest.mark.parametrize("enabled", ["true", "false"])
-def test_every_run_logs_system_metrics_unless_switched_off(tmp_path, monkeypatch, enabled):
+def test_every_run_logs_system_metrics_unless_switched_off(mlflow_uri, monkeypatch, enabled):
     """A run shorter than the sampling interval still holds one sample; MLflow's own switch
-    turns it off."""
+    turns it off. (`mlflow_uri`: mlflow.set_tracking_uri sets MLFLOW_TRACKING_URI in this
+    process's environment, which the fixture restores, so later tests' children never inherit
+    this test's store.)"""
     import tracking
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", enabled)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     with tracking.mlflow_run("brorl", uri, "short", {}) as run_id:
         pass
     metrics = MlflowClient(uri).get_run(run_id).data.metrics
