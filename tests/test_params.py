@@ -68,6 +68,18 @@ def test_a_typo_out_of_range_value_or_cross_field_rule_fails_with_the_fix(tmp_pa
         load_params(bad)
 
 
+@pytest.mark.parametrize(("override", "takes"), [
+    ("update.max_tokens_per_micro_batch=off", "takes an integer > 0, 'auto' or null"),
+    ("update.clip_eps_low=no", "takes a number >= 0 and < 1"),
+    ("update.rollouts_per_prompt=yes", "takes an integer >= 2"),
+])
+def test_a_yaml_boolean_where_none_belongs_names_what_the_key_takes(override, takes):
+    with pytest.raises(ParamsError) as err:
+        load_params(ROOT / "params" / "prorl_ci.yaml", [override])
+    message = str(err.value)
+    assert takes in message and "YAML reads on, off, yes and no as booleans" in message, message
+
+
 def test_overlay_extends_its_base_and_overrides_apply_last(tmp_path):
     (tmp_path / "base.yaml").write_text("simulate:\n  steps: 50\n  num_seeds: 3\n")
     (tmp_path / "over.yaml").write_text("extends: base.yaml\nsimulate:\n  num_seeds: 2\n")

@@ -36,11 +36,36 @@ class Section(BaseModel):
             for key, value in data.items():
                 field = cls.model_fields.get(key)
                 if isinstance(value, bool) and field and not _accepts_bool(field.annotation):
-                    kind = _type_name(field.annotation)
-                    raise ValueError(f"{key} = {value!r} is a boolean, but {key} takes {kind}; "
-                                     f"give a value of that type")
+                    kind = _bounded(_type_name(field.annotation), field.metadata)
+                    raise ValueError(f"{key} = {value!r} is a boolean, but {key} takes {kind} "
+                                     "(YAML reads on, off, yes and no as booleans); give one of "
+                                     "those")
         return data
 
 
+def _bounded(name: str, metadata: list[Any]) -> str:
+    """`name` with the bounds of its constraints (annotated-types' Gt, Ge, Lt, Le): "a number
+    >= 0 and < 1"."""
+    bounds = [f"{sign} {getattr(m, attr)}" for m in metadata
+              for attr, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+              if getattr(m, attr, None) is not None]
+    return " ".join([name, " and ".join(bounds)]) if bounds else name
+
+
+_NAMES = {int: "an integer", float: "a number", str: "a string", type(None): "null"}
+
+
 def _type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+    """What a field takes, in words: `PositiveInt | Literal["auto"] | None` -> "an integer > 0,
+    'auto' or null"."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_type_name(a) for a in typing.get_args(annotation)]
+        return ", ".join(parts[:-1]) + f" or {parts[-1]}" if len(parts) > 1 else parts[0]
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        base, *metadata = typing.get_args(annotation)
+        return _bounded(_type_name(base), metadata)
+    return _NAMES.get(annotation) or getattr(annotation, "__name__", None) or \
+        str(annotation).replace("typing.", "")
