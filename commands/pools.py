@@ -43,8 +43,6 @@ DEFAULT_API = "http://127.0.0.1:4200/api"
 """$PREFECT_API_URL when unset: `make server`'s address."""
 STALE_MINUTES = 5.0
 """`status`: a pool none of whose workers has polled for this long is said to have none."""
-WAITING = ("SCHEDULED", "PENDING", "LATE")
-"""Flow run states (types, and Late's name) of a run no worker has started yet."""
 
 
 def deployments(path: Path) -> list[dict[str, Any]]:
@@ -63,33 +61,48 @@ class DeployCheckError(RuntimeError):
     """A prefect.yaml deployment that cannot run (one line)."""
 
 
+def deployment_name(entry: dict[str, Any]) -> str:
+    """A prefect.yaml deployment's full name, `flow/deployment` (a flow is named after its
+    function, `_` written `-`: `study_run` -> `study-run`)."""
+    function = str(entry.get("entrypoint", "")).partition(":")[2]
+    return f"{function.replace('_', '-')}/{entry.get('name', '?')}"
+
+
+def _where(path: Path, entry: dict[str, Any]) -> str:
+    return (f"{path.name}: deployment {entry.get('name', '?')!r} "
+            f"({entry.get('entrypoint') or 'no entrypoint'})")
+
+
 def check_deployments(path: Path, pools: set[str] | None) -> list[str]:
     """Each deployment of `path`: its entrypoint file and function exist, its params file and
-    overrides validate, and (with `pools`, the work pools the server has) its pool is known.
-    Returns `flow/deployment` names; raises DeployCheckError naming the first bad one."""
+    overrides validate, and (with `pools`, `check_pools`) its pool is known. Returns their
+    names (`deployment_name`); raises DeployCheckError naming the first bad one."""
     root = path.parent
-    names = []
     for entry in deployments(path):
-        name = entry.get("name", "?")
-        entrypoint = str(entry.get("entrypoint", ""))
-        file, _, function = entrypoint.partition(":")
-        where = f"{path.name}: deployment {name!r} ({entrypoint or 'no entrypoint'})"
+        file, _, function = str(entry.get("entrypoint", "")).partition(":")
         if not (root / file).is_file() or f"def {function}(" not in (root / file).read_text():
-            raise DeployCheckError(f"{where}: no function {function!r} in {file}; give "
-                                   "entrypoint as flows/NAME.py:FUNCTION.")
+            raise DeployCheckError(f"{_where(path, entry)}: no function {function!r} in {file}; "
+                                   "give entrypoint as flows/NAME.py:FUNCTION.")
         parameters = entry.get("parameters") or {}
         try:
             load_params(root / parameters.get("params_path", ""), parameters.get("overrides") or [])
         except ParamsError as err:
-            raise DeployCheckError(f"{where}: {err}") from None
+            raise DeployCheckError(f"{_where(path, entry)}: {err}") from None
+    if pools is not None:
+        check_pools(path, pools)
+    return [deployment_name(entry) for entry in deployments(path)]
+
+
+def check_pools(path: Path, pools: set[str]) -> None:
+    """DeployCheckError for the first deployment of `path` whose work pool is neither the
+    project's nor one of `pools` (the server's)."""
+    for entry in deployments(path):
         pool = (entry.get("work_pool") or {}).get("name")
-        if pools is not None and pool != POOL and pool not in pools:
-            raise DeployCheckError(f"{where}: work pool {pool!r} does not exist on the server; "
-                                   f"use the project's pool {POOL!r} (which `make worker` "
-                                   f"creates) or create it: prefect work-pool create {pool} "
-                                   "--type process.")
-        names.append(f"{function.replace('_', '-')}/{name}")
-    return names
+        if pool != POOL and pool not in pools:
+            raise DeployCheckError(f"{_where(path, entry)}: work pool {pool!r} does not exist on "
+                                   f"the server; use the project's pool {POOL!r} (which `make "
+                                   f"worker` creates) or create it: prefect work-pool create "
+                                   f"{pool} --type process.")
 
 
 def api_url() -> str:
@@ -167,7 +180,7 @@ def deploy(prefect_file: Path) -> int:
     require_server()
     for line in setup():
         print(line)
-    check_deployments(prefect_file, pool_names())
+    check_pools(prefect_file, pool_names())
     command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all",
                "--prefect-file", str(prefect_file)]
     return subprocess.run(command, cwd=prefect_file.parent, check=False).returncode

@@ -556,7 +556,7 @@ def _deployment_problems(args: list[str]) -> list[str]:
                 f"(its deployments: {', '.join(names)})"]
     keys = [a.partition("=")[0] for flag, a in zip(args[1:], args[2:]) if flag in ("-p", "--param")]
     entry = next(e for e in pools.deployments(ROOT / "prefect.yaml")
-                 if f"{e['entrypoint'].partition(':')[2].replace('_', '-')}/{e['name']}" == args[0])
+                 if pools.deployment_name(e) == args[0])
     file, _, function = entry["entrypoint"].partition(":")
     tree = ast.parse((ROOT / file).read_text())
     [found] = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == function]

@@ -40,17 +40,18 @@ def test_every_deployment_validates_and_writes_only_under_outputs_scheduled():
         assert entry["work_pool"]["name"] == pools.POOL
         for override in entry["parameters"]["overrides"]:
             key, _, value = override.partition("=")
-            if key.endswith(("path", "_dir", "dir")):
+            if key.endswith(("path", "dir")):
                 assert value.startswith("outputs/scheduled/"), (entry["name"], override)
         for schedule in entry.get("schedules") or []:
             assert schedule["active"] is False  # a fresh worker trains nothing by itself
 
 
 def _copy(tmp_path: Path, edit) -> Path:
-    """prefect.yaml in a copy of the params (so relative params paths resolve), edited."""
-    shutil.copytree(ROOT / "params", tmp_path / "params")
-    for folder in ("flows",):
+    """prefect.yaml beside copies of params/, params.yaml and flows/ (its paths resolve there),
+    edited."""
+    for folder in ("params", "flows"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
+    shutil.copy(ROOT / "params.yaml", tmp_path)  # params/brorl.yaml extends it
     spec = yaml.safe_load(PREFECT_FILE.read_text())
     edit(spec["deployments"])
     path = tmp_path / "prefect.yaml"
@@ -201,7 +202,6 @@ def test_status_warns_in_the_run_log_when_no_worker_polls(tmp_path):
     """No worker ever started: a due flow run waits; `status` says so and writes it into the
     run's log."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import DeploymentCreate  # noqa: F401  (schema present)
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

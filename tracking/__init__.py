@@ -155,8 +155,9 @@ def system_metrics(run_id: str, tracking_uri: str, resume: bool = False) -> Iter
         stop_system_metrics(run_id)
 
 
-_MONITORS: dict[str, Any] = {}
-"""Run id -> its system-metrics monitor, while the run is open in this process."""
+_MONITORS: dict[str, tuple[Any, int]] = {}
+"""Run id -> its system-metrics monitor and the step it started at, while the run is open in
+this process."""
 
 
 def start_system_metrics(run_id: str, tracking_uri: str, resume: bool = False) -> None:
@@ -170,21 +171,20 @@ def start_system_metrics(run_id: str, tracking_uri: str, resume: bool = False) -
         return
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop lines
     monitor = SystemMetricsMonitor(run_id, resume_logging=resume, tracking_uri=tracking_uri)
-    monitor.brorl_first_step = monitor._logging_step
     monitor.collect_metrics()  # the first sample now, before the monitor's thread starts
     monitor.start()
-    _MONITORS[run_id] = monitor
+    _MONITORS[run_id] = (monitor, monitor._logging_step)
 
 
 def stop_system_metrics(run_id: str) -> None:
     """Stop run `run_id`'s monitor, if one runs, before the run is terminated. MLflow's monitor
     logs only after a full interval: a run that ends sooner logs the samples it took (at least
     the first) here."""
-    monitor = _MONITORS.pop(run_id, None)
-    if monitor is None:
+    if run_id not in _MONITORS:
         return
+    monitor, first = _MONITORS.pop(run_id)
     monitor.finish()
-    if monitor._logging_step == monitor.brorl_first_step:  # ended within its first interval
+    if monitor._logging_step == first:  # ended within its first interval
         if metrics := monitor.aggregate_metrics():
             monitor.publish_metrics(metrics)
             monitor.mlflow_logger.flush()

@@ -1,4 +1,4 @@
-"""Micro-batches by token budget: rows of similar response length together, planned on the host.
+"""Micro-batches by token budget: rows packed or bucketed by length, planned on the host.
 
 A micro-batch is the rows one forward (and, in the update, one backward) runs at once. Right-padded
 to its longest response, a micro-batch of rows with lengths 5 and 500 computes 1,000 positions for
@@ -171,7 +171,7 @@ def _packed(prompt_ids: Sequence[Sequence[int]], rows: Tensor, groups: list[int]
                 need = max(lengths[i] - 1, 0)
                 home = next((k for k in range(first, len(lanes)) if used[k] + need <= room),
                             None)
-                if home is None or (need == 0 and not lanes[first:]):
+                if home is None:
                     lanes.append([])
                     used.append(0)
                     owner.append(b)

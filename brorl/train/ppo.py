@@ -6,8 +6,8 @@ differences between engine and trainer are left to truncated importance sampling
 
 A mini-batch (rows of the step's B x N rollouts) is processed in micro-batches of at most
 `micro_batch_rollouts` rows and, with `update.max_tokens_per_micro_batch`, at most that many
-computed positions, rows of similar response length together (`brorl.train.micro`, planned on the
-host before the first forward): forward, `policy_loss` with the mini-batch's token count as
+computed positions, rows packed end to end or bucketed by length (`brorl.train.micro`, planned on
+the host before the first forward): forward, `policy_loss` with the mini-batch's token count as
 normaliser, `backward(loss)`. The gradients therefore sum to the mini-batch gradient whatever the
 split (tested), and peak memory is bounded by the micro-batch, not by N. The loop reads nothing
 back from the device: the metrics are summed there and read once per mini-batch. Scoring (old and
@@ -122,35 +122,29 @@ def _packed_logprobs(model: torch.nn.Module, batch: RolloutBatch, micro: MicroBa
     first = torch.stack([prefixes[b].logits for b in micro.prompts])[micro.slot.to(device)]
     logp0, entropy0 = _token_logprobs(first, batch.response_ids[rows, 0].to(device), temperature,
                                       with_entropy)
-    lengths = batch.response_lengths[rows]
-    valid = torch.arange(t)[None, :] < lengths[:, None]
+    valid = (torch.arange(t)[None, :] < batch.response_lengths[rows][:, None]).to(device)
     zeros = torch.zeros(len(rows), t, device=device)
-    if len(lanes.slot) == 0:
-        logp = torch.cat([logp0[:, None], zeros[:, 1:]], dim=1)
-        entropy = None if entropy0 is None else torch.cat([entropy0[:, None], zeros[:, 1:]], 1)
-        return torch.where(valid.to(device), logp, zeros), entropy
-    ids, targets, positions, mask, index = _lane_layout(batch, micro)
-    cache, _, prompt_lengths, _ = rows_cache(prefixes, micro.prompts, lanes.slot)
-    visible = torch.cat([_prompt_visible(batch, micro.prompts, lanes.slot,
-                                         cache.get_seq_length()).unsqueeze(1)
-                         .expand(-1, lanes.width, -1), mask], dim=2)
-    logits = model(
-        input_ids=ids.to(device), attention_mask=visible[:, None].to(device),
-        position_ids=prompt_lengths[:, None] + positions.to(device), past_key_values=cache,
-        use_cache=False,
-    ).logits
-    packed, packed_entropy = _token_logprobs(logits, targets.to(device), temperature,
-                                             with_entropy)
-    index, later = index.to(device), valid[:, 1:].to(device)
+    packed = packed_entropy = None  # no lane: every row has at most one token
+    if len(lanes.slot):
+        ids, targets, positions, mask, index = _lane_layout(batch, micro)
+        cache, _, prompt_lengths, _ = rows_cache(prefixes, micro.prompts, lanes.slot)
+        visible = torch.cat([_prompt_visible(batch, micro.prompts, lanes.slot,
+                                             cache.get_seq_length()).unsqueeze(1)
+                             .expand(-1, lanes.width, -1), mask], dim=2)
+        logits = model(
+            input_ids=ids.to(device), attention_mask=visible[:, None].to(device),
+            position_ids=prompt_lengths[:, None] + positions.to(device), past_key_values=cache,
+            use_cache=False,
+        ).logits
+        packed, packed_entropy = _token_logprobs(logits, targets.to(device), temperature,
+                                                 with_entropy)
+        index = index.to(device)
 
-    def unpack(head: Tensor, lanes_values: Tensor) -> Tensor:
-        rest = torch.where(later, lanes_values.reshape(-1)[index], zeros[:, 1:])
-        return torch.cat([torch.where(valid[:, 0].to(device), head, zeros[:, 0])[:, None], rest],
-                         dim=1)
+    def unpack(head: Tensor, lanes_values: Tensor | None) -> Tensor:
+        rest = zeros[:, 1:] if lanes_values is None else lanes_values.reshape(-1)[index]
+        return torch.where(valid, torch.cat([head[:, None], rest], dim=1), zeros)
 
-    entropy = None
-    if packed_entropy is not None and entropy0 is not None:
-        entropy = unpack(entropy0, packed_entropy)
+    entropy = unpack(entropy0, packed_entropy) if entropy0 is not None else None
     return unpack(logp0, packed), entropy
 
 
@@ -239,8 +233,9 @@ def micro_batches(model: torch.nn.Module, batch: RolloutBatch, rows: Tensor,
                   micro_batch_rollouts: int, max_tokens: int | None,
                   prefill_once: bool = False) -> list[MicroBatch]:
     """The micro-batches of `rows` (`brorl.train.micro.plan`): at most `micro_batch_rollouts`
-    rows each and, with `max_tokens`, at most that many computed positions, rows of similar
-    length together; `prefill_once` for scoring (each prompt prefilled once for all of them)."""
+    rows each and, with `max_tokens`, at most that many computed positions, each prompt's rows
+    packed in lanes (shared prefix) or rows bucketed by length; `prefill_once` for scoring (each
+    prompt prefilled once for all of them)."""
     shared = shares_prefix(model)
     return plan(batch.prompt_ids, batch.prompt_index, batch.response_lengths, rows,
                 max_rows=micro_batch_rollouts, max_tokens=max_tokens, shared=shared,
@@ -299,6 +294,7 @@ def accumulate_mini_batch(
     loss_scale: float = 1.0,
     num_micro_batches: int | None = None,
     max_tokens: int | None = None,
+    parts: list[MicroBatch] | None = None,
     loss: LossConfig,
 ) -> dict[str, float]:
     """Forward/backward `rows` in micro-batches; return the mini-batch's `update/*` metrics.
@@ -310,15 +306,17 @@ def accumulate_mini_batch(
     Metrics are sums of per-micro-batch metrics, i.e. this rank's share of the mini-batch values,
     summed on the device and read once after the last micro-batch.
 
-    Micro-batches (`micro_batches`): at most `micro_batch_rollouts` rows, and with `max_tokens`
-    at most that many computed positions, rows of similar length together; without it, rows of
-    one prompt together, right-padded (the row-padded layout). How a mini-batch is split does not
+    Micro-batches (`micro_batches`, or `parts` when the caller planned them already): at most
+    `micro_batch_rollouts` rows, and with `max_tokens` at most that many computed positions,
+    packed or bucketed by length; without it, rows of one prompt together, right-padded (the
+    row-padded layout). How a mini-batch is split does not
     change its gradient: each loss is over the mini-batch's tokens. `num_micro_batches` (default:
     as many as the plan has) fixes the number of backward calls, so every data-parallel rank makes
     the same number (ZeRO-2 reduces gradients inside each backward); the extra calls
     backpropagate a zero loss.
     """
-    parts = micro_batches(model, batch, rows, micro_batch_rollouts, max_tokens)
+    if parts is None:
+        parts = micro_batches(model, batch, rows, micro_batch_rollouts, max_tokens)
     count = len(parts) if num_micro_batches is None else num_micro_batches
     if count < len(parts):
         size = f"<= {micro_batch_rollouts} rollouts" + (

@@ -10,7 +10,7 @@ the ProRLv2 blog post):
 2. `update`: advantages over the kept groups (REINFORCE++-baseline or GRPO), old and reference
    log-probs, then `mini_batches_per_step` PPO mini-batches per epoch, each accumulated from
    micro-batches (at most `micro_batch_rollouts` rows and `max_tokens_per_micro_batch`
-   positions, rows of similar length together: `brorl.train.micro`) and applied with one
+   positions, rows packed or bucketed by length: `brorl.train.micro`) and applied with one
    optimizer step; `perf/*` says how busy the device was (`brorl.train.perf`);
 3. `end_step`: count the step, reset the reference on schedule (optionally clearing the
    optimizer), sync the engine's weights; `save_checkpoint` when the run says so.
@@ -35,7 +35,8 @@ of k + m steps. Continuation: a fresh run whose `init_checkpoint` holds a `run.j
 (`brorl.train.sampler.continue_stream`).
 
 Deliberately ignored: a vLLM engine per rank, ZeRO-3 (whole parameters are needed for the
-engine and HF saves), packing rows into one sequence, asynchronous (off-policy) rollouts.
+engine and HF saves), packing rows of different prompts into one sequence, asynchronous
+(off-policy) rollouts.
 """
 
 from __future__ import annotations
@@ -334,7 +335,7 @@ class Trainer:
                     micro_batch_rollouts=config.micro_batch_rollouts,
                     normaliser=float(mask[mb].sum()), loss_scale=float(self.world),
                     num_micro_batches=max(map(len, parts)), max_tokens=tokens,
-                    loss=config.loss)
+                    parts=parts[self.rank], loss=config.loss)
                 self.engine.step()
                 steps += 1
                 grad_norms.append(float(self.engine.get_global_grad_norm() or 0.0))
