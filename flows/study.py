@@ -43,8 +43,11 @@ def _params(params_path: str, overrides: list[str] | None) -> dict[str, Any]:
 
 @flow(name="study-warmup")
 def study_warmup(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Train the warm-up until its validation slope is shown flat or its cap; `plateau.json`."""
+    """Train the warm-up until its validation slope is shown flat or its cap; `plateau.json`.
+    A frozen warm-up is reused as it is."""
     params = _params(params_path, overrides)
+    if (frozen := s.frozen_warmup(params)) is not None:
+        return frozen  # made once: never trained again
     wp = s.warmup(params)
     with device_slot():  # a deployment's run: one training per device
         run = t.open_run(wp)

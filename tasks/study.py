@@ -17,8 +17,9 @@ from brorl.params import ExperimentParams
 from brorl.study import warmup_params, write_plan
 from brorl.study import progress as prog
 from brorl.study.pool import write_pool
-from brorl.study.report import build_report, headline, write_headline
+from brorl.study.report import build_report, headline, write_headline, write_seeds
 from brorl.study.start import write_start
+from brorl.study.warmup import frozen_warmup as read_frozen_warmup
 import tracking
 from tracking import study_record
 
@@ -29,6 +30,12 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 def plan(params: dict[str, Any]) -> list[str]:
     """Write the plan files (`<out_dir>/plan/`); the run ids."""
     return write_plan(ExperimentParams.model_validate(params), find_root())
+
+
+@task(name="study-warmup-frozen", **_TASK)
+def frozen_warmup(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The frozen warm-up's plateau record, None when not frozen (`brorl.study.frozen`)."""
+    return read_frozen_warmup(ExperimentParams.model_validate(params), find_root())
 
 
 @task(name="study-warmup-params", **_TASK)
@@ -79,10 +86,13 @@ def finish_run(prepared: dict[str, Any], summary: dict[str, Any]) -> None:
 
 @task(name="study-report", **_TASK)
 def report(params: dict[str, Any]) -> dict[str, Any]:
-    """report.md, report.json and the PNGs; the headline as `<metrics_dir>/<study_label>.json`."""
+    """report.md, report.json, seeds.md and the PNGs; the headline as
+    `<metrics_dir>/<study_label>.json` and the per-seed table beside it (committed in git)."""
     p = ExperimentParams.model_validate(params)
     result = build_report(p, find_root())
-    write_headline(result, Path(tracking.stage_metrics(p, p.study_label)))
+    metrics = Path(tracking.stage_metrics(p, p.study_label))
+    write_headline(result, metrics)
+    write_seeds(result, metrics.with_name(f"{metrics.stem}_seeds.md"))
     get_run_logger().info("\n".join(result["verdict"]))
     return result
 

@@ -28,6 +28,9 @@ OPTION_SECTIONS = {
     ("benchmarks/step_memory.py", "--data-params"): {"data"},
     ("benchmarks/vs_trl.py", "--data-params"): {"data"},
     ("benchmarks/simulate_speed.py", "--params"): {"simulate"},
+    ("brorl.study.power", "--params"): {"study"},
+    ("brorl.study.probe", "--params"): {"data", "model", "generate", "filter", "verify"},
+    ("brorl.study.frozen", "--params"): {"study"},
 }
 """The sections each params-file option of the other programs (`python -m MODULE`, `python
 benchmarks/X.py`) reads; its `-S` overrides, where it has them, set keys of the same sections.

@@ -13,7 +13,7 @@ import pytest
 from brorl.base import BaseConfig
 from brorl.data import make_problem
 from brorl.data.math import generate_math
-from brorl.evals import EvalProtocol
+from brorl.evals import REPLICATE_STRIDE, EvalProtocol
 from brorl.params import load_params
 from brorl.policy import build_policy, build_tokenizer
 from brorl.scoring import (
@@ -120,3 +120,36 @@ def test_every_evaluation_judges_under_the_runs_verify_section(monkeypatch):
     problems = generate_math(2, seed=0)
     row = protocol.score(model, tokenizer, problems, split="test")
     assert seen == [expected] and row["problem_ids"] == [p.id for p in problems]
+
+
+def test_a_split_takes_its_own_samples_and_a_replicate_its_own_sampling_seed(monkeypatch):
+    """`train.eval_split_samples` sets k per split (pass@k up to it); a replicate draws the same
+    instances under another sampling seed, the same replicate the same samples."""
+    import brorl.scoring
+
+    params = load_params(ROOT / "params/tiny_ci.yaml", ["train.eval_samples=2",
+                                                        "train.eval_split_samples.holdout=4"])
+    protocol = replace(EvalProtocol.from_params(params), max_response_tokens=4)
+    assert (protocol.samples_of("holdout"), protocol.samples_of("test")) == (4, 2)
+    assert protocol.sampling()["split_samples"] == {"holdout": 4}
+    seeds = []
+    real = brorl.scoring.sample_responses
+
+    def spy(*args, seed, **kwargs):
+        seeds.append(seed)
+        return real(*args, seed=seed, **kwargs)
+
+    monkeypatch.setattr(brorl.scoring, "sample_responses", spy)
+    tokenizer = build_tokenizer()
+    model = build_policy(vocab_size=len(tokenizer), hidden_size=16, num_layers=1, num_heads=2,
+                         num_kv_heads=1, intermediate_size=32, max_position_embeddings=256)
+    problems = generate_math(2, seed=0)
+    row = protocol.score(model, tokenizer, problems, split="holdout")
+    assert row["samples"] == 4 and {"pass_at_1", "pass_at_2", "pass_at_4"} <= set(
+        row["scores"]["overall"])
+    again = protocol.score(model, tokenizer, problems, split="holdout", replicate=1)
+    same = protocol.score(model, tokenizer, problems, split="holdout", replicate=1)
+    assert seeds == [protocol.seed, protocol.seed + REPLICATE_STRIDE,
+                     protocol.seed + REPLICATE_STRIDE]
+    assert again["problem_ids"] == row["problem_ids"] and same == again
+    assert protocol.score(model, tokenizer, problems, split="test")["samples"] == 2

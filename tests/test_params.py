@@ -155,8 +155,9 @@ TRAINER_RENAMED = {
 }
 NOT_THE_TRAINERS = {f"train.{f}" for f in (
     "algorithm", "run_dir", "save_rollouts", "steps", "max_rollouts", "min_steps", "max_seconds",
-    "plateau_patience", "eval_every", "checkpoint_every", "eval_splits", "eval_per_family",
-    "eval_seed", "eval_samples", "eval_temperature", "eval_top_p")}
+    "plateau_patience", "eval_every", "eval_steps", "checkpoint_every", "eval_splits",
+    "eval_per_family", "eval_seed", "eval_samples", "eval_split_samples", "eval_temperature",
+    "eval_top_p")}
 """`train` fields the run loop reads (budgets, schedules, evaluation, outputs), not
 `TrainerConfig`: `RunConfig` takes them (the evaluation's in its `EvalProtocol`; `algorithm` is
 the MLflow tag)."""
@@ -194,9 +195,9 @@ def _other_value(section: BaseModel, name: str) -> BaseModel:
     elif isinstance(value, list):  # a list of a Literal (eval_splits) or of file names
         inner = get_args(choices[0]) if choices else ()
         candidates = [value[:1], [c for c in inner if c not in value] + value,
-                      [*value, "extra.jsonl"]]
-    elif isinstance(value, dict):
-        candidates = [{**value, "extra": "params/extra.yaml"}]
+                      [*value, "extra.jsonl"], [*value, 3]]  # 3: a list of steps
+    elif isinstance(value, dict):  # file names, or samples per split
+        candidates = [{**value, "extra": "params/extra.yaml"}, {**value, "test": 3}]
     else:  # None
         candidates = [3, {"math": 2.0}, {"spell_backward": {}}]
     for candidate in candidates:

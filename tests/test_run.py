@@ -47,14 +47,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _protocol(**changes) -> EvalProtocol:
     return EvalProtocol(**{**dict(per_family=1, samples=1, temperature=0.6, top_p=0.95,
-                                  max_response_tokens=8, seed=0, verify=VerifyConfig(workers=1)),
+                                  max_response_tokens=8, seed=0, verify=VerifyConfig(workers=1),
+                                  split_samples=()),
                            **changes})
 
 
 def _config(**changes) -> RunConfig:
     values = dict(name="t", run_dir="/nonexistent", root="/", data_path="data/problems",
                   steps=100, max_rollouts=None, min_steps=None, max_seconds=None,
-                  plateau_patience=None, eval_every=4,
+                  plateau_patience=None, eval_every=4, eval_steps=(),
                   checkpoint_every=5, save_rollouts=False, eval_splits=("test",),
                   eval_protocol=_protocol(), diagnostics=DiagnosticsConfig(
                       enabled=False, probes_per_family=1, step_probes=0, decompose=False, seed=0))
@@ -203,6 +204,10 @@ def test_evaluation_is_due_on_schedule_and_at_the_step_that_spends_a_budget():
     assert run.eval_due()
     run.trainer.step_count, run.state.rollouts = 16, 0
     assert run.eval_due()  # a multiple of eval_every
+    run = _stub_run(5, eval_every=100, eval_steps=(5, 9))  # a study's equal-steps point
+    assert run.eval_due()
+    run.trainer.step_count = 6
+    assert not run.eval_due()
 
 
 def test_a_budget_not_divisible_by_b_times_n_is_never_exceeded_even_with_refills(
@@ -309,7 +314,7 @@ def test_an_evaluation_writes_one_row_per_split_with_per_instance_scores(tmp_pat
     # p0 (math): 2 of 4 correct: pass@1 = score = 0.5; p1 (reasoning): 1 of 4 correct, pass@1
     # 0.25, its score the mean reward (1 + .5 + .5 + 0) / 4 = 0.5; the file holds no seconds
     assert {k: v for k, v in test.items() if k != "scores"} == {
-        "step": 3, "split": "test", "rollouts": 640, "problem_ids": ["p0", "p1"],
+        "step": 3, "split": "test", "rollouts": 640, "samples": 4, "problem_ids": ["p0", "p1"],
         "families": ["math", "reasoning"], "pass_at_1": [0.5, 0.25], "score": [0.5, 0.5]}
     assert run.state.evals[0]["seconds"] == 12.5  # the training seconds, kept in the state
     # unbiased pass@4 from 4 samples: 1 when any is correct

@@ -23,11 +23,11 @@ import yaml
 from scipy import stats
 
 from brorl.params import ParamsError, load_params
-from brorl.stats import holm
+from brorl.stats import evaluation_slope_test, holm
 from brorl.study import plan_runs, run_params, write_plan
 from brorl.study.plan import StudyRun
 from brorl.study.analysis import point_rows
-from brorl.study.pool import choose, histogram, keep_rate, rescued, summary
+from brorl.study.pool import band, choose, histogram, hold_out, keep_rate, rescued, summary
 from brorl.study.progress import mark_finished, prepare_run_dir, progress, progress_line
 from brorl.run_files import mlflow_marker
 from brorl.timings import read_timings
@@ -57,12 +57,13 @@ def test_the_dvc_foreach_list_is_the_plan_of_the_named_study(name):
 
 def test_runs_go_seed_by_seed_through_the_arms():
     runs = plan_runs(load_params(STUDY).study)
-    arms = ["prorl", "brorl", "brorllr", "n16b2"]
-    assert [r.id for r in runs] == [f"{a}_s{s}" for s in range(3) for a in arms]
+    arms = ["prorl", "brorllr", "b64", "brorl"]
+    assert [r.id for r in runs] == [f"{a}_s{s}" for s in range(6) for a in arms
+                                    if a != "brorl" or s < 3]
     ci = load_params(STUDY_CI, ["study.arms.brorllr.seeds=3"]).study
-    # prorl and brorl have 2 seeds, brorllr 3, n16b2 1: a seed's runs, then the next seed's
-    assert [r.id for r in plan_runs(ci)] == ["prorl_s0", "brorl_s0", "brorllr_s0", "n16b2_s0",
-                                             "prorl_s1", "brorl_s1", "brorllr_s1", "brorllr_s2"]
+    # prorl has 2 seeds, brorllr 3, b64 and brorl 1: a seed's runs, then the next seed's
+    assert [r.id for r in plan_runs(ci)] == ["prorl_s0", "brorllr_s0", "b64_s0", "brorl_s0",
+                                             "prorl_s1", "brorllr_s1", "brorllr_s2"]
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -81,58 +82,65 @@ def test_every_run_differs_from_the_study_only_in_its_arm_seed_start_pool_and_st
     allowed = {"name", "update.prompts_per_step", "update.rollouts_per_prompt",
                "update.base_samples_per_step", "data.path", "train.seed", "train.algorithm",
                "train.init_checkpoint", "train.continue_stream", "train.max_rollouts",
-               "train.min_steps", "train.steps", "train.eval_every", "train.checkpoint_every",
+               "train.min_steps", "train.steps", "train.eval_every", "train.eval_steps",
+               "train.checkpoint_every", "train.eval_splits", "train.eval_split_samples.holdout",
+               "train.eval_split_samples.test", "train.eval_split_samples",
                "train.run_dir", "train.checkpoint_dir", "tracking.metrics_dir",
                "tracking.plots_dir"}
     # the sqrt rule, lr = 1e-4 sqrt(B N / anchor): prorl 128/128, brorl 1024/128 (x 2.83),
-    # brorllr 1024/1024 and n16b2 32/32 (ProRL's 1e-4)
-    lr = {"prorl": 1e-4, "brorl": 1e-4 * math.sqrt(8), "brorllr": 1e-4, "n16b2": 1e-4}
-    # every arm is evaluated every 48 steps (ProRL ends near 51200 / 128 = 400 steps, without
-    # refills, so its long run is too; the others end near 48-50)
-    every = {"prorl": 48, "brorl": 48, "brorllr": 48, "n16b2": 48}
+    # brorllr 1024/1024 and b64 1024/1024 (ProRL's 1e-4)
+    lr = {"prorl": 1e-4, "brorl": 1e-4 * math.sqrt(8), "brorllr": 1e-4, "b64": 1e-4}
     for run in plan_runs(params.study):
         p = run_params(params, run)
         changed = {k for k, v in _leaves(p.model_dump(mode="json", exclude={"study"})).items()
-                   if study_leaves[k] != v}
+                   if study_leaves.get(k) != v}
         assert changed <= allowed, (run.id, changed - allowed)
         assert p.update.lr == pytest.approx(lr[run.arm]) and p.update.mini_batches_per_step == 4
-        assert p.train.eval_every == every[run.arm] and p.train.seed == run.seed
+        # evaluated at step 0, step 48 and the budget only: eval_every is the run's length
+        assert (p.train.eval_every, p.train.eval_steps) == (p.train.steps, [48])
+        assert p.train.seed == run.seed and p.train.checkpoint_every == 48
         assert (p.train.init_checkpoint, p.data.path) == ("outputs/study/warmup/policy",
                                                           "outputs/study/pool/problems")
         assert p.train.continue_stream is False  # the pool is not the warm-up's train list
-        assert (p.train.eval_per_family, p.train.eval_samples, p.train.eval_seed) == (100, 8, 0)
-        if run.arm == "n16b2":
-            assert (p.train.steps, p.train.max_rollouts, p.train.min_steps) == (48, None, None)
-        else:  # the budget, and step 48 however many groups the filter drops
-            assert (p.train.steps, p.train.max_rollouts, p.train.min_steps) == (1000, 51200, 48)
+        assert p.train.eval_splits == ["holdout", "test"]
+        assert p.train.eval_split_samples == {"holdout": 64, "test": 8}
+        assert (p.train.eval_per_family, p.train.eval_seed) == (100, 0)
+        # the budget, and step 48 however many groups the filter drops
+        assert (p.train.steps, p.train.max_rollouts, p.train.min_steps) == (1000, 51200, 48)
         assert p.train.run_dir == f"outputs/study/runs/{run.id}"
 
 
 def test_the_study_file_holds_the_issues_design():
     study = load_params(STUDY).study
-    broad = [a for a in study.arms.values() if a.update["rollouts_per_prompt"] == 512]
-    assert len(broad) == 2 and all(a.update["prompts_per_step"] == 2 for a in broad)
-    assert study.budget_rollouts >= 48 * 2 * 512  # >= 48 BroRL steps
+    shape = {n: (a.update["prompts_per_step"], a.update["rollouts_per_prompt"])
+             for n, a in study.arms.items()}
+    assert shape == {"prorl": (8, 16), "brorllr": (2, 512), "b64": (64, 16), "brorl": (2, 512)}
+    assert study.budget_rollouts >= 48 * 2 * 512  # >= 48 steps of 1,024 rollouts
     assert study.warmup.window >= 5 and study.warmup.min_instances >= 300
-    sides = {(c.a, c.b) for c in study.contrasts.values()}
-    for arm in ("brorl", "brorllr"):  # each BroRL arm vs ProRL at equal rollouts and steps
-        assert {("prorl@budget", f"{arm}@budget"), ("prorl@steps", f"{arm}@steps")} <= sides
-    assert ("brorllr@budget", "brorl@budget") in sides  # the LR alone
-    assert ("start", "prorl@budget") in sides  # the premise, by TOST
-    from brorl.study.power import plan_seeds
-
-    assert all(a.seeds == plan_seeds() for a in study.arms.values())
+    c = study.contrasts
+    confirmatory = {(c[n].a, c[n].b) for n in study.confirmatory}
+    assert confirmatory == {("prorl@budget", "brorllr@budget"), ("prorl@steps", "brorllr@steps"),
+                            ("b64@budget", "brorllr@budget")}  # the compute-matched contrast
+    assert (c[study.premise].a, c[study.premise].b) == ("start", "prorl@budget")
+    assert [n for n, x in c.items() if x.equivalence] == [study.premise]
+    assert study.start_replicates >= 3 and study.eval_split_samples["holdout"] >= 64
+    assert study.revival == {"brorllr": ["brorllr_vs_prorl"]}
+    assert study.frozen == "study/frozen.json"
 
 
 @pytest.mark.parametrize("override, message", [
     ("study.budget_rollouts=53000", "not divisible by arm prorl's N = 16"),
     ("study.budget_rollouts=40960", "fewer than study.equal_steps = 48 steps"),
     ("study.contrasts.lr_alone.a=brorl@nowhere", "side 'brorl@nowhere' is not"),
-    ("study.contrasts.n_alone.a=n16b2@budget", "an arm with stop: steps has no @budget"),
+    ("study.arms.b64.stop=steps", "an arm with stop: steps has no @budget"),
     ("study.contrasts.lr_alone.b=start", "`start` may only be side a"),
-    ("study.revival.brorl=[nothing]", "unknown: \\['nothing'\\]"),
+    ("study.revival.brorl=[nothing]", "not confirmatory: \\['nothing'\\]"),
+    ("study.revival.brorl=[lr_alone]", "not confirmatory: \\['lr_alone'\\]"),
+    ("study.confirmatory=[nothing]", "name \\['nothing'\\], which are not contrasts"),
+    ("study.contrasts.prorl_vs_start.equivalence=false", "is read by its TOST"),
     ("study.arms.brorl.update.prompts_per_step=3", "gives arm brorl .* fewer than study.equal"),
-    ("study.arms.n16b2.update.mini_batches_per_step=3", "study.arms.n16b2.update .*do not split"),
+    ("study.arms.b64.update.mini_batches_per_step=3", "study.arms.b64.update .*do not split"),
+    ("study.pool.holdout_fraction=1.5", "holdout_fraction"),
     ("study.evaluations=5", "not a multiple of study.evaluations"),
     ("study.pool.target=[0.7,0.3]", "0 < low < high < 1"),
 ])
@@ -155,10 +163,10 @@ def test_the_plan_files_change_only_where_their_settings_changed(tmp_path):
                tmp_path)
     changed = {f for f in files if (tmp_path / "plan" / f).read_bytes() != before[f]}
     assert changed == {"warmup.json"}
-    more = load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.arms.n16b2.seeds=2"])
-    assert "n16b2_s1" in write_plan(more, tmp_path)
+    more = load_params(STUDY_CI, [f"study.out_dir={tmp_path}", "study.arms.b64.seeds=2"])
+    assert "b64_s1" in write_plan(more, tmp_path)
     write_plan(params, tmp_path)
-    assert not (tmp_path / "plan" / "n16b2_s1.json").exists()  # a dropped run's file goes
+    assert not (tmp_path / "plan" / "b64_s1.json").exists()  # a dropped run's file goes
 
 
 # --- run folders between sessions, progress ---------------------------------------------------
@@ -212,21 +220,21 @@ def test_progress_counts_current_finished_runs_and_estimates_from_their_wall_tim
     from brorl.study.progress import digests
 
     current = digests(params, tmp_path)
-    for run_id, wall in (("prorl_s0", 10.0), ("n16b2_s0", 5.0)):
+    for run_id, wall in (("prorl_s0", 10.0), ("b64_s0", 5.0)):
         folder = tmp_path / "study" / "runs" / run_id
         prepare_run_dir(folder, run_id, current[run_id])
         mark_finished(folder, wall)
-    stale = tmp_path / "study" / "runs" / "brorl_s1"
-    prepare_run_dir(stale, "brorl_s1", "old-digest")
+    stale = tmp_path / "study" / "runs" / "brorllr_s1"
+    prepare_run_dir(stale, "brorllr_s1", "old-digest")
     mark_finished(stale, 99.0)  # finished with other params: not done
     p = progress(params, tmp_path, "brorl_s0")
-    # left: prorl_s1 (prorl's mean, 10 s), then brorl_s0, brorllr_s0, brorl_s1 with no run of
-    # their arm yet: the finished runs' 15 s per 256 + 32 nominal rollouts (4 x 16 x 4 steps,
-    # 2 x 16 x 1 step) times their nominal 2 x 64 x 2 = 256 rollouts: 40/3 s each
+    # left: prorl_s1 (prorl's mean, 10 s), then brorllr_s0, brorl_s0, brorllr_s1 with no run of
+    # their arm yet: the finished runs' 15 s per 256 + 256 nominal rollouts (4 x 16 x 4 steps,
+    # 8 x 16 x 2 steps) times their nominal 2 x 64 x 2 = 256 rollouts: 7.5 s each
     assert (p.done, p.total, p.elapsed) == (2, 6, 15.0)
-    assert p.eta == pytest.approx(10 + 3 * 15 / 288 * 256)
+    assert p.eta == pytest.approx(10 + 3 * 15 / 512 * 256)
     assert progress_line("study-ci", StudyRun("brorl", 0), p) == (
-        "study study-ci: run brorl_s0 (seed 0) | 2/6 runs done | elapsed 0m15s | ETA 0m50s")
+        "study study-ci: run brorl_s0 (seed 0) | 2/6 runs done | elapsed 0m15s | ETA 0m32s")
     assert progress(params, tmp_path, "prorl_s1", started=time.time() - 125).elapsed >= 125
 
 
@@ -263,18 +271,38 @@ def test_each_look_of_the_warm_up_tests_at_alpha_over_the_looks():
     params = load_params(STUDY_CI, ["study.warmup.min_instances=40", "study.budget_rollouts=1024"])
     study = params.study
     assert study.warmup.looks == 2 and load_params(STUDY).study.warmup.looks == 4  # 384 .. 672
-    # per-instance slopes 0 +- s exactly (z standardised), s chosen so that the TOST p is about
-    # 0.03: se = s / sqrt(40), p = P(T39 > 0.03 / se) = 0.03 -> se = 0.03 / t(0.97, 39)
-    z = np.random.default_rng(1).normal(size=40)
-    z = (z - z.mean()) / z.std(ddof=1)
-    se = 0.03 / stats.t.ppf(0.97, 39)
-    slopes = z * se * math.sqrt(40)
+    # evaluation means 0 slope + residuals r (orthogonal to 1 and x), scaled so that the TOST p
+    # is 0.03: se = sqrt(RSS / 3 / Sxx), p = P(T3 > 0.03 / se) = 0.03 -> se = 0.03 / t(0.97, 3)
+    x = 0.25 * np.arange(5)  # rollouts / budget
+    r = np.array([1.0, -2.0, 0.0, 2.0, -1.0])
+    sxx = float(((x - x.mean()) ** 2).sum())
+    scale = 0.03 / stats.t.ppf(0.97, 3) / math.sqrt(r @ r / 3 / sxx)
     rows = _validation_rows([0.0] * 5, 0.0, every=256)
-    for k, row in enumerate(rows):  # x = rollouts / budget = 0.25 k
-        row["score"] = (np.array(row["score"]) + slopes * 0.25 * k).tolist()
+    for k, row in enumerate(rows):  # every instance moves by the evaluation's residual
+        row["score"] = (np.array(row["score"]) + scale * r[k]).tolist()
     verdict_ = plateau_test(rows, study)
+    assert verdict_["unit"] == "evaluations" and verdict_["test"]["df"] == 3
     assert verdict_["test"]["p_equivalence"] == pytest.approx(0.03, abs=1e-6)
     assert verdict_["level"] == 0.025 and verdict_["flat"] is False  # flat at 0.05, not 0.025
+
+
+def test_the_evaluations_as_unit_slope_test_equals_a_hand_computed_regression():
+    means, x = [0.41, 0.43, 0.40, 0.45, 0.44, 0.46], [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    hand = stats.linregress(x, means)  # least squares over 6 evaluations, df 4
+    test = evaluation_slope_test(means, x, margin=0.1, alpha=0.05)
+    assert (test.slope, test.se, test.df) == pytest.approx((hand.slope, hand.stderr, 4))
+    assert test.p_two_sided == pytest.approx(hand.pvalue)
+    half = stats.t.ppf(0.975, 4) * hand.stderr
+    assert (test.ci_low, test.ci_high) == pytest.approx((hand.slope - half, hand.slope + half))
+    # TOST by hand: the larger one-sided p against -margin and +margin
+    tost = max(stats.t.sf((hand.slope + 0.1) / hand.stderr, 4),
+               stats.t.cdf((hand.slope - 0.1) / hand.stderr, 4))
+    assert test.p_equivalence == pytest.approx(tost)
+    # 40 instances moving together are one evaluation's worth of evidence, not 40
+    rows = _validation_rows(list(np.array(means) - 0.4), 0.0)
+    table = np.array([r["score"] for r in rows])
+    assert evaluation_slope_test(table.mean(axis=1), x, margin=0.1).se == pytest.approx(
+        hand.stderr)
 
 
 class _StandIn:
@@ -327,17 +355,40 @@ def _estimates(p: list[float], tries: int = 100) -> dict:
 
 
 def test_the_pool_is_the_hardest_solved_prefix_up_to_the_bands_centre():
-    params = load_params(STUDY_CI, ["study.pool.min_prompts=2", "study.pool.target=[0.3,0.7]"])
+    params = load_params(STUDY_CI, ["study.pool.min_prompts=2", "study.pool.target=[0.1,0.9]",
+                                    "study.pool.holdout_min_per_family=1",
+                                    "study.pool.holdout_fraction=0.5"])
     # N = 16 (the baseline): keep rates of p = 0.01, 0.02, 0.05, 0.3 are 0.149, 0.276, 0.560,
     # 0.997; running means 0.149, 0.213, 0.328, 0.495, then 0.5 is passed by p = 0.5 (0.596)
     p = [0.3, 0.0, 0.05, 0.01, 0.5, 0.02, 0.9]
+    band_, _ = band(_estimates(p), params)
+    assert [f"t/{i:02d}" for i in band_] == ["t/03", "t/05", "t/02", "t/00"]
     got = choose(_estimates(p), params)
-    assert got["ids"] == ["t/03", "t/05", "t/02", "t/00"]  # 0.01, 0.02, 0.05, 0.3
-    expected = keep_rate(np.array([0.01, 0.02, 0.05, 0.3]), 16).mean()
-    assert got["predicted_pass_rate"] == pytest.approx(expected) and 0.3 <= expected <= 0.7
+    # the hold-out is half the band, drawn before the pool; the pool is the rest, disjoint
+    assert len(got["holdout_ids"]) == 2 and not set(got["holdout_ids"]) & set(got["ids"])
+    assert sorted(got["holdout_ids"] + got["ids"]) == ["t/00", "t/02", "t/03", "t/05"]
+    rates = {f"t/{i:02d}": x for i, x in enumerate(p)}
+    expected = keep_rate(np.array([rates[i] for i in got["ids"]]), 16).mean()
+    assert got["predicted_pass_rate"] == pytest.approx(expected)
+    assert got["band"] == [0.01, 0.3] and got["band_prompts"] == 4
     assert got["excluded_unsolved"] == 1  # p = 0: never solved, never pooled
+    again = choose(_estimates(p), params)  # the same seed draws the same hold-out
+    assert again["holdout_ids"] == got["holdout_ids"]
     with pytest.raises(ValueError, match="no prompt pool of at least 64"):
         choose(_estimates(p), load_params(STUDY))
+    with pytest.raises(ValueError, match="hold-out split holds too few prompts of"):
+        choose(_estimates(p), load_params(STUDY_CI, [
+            "study.pool.min_prompts=2", "study.pool.target=[0.1,0.9]",
+            "study.pool.holdout_min_per_family=3"]))
+
+
+def test_the_hold_out_is_drawn_per_family_from_the_band_only():
+    families = ["math"] * 10 + ["code"] * 5
+    held, rest = hold_out(list(range(15)), families, 0.4, seed=3)
+    assert sum(families[i] == "math" for i in held) == 4
+    assert sum(families[i] == "code" for i in held) == 2
+    assert sorted(held + rest) == list(range(15)) and not set(held) & set(rest)
+    assert held == sorted(held) and hold_out(list(range(15)), families, 0.4, seed=3)[0] == held
 
 
 # --- the report on hand-made run folders ----------------------------------------------------
@@ -345,33 +396,38 @@ def test_the_pool_is_the_hardest_solved_prefix_up_to_the_bands_centre():
 FAMS = ("math", "code", "reasoning")
 IDS = [f"{f}/t/{k}" for f in FAMS for k in range(10)]
 START = np.random.default_rng(7).uniform(0.2, 0.6, size=len(IDS))
-# Per arm and point: the shift from the start and the per-seed offsets (3 seeds each). brorl is
-# 0.10 above prorl at both points (tiny seed noise): higher; brorllr equals prorl within 0.002
-# per seed: equivalent within +-0.03; n16b2 vs brorllr: a 0.02 mean gap under +-0.08 seed noise:
-# inconclusive; prorl is 0.08 below the start: lower; brorl 0.02 above it: higher, within the
-# margin.
-SHIFT = {("prorl", "steps"): -0.06, ("prorl", "budget"): -0.08,
-         ("brorl", "steps"): 0.04, ("brorl", "budget"): 0.02,
-         ("brorllr", "steps"): -0.06, ("brorllr", "budget"): -0.08, ("n16b2", "steps"): -0.08}
+# Per arm and point: the shift from the start, per-seed offsets (3 seeds each), the same on the
+# hold-out and the full test split. brorllr is 0.10 above prorl at both points (tiny seed noise):
+# higher; b64 vs brorllr: a 0.02 gap under +-0.08 seed noise: inconclusive; prorl stays within
+# 0.003 of the start: the premise, equivalent within +-0.03.
+SHIFT = {("prorl", "steps"): 0.0, ("prorl", "budget"): 0.001,
+         ("brorllr", "steps"): 0.10, ("brorllr", "budget"): 0.101,
+         ("b64", "steps"): 0.08, ("b64", "budget"): 0.08,
+         ("brorl", "steps"): 0.04, ("brorl", "budget"): 0.02}
 SEED = {"prorl": [0.001, -0.002, 0.001], "brorl": [0.002, -0.001, -0.001],
-        "brorllr": [0.0, 0.002, -0.002], "n16b2": [0.08, -0.08, 0.06]}
+        "brorllr": [0.0, 0.002, -0.002], "b64": [0.08, -0.08, 0.06]}
+DRAW = [0.0005, -0.0005, 0.0]  # the start's three evaluation draws
 
 
 def _values(arm: str, point: str, seed: int) -> np.ndarray:
     return START + SHIFT[(arm, point)] + SEED[arm][seed]
 
 
-def _row(step: int, rollouts: int, values, split: str = "test") -> dict:
+def _row(step: int, rollouts: int, values, split: str = "test", samples: int = 4) -> dict:
     values = [float(x) for x in values]
     family = {f: {"score": float(np.mean(values[10 * j:10 * j + 10]))} for j, f in enumerate(FAMS)}
     return {"step": step, "split": split, "seconds": float(step), "rollouts": rollouts,
-            "scores": {"family": family}, "problem_ids": IDS,
+            "samples": samples, "scores": {"family": family}, "problem_ids": IDS,
             "families": [i.split("/")[0] for i in IDS], "pass_at_1": values, "score": values}
 
 
+def _rows(step: int, rollouts: int, values) -> list[dict]:
+    return [_row(step, rollouts, values, "holdout"), _row(step, rollouts, values, "test")]
+
+
 def _hand_made_study(tmp_path: Path, flat: bool = True):
-    seeds = [f"study.arms.{a}.seeds=3" for a in ("prorl", "brorl", "brorllr", "n16b2")]
-    params = load_params(STUDY_CI, [f"study.out_dir={tmp_path}/study", "study.resamples=2000",
+    seeds = [f"study.arms.{a}.seeds=3" for a in ("prorl", "brorl", "brorllr", "b64")]
+    params = load_params(STUDY_CI, [f"study.out_dir={tmp_path}/study", "study.start_replicates=3",
                                     "study.warmup.min_instances=30", *seeds])
     study = params.study
     for run in plan_runs(study):
@@ -379,9 +435,8 @@ def _hand_made_study(tmp_path: Path, flat: bool = True):
         folder.mkdir(parents=True)
         arm = study.arms[run.arm]
         n = arm.update["prompts_per_step"] * arm.update["rollouts_per_prompt"]
-        rows = [_row(0, 0, START), _row(1, n, _values(run.arm, "steps", run.seed))]
-        if arm.stop == "rollouts":
-            rows.append(_row(256 // n, 256, _values(run.arm, "budget", run.seed)))
+        rows = _rows(0, 0, START) + _rows(1, n, _values(run.arm, "steps", run.seed)) + \
+            _rows(256 // n, 256, _values(run.arm, "budget", run.seed))
         (folder / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         # pooled pass rate (32 x 0.5 + 96 x 1) / 128 = 0.875, not the mean of ratios 0.75
         history = [{"generate/rollouts": 32.0, "filter/rollouts_generated": 32.0,
@@ -393,26 +448,28 @@ def _hand_made_study(tmp_path: Path, flat: bool = True):
             {"steps": rows[-1]["step"], "train_seconds": 10.0, "eval_seconds": 3.0,
              "history": history}))
     estimates = _estimates([0.0, 0.01, 0.02, 0.05, 0.3, 0.6, 0.95, 1.0])
-    chosen = estimates["ids"][1:5]
+    chosen, held = estimates["ids"][1:3], estimates["ids"][3:5]
     (tmp_path / "study" / "pool").mkdir()
     (tmp_path / "study" / "pool" / "pool.json").write_text(json.dumps(
         {"predicted_pass_rate": 0.5, "excluded_unsolved": 1, "target": [0.35, 0.65],
          "n_small": 16, "n_large": 64, "train": summary(estimates, estimates["ids"], 16, 64),
-         "pool": summary(estimates, chosen, 16, 64), "pool_ids": chosen,
-         "estimates": estimates}))
+         "pool": summary(estimates, chosen, 16, 64),
+         "holdout": summary(estimates, held, 16, 64), "pool_ids": chosen,
+         "holdout_ids": held, "estimates": estimates}))
     start = tmp_path / "study" / "start"
     start.mkdir()
-    (start / "start.json").write_text(json.dumps({"protocol": {}, "rows": [_row(0, 0, START)]}))
+    draws = [_rows(0, 0, START + d) for d in DRAW]
+    (start / "start.json").write_text(json.dumps({"protocol": {}, "rows": draws[0],
+                                                  "replicates": draws}))
     warmup = tmp_path / "study" / "warmup"
     warmup.mkdir()
     curve = [0.0] * 6 if flat else [0.03 * k for k in range(6)]
     val = _validation_rows(curve, 0.001, instances=30, every=100)
     (warmup / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
-    verdict_ = plateau_test(val, study)
     (warmup / "plateau.json").write_text(json.dumps(
-        {"stopped_by": "flat" if verdict_["flat"] else "cap", "plateaued": verdict_["flat"],
-         "steps": 20, "rollouts": 500, "margin": study.warmup.margin, "window": 5,
-         "budget_rollouts": study.budget_rollouts, "alpha": 0.05, "verdict": verdict_}))
+        {"stopped_by": "cap", "plateaued": False, "steps": 20, "rollouts": 500,
+         "margin": study.warmup.margin, "window": 5, "budget_rollouts": study.budget_rollouts,
+         "alpha": 0.05, "verdict": None}))
     return params
 
 
@@ -424,100 +481,118 @@ def test_the_report_reads_each_contrast_from_its_numbers(tmp_path):
     r = build_report(_hand_made_study(tmp_path), tmp_path)
     c = r["contrasts"]
     # the seed-level tests are scipy's on the per-seed means
-    welch = stats.ttest_ind(_seed_means("brorl", "budget"), _seed_means("prorl", "budget"),
+    welch = stats.ttest_ind(_seed_means("brorllr", "budget"), _seed_means("prorl", "budget"),
                             equal_var=False)
-    t = c["brorl_vs_prorl"]["score"]["test"]
+    t = c["brorllr_vs_prorl"]["primary"]["score"]["test"]
     assert (t["kind"], t["delta"]) == ("welch", pytest.approx(0.10))
     assert (t["t"], t["p_two_sided"]) == pytest.approx((welch.statistic, welch.pvalue))
-    one = stats.ttest_1samp(_seed_means("prorl", "budget") - START.mean(), 0.0)
-    t = c["prorl_vs_start"]["score"]["test"]
-    assert (t["kind"], t["p_two_sided"]) == ("one_sample", pytest.approx(one.pvalue))
-    # Holm over the contrasts' p, in the params' order
-    names = list(c)
-    assert [c[n]["score"]["p_holm"] for n in names] == pytest.approx(
-        holm([c[n]["score"]["test"]["p_two_sided"] for n in names]), nan_ok=True)
-    readings = {n: c[n]["score"]["reading"] for n in names}
-    assert readings["brorl_vs_prorl"] == readings["brorl_vs_prorl_steps"] == "higher"
-    assert readings["brorllr_vs_prorl"] == "equivalent"  # within 0.002 of prorl per seed
-    assert readings["n_alone"] == "inconclusive"
-    assert readings["prorl_vs_start"] == "lower"
-    assert readings["lr_alone"] == "higher"
-    # the headline interval resamples seeds and instances: it holds the point estimate
-    d = c["brorl_vs_prorl"]["score"]["difference"]
-    assert d["low"] < 0.10 < d["high"] and d["mean"] == pytest.approx(0.10)
-    assert c["brorl_vs_prorl"]["pass_at_k"]["seeds_b"] == 3  # pass@k beside avg@k
-    # brorl - start = +0.02 with little seed noise: significant, but shown inside +-0.03
-    assert readings["brorl_vs_start"] == "higher_within_margin"
-    assert r["revival"]["brorl"] == {"revives": False, "start_flat": True,
-                                     "contrasts": ["brorl_vs_prorl", "brorl_vs_start"],
-                                     "not_higher": ["brorl_vs_start"]}
+    # against the start: Welch between the arm's seeds and the start's three draws
+    draws = np.array([(START + d).mean() for d in DRAW])
+    premise = stats.ttest_ind(_seed_means("prorl", "budget"), draws, equal_var=False)
+    t = c["prorl_vs_start"]["primary"]["score"]["test"]
+    assert (t["n_a"], t["n_b"], t["p_two_sided"]) == (3, 3, pytest.approx(premise.pvalue))
+    # Holm within the confirmatory family only, in the params' order
+    conf = ["brorllr_vs_prorl", "brorllr_vs_prorl_steps", "depth_vs_breadth"]
+    assert [n for n in c if c[n]["family"] == "confirmatory"] == conf
+    assert [c[n]["p_holm"] for n in conf] == pytest.approx(
+        holm([c[n]["primary"]["score"]["test"]["p_two_sided"] for n in conf]))
+    readings = {n: c[n]["reading"] for n in c}
+    assert readings["brorllr_vs_prorl"] == readings["brorllr_vs_prorl_steps"] == "higher"
+    assert readings["depth_vs_breadth"] == "inconclusive"
+    assert readings["prorl_vs_start"] == "equivalent"  # the premise, by its TOST
+    # no other contrast reads a TOST: equivalence only where the plan has power for it
+    assert all(not c[n]["equivalence"] for n in c if n != "prorl_vs_start")
+    assert c["depth_vs_breadth"]["detectable"] > 0 and c["depth_vs_breadth"][
+        "detectable_level"] == pytest.approx(0.05 / 3)
+    assert r["revival"]["brorllr"] == {"revives": True, "premise_shown": True,
+                                       "contrasts": ["brorllr_vs_prorl"], "not_higher": []}
     lines = verdict(r)
-    assert lines[0].startswith("The start is shown plateaued")
-    assert any("no change beyond the margin" in x for x in lines)
-    assert any(x.startswith("N alone") and "inconclusive" in x for x in lines)
+    assert lines[0].startswith("ProRL continued on the pool") and "equivalent by TOST" in lines[0]
+    assert any(x.startswith("N = 512 x B = 2 vs N = 16 x B = 64") and "inconclusive" in x and
+               "The design detects" in x for x in lines)
     text = (tmp_path / "study" / "report.md").read_text()
-    assert "| brorl_vs_prorl | brorl@budget - prorl@budget | +10.00 [" in text
+    assert "| brorllr_vs_prorl | confirmatory | brorllr@budget - prorl@budget | +10.00 [" in text
     for png in ("score_vs_rollouts.png", "score_vs_steps.png", "warmup.png", "pool.png"):
         assert (tmp_path / "study" / png).stat().st_size > 3_000, png
-    h = headline(r)["contrasts"]["brorl_vs_prorl"]
-    assert (h["delta"], h["seeds_a"], h["seeds_b"], h["instances"]) == (0.1, 3, 3, 30)
-    assert h["ci_low"] == round(d["low"], 4) and h["p"] == float(f"{welch.pvalue:.3g}") > 0
+    h = headline(r)
+    row = h["contrasts"]["brorllr_vs_prorl"]
+    assert (row["delta"], row["family"], row["reading"]) == (0.1, "confirmatory", "higher")
+    assert row["b_values"] == [round(x, 4) for x in _seed_means("brorllr", "budget")]
+    assert h["arms"]["b64"]["holdout_budget"] == [round(x, 4) for x in _seed_means("b64",
+                                                                                    "budget")]
+    assert h["start"]["holdout"] == [round(x, 4) for x in draws]
+    assert (h["pool"], h["revives"]) == ({"prompts": 2, "holdout": 2}, {"brorllr": 1})
     assert r["arms"]["prorl"]["pass_rate"]["mean"] == pytest.approx(0.875)
     assert r["arms"]["prorl"]["optimizer_steps"] == [4, 4, 4]
-    # 256 rollouts: 4 ProRL-CI steps of 4 x 16, 2 BroRL-CI steps of 2 x 64; n16b2 has no budget
-    assert [r["arms"][a]["steps_at_budget"] for a in ("prorl", "brorl", "n16b2")] == \
-        [[4] * 3, [2] * 3, []]
-    # the pool's histogram beside the train split's: p = 0.02 and 0.05 in (1/64, 1/16]
-    assert "| (0.01562, 0.0625] | 2 | 2 |" in text and "| 0 | 1 | 0 |" in text
-    assert "Predicted ProRL pass rate of the pool (start policy): 50.0%" in text
+    # 256 rollouts: 4 ProRL-CI steps of 4 x 16, 2 steps of 2 x 64 or 8 x 16
+    assert [r["arms"][a]["steps_at_budget"] for a in ("prorl", "brorllr", "b64")] == \
+        [[4] * 3, [2] * 3, [2] * 3]
+    # pass@k on the hold-out for k = 1, 2, 4 (4 samples)
+    assert list(r["start"]["primary"]["pass_at"]) == ["1", "2", "4"]
+    # the pool's and the hold-out's histograms beside the train split's
+    assert "| (0.01562, 0.0625] | 2 | 1 | 1 |" in text and "| 0 | 1 | 0 | 0 |" in text
+    seeds_md = (tmp_path / "study" / "seeds.md").read_text()
+    assert "| b64_s2 | 2 |" in seeds_md and "| start | draw 2 |" in seeds_md
 
 
-def test_revival_needs_a_flat_start_and_every_listed_contrast_higher(tmp_path):
+def test_every_interval_excludes_zero_exactly_when_its_p_is_below_alpha(tmp_path):
     r = build_report(_hand_made_study(tmp_path), tmp_path)
-    assert r["revival"]["brorllr"] == {"revives": False, "start_flat": True,
-                                       "contrasts": ["brorllr_vs_prorl", "brorllr_vs_start"],
-                                       "not_higher": ["brorllr_vs_prorl", "brorllr_vs_start"]}
-    strong = copy.deepcopy(r)  # brorl read higher everywhere: it revives, unless not flat
-    strong["contrasts"]["brorl_vs_start"]["score"]["reading"] = "higher"
+    alpha = 1 - r["confidence"]
+    checked = 0
+    for c in r["contrasts"].values():
+        for endpoint in ("primary", "secondary"):
+            for metric in ("score", "pass_at_k"):
+                t = c[endpoint][metric]["test"]
+                if not np.isfinite(t["p_two_sided"]):
+                    continue
+                assert (t["ci_low"] > 0 or t["ci_high"] < 0) == (t["p_two_sided"] < alpha)
+                checked += 1
+    assert checked >= 18  # 9 contrasts x 2 endpoints on the score, pass@k where defined
+
+
+def test_revival_needs_the_premise_and_every_listed_contrast_higher(tmp_path):
+    r = build_report(_hand_made_study(tmp_path), tmp_path)
     from brorl.study.analysis import revival
 
     params = load_params(STUDY_CI)
-    assert revival(params, strong["contrasts"], r["plateau"])["brorl"]["revives"] is True
+    found = copy.deepcopy(r["contrasts"])
+    found["prorl_vs_start"]["reading"] = "inconclusive"  # the premise not shown
+    assert revival(params, found)["brorllr"] == {
+        "revives": False, "premise_shown": False, "contrasts": ["brorllr_vs_prorl"],
+        "not_higher": []}
+    found = copy.deepcopy(r["contrasts"])
+    found["brorllr_vs_prorl"]["reading"] = "inconclusive"
+    assert revival(params, found)["brorllr"]["not_higher"] == ["brorllr_vs_prorl"]
+    # the warm-up's own slope test, evaluations as the unit, is reported beside it
     capped = build_report(_hand_made_study(tmp_path / "capped", flat=False), tmp_path / "capped")
-    assert capped["plateau"]["plateaued"] is False
-    assert capped["verdict"][0].startswith("The start is not shown plateaued")
-    assert not any(v["revives"] for v in capped["revival"].values())
-    assert revival(params, strong["contrasts"], capped["plateau"])["brorl"]["revives"] is False
+    assert capped["plateau"]["retest"]["flat"] is False
+    assert any(x.startswith("The warm-up's validation curve is not shown flat")
+               for x in capped["verdict"])
 
 
 def test_a_point_a_run_did_not_reach_leaves_its_contrasts_unestimated_and_in_the_holm_family(
         tmp_path):
     params = _hand_made_study(tmp_path)
-    path = tmp_path / "study" / "runs" / "brorl_s1" / "evals.jsonl"
+    path = tmp_path / "study" / "runs" / "brorllr_s1" / "evals.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     path.write_text("".join(json.dumps(x) + "\n" for x in rows if x["step"] != 1))
     r = build_report(params, tmp_path)
     c = r["contrasts"]
-    short = c["brorl_vs_prorl_steps"]
-    assert "brorl_s1 ended at step 2" in short["not_reached"] and "score" in short
-    assert short["score"] == {"reading": "not_reached"} and "pass_at_k" not in short
-    names = list(c)
-    estimated = [n for n in names if n != "brorl_vs_prorl_steps"]
-    assert all("not_reached" not in c[n] for n in estimated)
+    short = c["brorllr_vs_prorl_steps"]
+    assert "brorllr_s1 ended at step 2" in short["primary"]["not_reached"]
+    assert short["reading"] == "not_reached"
+    conf = ["brorllr_vs_prorl", "brorllr_vs_prorl_steps", "depth_vs_breadth"]
     # the unestimated contrast counts in Holm's m with p = 1: the others are adjusted as planned
-    p = [1.0 if n == "brorl_vs_prorl_steps" else c[n]["score"]["test"]["p_two_sided"]
-         for n in names]
-    assert [c[n]["score"]["p_holm"] for n in estimated] == pytest.approx(
-        [h for n, h in zip(names, holm(p)) if n in estimated], nan_ok=True)
-    assert c["brorl_vs_prorl"]["score"]["reading"] == "higher"
-    assert "steps" not in r["arms"]["brorl"]["at"] and "budget" in r["arms"]["brorl"]["at"]
-    assert r["arms"]["brorl"]["not_reached"]["steps"].startswith("brorl_s1 ended at step 2")
+    p = [1.0 if n == "brorllr_vs_prorl_steps" else c[n]["primary"]["score"]["test"]["p_two_sided"]
+         for n in conf]
+    assert [c[n]["p_holm"] for n in conf] == pytest.approx(holm(p))
+    assert c["brorllr_vs_prorl"]["reading"] == "higher"
+    assert "steps" not in r["arms"]["brorllr"]["at"]["primary"]
     text = (tmp_path / "study" / "report.md").read_text()
-    assert "| brorl_vs_prorl_steps | brorl@steps - prorl@steps | not reached |" in text
-    assert any(x.startswith("BroRL (sqrt LR) vs ProRL at equal optimizer steps") and
-               "not estimated: brorl_s1 ended at step 2" in x for x in r["verdict"])
-    assert headline(r)["contrasts"]["brorl_vs_prorl_steps"] == {"reached": 0, "instances": 30}
-    assert headline(r)["contrasts"]["brorl_vs_prorl"]["reached"] == 1
+    assert "| brorllr_vs_prorl_steps | confirmatory | brorllr@steps - prorl@steps | not reached" \
+        in text
+    assert headline(r)["contrasts"]["brorllr_vs_prorl_steps"] == {"reached": 0,
+                                                                  "family": "confirmatory"}
 
 
 def test_a_run_that_went_past_its_budget_is_scored_at_the_budget_and_at_the_equal_steps():
@@ -527,12 +602,47 @@ def test_a_run_that_went_past_its_budget_is_scored_at_the_budget_and_at_the_equa
     rows = [_row(0, 0, START), _row(45, study.budget_rollouts, _values("brorl", "budget", 0)),
             _row(48, study.budget_rollouts + 3 * 1024, _values("brorl", "steps", 0))]
     result = RunResult(summary={"history": []}, evals=rows, run=run)
-    assert [point_rows(study, [result], p)[0]["step"] for p in ("start", "budget", "steps")] \
-        == [0, 45, 48]
+    assert [point_rows(study, [result], p)[0]["step"] for p in ("budget", "steps")] == [45, 48]
     short = RunResult(summary={"history": []}, evals=rows[:1] + rows[2:], run=run)
     with pytest.raises(ValueError, match=f"run {run.id} has no evaluation at its budget of "
                                          f"{study.budget_rollouts} rollouts"):
         point_rows(study, [short], "budget")
+
+
+def test_a_frozen_start_is_reused_by_a_rerun_and_a_changed_one_stops_the_stage(tmp_path):
+    from brorl.study.frozen import check, freeze
+    from brorl.study.pool import write_pool
+    from brorl.study.start import write_start
+    from brorl.study.warmup import frozen_warmup
+
+    params = _hand_made_study(tmp_path)
+    params = load_params(STUDY_CI, [f"study.out_dir={tmp_path}/study",
+                                    f"study.frozen={tmp_path}/frozen.json"])
+    (tmp_path / "study" / "warmup" / "policy").mkdir()
+    (tmp_path / "study" / "warmup" / "policy" / "model.safetensors").write_bytes(b"weights")
+    assert not check(params, tmp_path, "pool")  # no record yet: every part is made as usual
+    assert set(freeze(params, tmp_path, "old", ["warmup"])["parts"]) == {"warmup"}
+    assert not check(params, tmp_path, "pool") and check(params, tmp_path, "warmup")
+    record = freeze(params, tmp_path, "abc123")  # the parts not frozen yet, by their commit
+    assert {p: r["commit"] for p, r in record["parts"].items()} == {
+        "warmup": "old", "pool": "abc123", "start": "abc123"}
+    with pytest.raises(ValueError, match="pool is frozen already"):
+        freeze(params, tmp_path, "again", ["pool"])
+    before = {p: (tmp_path / "study" / p).stat().st_mtime_ns
+              for p in ("pool/pool.json", "start/start.json")}
+    # a rerun of each stage reuses its part: nothing is estimated, trained or scored again
+    # (the pool stage would need the data and a policy to draw anew; here it has neither)
+    assert write_pool(params, tmp_path)["pool_ids"] == ["t/01", "t/02"]
+    assert write_start(params, tmp_path) == tmp_path / "study" / "start" / "start.json"
+    assert frozen_warmup(params, tmp_path)["stopped_by"] == "cap"
+    assert {p: (tmp_path / "study" / p).stat().st_mtime_ns for p in before} == before
+    # a changed or missing part stops the stage with how to restore it, never redraws it
+    (tmp_path / "study" / "pool" / "pool.json").write_text("{}")
+    with pytest.raises(ValueError, match="the study's pool is frozen .* differs"):
+        write_pool(params, tmp_path)
+    (tmp_path / "study" / "start" / "start.json").unlink()
+    with pytest.raises(ValueError, match="start is frozen .* is missing: restore it"):
+        write_start(params, tmp_path)
 
 
 # --- DVC: plain repro never starts the study -------------------------------------------------
@@ -593,7 +703,7 @@ def test_python_m_flows_study_answers_bad_arguments_before_any_heavy_import(argv
 
 # --- the whole study at CI size under DVC: killed inside a run, resumed, pushed, pulled -----
 
-CI_RUNS = ("prorl_s0", "brorl_s0", "brorllr_s0", "n16b2_s0", "prorl_s1", "brorl_s1")
+CI_RUNS = ("prorl_s0", "brorllr_s0", "b64_s0", "brorl_s0", "prorl_s1", "brorllr_s1")
 TIMING = ("seconds", "per_s", "time/", "verdict")
 """Keys of report and step metrics that hold wall-clock figures (or text quoting them): they
 differ between two runs of the same work."""
@@ -706,6 +816,17 @@ def test_an_interrupted_study_resumes_the_caught_run_and_skips_finished_ones(ci_
     assert low <= pool["predicted_pass_rate"] <= high
     assert pool["pool"]["prompts"] == len(pool["pool_ids"]) >= 8
     assert set(pool["pool_ids"]) <= set(pool["estimates"]["ids"])
+    # the hold-out: drawn from the band, disjoint from the pool, the runs' primary endpoint
+    held = set(pool["holdout_ids"])
+    assert held and not held & set(pool["pool_ids"])
+    rows = [json.loads(x) for x in (runs / "prorl_s0" / "evals.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in rows} == {"holdout", "test"}
+    scored = {i for r in rows if r["split"] == "holdout" for i in r["problem_ids"]}
+    assert scored and scored <= held  # train.eval_per_family of each family's hold-out
+    start = json.loads((clone / "outputs" / "ci" / "study" / "start" / "start.json").read_text())
+    assert len(start["replicates"]) == 2 and start["replicates"][0] == start["rows"]
+    assert metrics["start"]["holdout"] and metrics["arms"]["prorl"]["seeds"] == [0, 1]
+    assert (clone / "outputs" / "ci" / "metrics" / "ci_study_seeds.md").is_file()
     client = MlflowClient(s["env"]["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("brorl")
     parents = client.search_runs([experiment.experiment_id], "tags.stage = 'study'")
@@ -713,7 +834,7 @@ def test_an_interrupted_study_resumes_the_caught_run_and_skips_finished_ones(ci_
     children = client.search_runs([experiment.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
     assert sorted(c.data.tags.get("arm", "warmup") for c in children) == sorted(
-        ["warmup", "prorl", "prorl", "brorl", "brorl", "brorllr", "n16b2"])
+        ["warmup", "prorl", "prorl", "brorllr", "brorllr", "b64", "brorl"])
 
 
 def _numbers(tree, prefix: str = "") -> dict[str, object]:
@@ -804,14 +925,14 @@ def test_every_table_of_the_study_report_says_what_it_averages_and_which_evaluat
     blocks = [b.strip() for b in (tmp_path / "study" / "report.md").read_text().split("\n\n")
               if b.strip()]
     captions = [blocks[i - 1] for i, b in enumerate(blocks) if b.startswith("|")]
-    # arms, scores, contrasts, dynamic sampling, the pool: one caption each
-    assert len(captions) == 5 and all(c.startswith("Table: ") for c in captions)
-    arms, scores, contrasts, rates, pool = captions
+    # arms, hold-out scores, pass@k, full test scores, contrasts, the pool, every seed
+    assert len(captions) == 7 and all(c.startswith("Table: ") for c in captions)
+    arms, holdout, pass_at, test, contrasts, pool, seeds = captions
     t = params.train
-    evaluation = (f"avg@k of its k = {t.eval_samples} evaluation samples, temperature "
+    evaluation = (f"k = 4 per holdout instance, 2 per test instance, temperature "
                   f"{t.eval_temperature:g}, top-p {t.eval_top_p:g}")
-    assert "MEAN OVER SEEDS AND TEST INSTANCES" in scores and evaluation in scores
-    assert "not a mean of families" in scores
-    assert "MEAN OVER SEEDS AND TEST INSTANCES" in contrasts and evaluation in contrasts
-    assert "MEAN OVER ITS SEEDS" in arms and "MEAN OVER THE ARM'S SEEDS" in rates
-    assert "COUNTS OF PROMPTS" in pool
+    assert "MEAN OVER SEEDS" in holdout and evaluation in holdout and holdout == test
+    assert "MEAN OVER INSTANCES (tasks pooled)" in holdout
+    assert "SEEDS as the unit" in contrasts and "excludes 0 exactly when p < 0.05" in contrasts
+    assert "MEAN OVER ITS SEEDS" in arms and "MEAN OVER SEEDS" in pass_at
+    assert "COUNTS OF PROMPTS" in pool and "every run at every point" in seeds

@@ -57,9 +57,10 @@ def _run(trainer: EngineTrainer, tmp_path: Path) -> Run:
     config = RunConfig(
         name="t", run_dir=str(tmp_path), root=str(tmp_path), data_path="-", steps=1,
         max_rollouts=None, min_steps=None, max_seconds=None, plateau_patience=None, eval_every=1,
-        checkpoint_every=1, save_rollouts=False, eval_splits=("test",), eval_protocol=EvalProtocol(
+        eval_steps=(), checkpoint_every=1, save_rollouts=False, eval_splits=("test",),
+        eval_protocol=EvalProtocol(
             per_family=1, samples=1, temperature=1.0, top_p=1.0, max_response_tokens=8, seed=0,
-            verify=VerifyConfig(workers=1)),
+            verify=VerifyConfig(workers=1), split_samples=()),
         diagnostics=DiagnosticsConfig(enabled=False, probes_per_family=1, step_probes=0,
                                       decompose=False, seed=0))
     return Run(trainer, config, {})

@@ -100,9 +100,17 @@ class TrainParams(Section):
     never stop early."""
     eval_every: PositiveInt = 5
     """Steps between held-out evaluations (also at step 0 and at the step that spends a budget)."""
-    eval_splits: list[Literal["validation", "test"]] = Field(["test"], min_length=1)
+    eval_splits: list[Literal["validation", "test", "holdout"]] = Field(["test"], min_length=1)
     """Splits each evaluation scores (one record per split): `test` for reported results,
-    `validation` for model selection and the plateau rule (never test: selection bias)."""
+    `validation` for model selection and the plateau rule (never test: selection bias),
+    `holdout` for a study's test split drawn from its pool's difficulty band
+    (`brorl.study.pool`)."""
+    eval_steps: list[PositiveInt] = []
+    """Steps evaluated besides every `eval_every`-th (e.g. a study's equal-steps point in a run
+    whose `eval_every` is its whole length)."""
+    eval_split_samples: dict[Literal["validation", "test", "holdout"], PositiveInt] = {}
+    """Samples per instance of a split when not `eval_samples` (e.g. 64 on a study's hold-out
+    split for pass@k up to k = 64, 8 on its full test split)."""
     eval_per_family: PositiveInt = 20
     """Instances per family of each evaluated split (the same instances every time)."""
     eval_seed: int = 0
@@ -131,7 +139,7 @@ class TrainParams(Section):
     def _check_train(self) -> TrainParams:
         if len(set(self.eval_splits)) != len(self.eval_splits):
             raise ValueError(f"train.eval_splits {self.eval_splits} names a split twice; list "
-                             "each of validation, test at most once.")
+                             "each of validation, test, holdout at most once.")
         if self.min_steps is not None and (self.max_rollouts is None
                                            or self.min_steps > self.steps):
             raise ValueError(

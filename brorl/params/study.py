@@ -1,15 +1,18 @@
-"""The `study` section: ProRL against BroRL at two learning rates, from one plateaued start, on a
-prompt pool with headroom, over several seeds (docs/study.md holds the pre-registered plan).
+"""The `study` section: ProRL against BroRL, and depth against breadth at equal compute, from one
+frozen start, on a prompt pool with headroom, over several seeds (docs/study.md holds the
+pre-registered plan).
 
 A study is a set of arms, each a set of runs (one per seed) that continue the study's start
 policy with the study file's params and the arm's own `update` keys (N, B, and e.g. the LR's
 anchor). Before the runs, the study's own warm-up trains on until its validation curve is shown
-flat (`StudyWarmup`: a TOST on the slope) or a cap, and its pool stage picks the RL prompts from
-the train split by the start policy's estimated pass rate (`StudyPool`). Each run stops at the
-equal rollout budget or at the equal step count (`StudyArm.stop`) and is evaluated at both
-points, so every arm is compared at equal rollouts and at equal optimizer steps. `contrasts` are
-the pre-registered comparisons: seed-level tests, Holm across them, TOST at `margin` for every
-"no change" reading (`brorl.study.analysis`).
+flat (`StudyWarmup`: a TOST on the slope) or a cap, and its pool stage picks the RL prompts and
+a hold-out split of the same difficulty from the train split by the start policy's estimated
+pass rate (`StudyPool`); `frozen` keeps that start from ever being drawn again. Each run stops
+at the equal rollout budget or at the equal step count (`StudyArm.stop`) and is evaluated at
+both points, so every arm is compared at equal rollouts and at equal optimizer steps. `contrasts` are
+the pre-registered comparisons: seed-level tests with t intervals, Holm within the confirmatory
+family (`confirmatory`) and within the rest, a TOST at `margin` only where a contrast says so
+(`premise`) (`brorl.study.analysis`).
 
 `brorl.study.plan` expands the section into runs and each run's `ExperimentParams`.
 """
@@ -50,7 +53,8 @@ class StudyArm(Section):
 
 class StudyWarmup(Section):
     """The study's own warm-up: ProRL from `train.init_checkpoint` until its validation curve
-    is flat by a TOST on the slope over the last `window` evaluations, or `max_steps`."""
+    is flat by a TOST on the slope over the last `window` evaluations (the evaluations as the
+    unit), or `max_steps`."""
 
     eval_every: PositiveInt = 96
     """Steps between validation evaluations: the window of 5 then spans 384 steps, about 1.1
@@ -99,8 +103,14 @@ class StudyPool(Section):
     arm can learn from it, and at N = 512 each of its groups is a refill)."""
     min_prompts: PositiveInt = 64
     """Fewest prompts in the pool; fewer fails the stage, naming the fix (harder data)."""
+    holdout_fraction: float = Field(0.4, gt=0, lt=1)
+    """Share of each family's band prompts held out as the study's test split before the pool
+    is chosen (`brorl.study.pool`): the primary endpoint is scored on prompts of the pool's own
+    difficulty, never trained on."""
+    holdout_min_per_family: PositiveInt = 30
+    """Fewest hold-out prompts of each family in the band; fewer fails the stage."""
     seed: int = 0
-    """Seed of the estimate's rollouts."""
+    """Seed of the estimate's rollouts and of the hold-out's draw."""
 
     @model_validator(mode="after")
     def _check_pool(self) -> StudyPool:
@@ -120,6 +130,10 @@ class StudyContrast(Section):
     b: str
     about: str = ""
     """One line for the report: the question the contrast answers."""
+    equivalence: bool = False
+    """Read a TOST within `study.margin` ("equivalent"): only where the plan shows the TOST has
+    power at the planned seeds (docs/study.md); else the contrast reads higher, lower or
+    inconclusive, never equivalent."""
 
 
 class StudyParams(Section):
@@ -134,13 +148,35 @@ class StudyParams(Section):
     """RL steps at which every arm is also scored (4 mini-batches, so 4 optimizer steps each):
     equal optimizer steps."""
     evaluations: PositiveInt = 4
-    """Test evaluations of a run up to `equal_steps` (at equal fractions of it); a run that
-    goes on to the budget is then evaluated every `equal_steps` steps and at the budget."""
+    """Evaluations of a run up to `equal_steps` (at equal fractions of it); a run that goes on
+    to its budget is evaluated there, and nowhere in between (an evaluation of the hold-out at
+    64 samples costs as much generation as several training steps)."""
     contrasts: dict[str, StudyContrast] = {}
-    """The pre-registered comparisons (name -> sides), the family Holm adjusts."""
+    """The pre-registered comparisons (name -> sides)."""
+    confirmatory: list[str] = []
+    """The contrasts of the confirmatory family, which Holm adjusts; every other contrast is
+    exploratory (Holm over the exploratory ones reported beside, no claim rests on them)."""
+    premise: str | None = None
+    """The contrast whose TOST shows the start is a plateau where the arms run: the baseline
+    arm continued on the pool against the start, on the primary endpoint."""
     revival: dict[str, list[str]] = {}
-    """Arm -> the contrasts that must all read higher (Holm-adjusted, seed level) for the arm to
-    "revive the plateau", together with a warm-up shown flat: the pre-registered rule."""
+    """Arm -> the confirmatory contrasts that must all read higher (Holm-adjusted, seed level)
+    for the arm to "revive the plateau", together with the premise shown: the pre-registered
+    rule."""
+    start_replicates: int = Field(3, ge=1)
+    """Evaluations of the start under different sampling seeds (the first is every run's
+    step-0 row): a contrast against the start is Welch's t between these and the arm's seeds,
+    so the start's evaluation noise enters the test."""
+    eval_split_samples: dict[str, PositiveInt] = {"holdout": 64, "test": 8}
+    """Samples per instance of each evaluated split (`train.eval_split_samples` of every run):
+    64 on the hold-out for pass@k up to 64, 8 on the full test split."""
+    design_sd: dict[str, float] = {}
+    """Per-seed sd of the primary endpoint (score units) per arm and `start` that the plan's
+    power analysis assumed (docs/study.md): the report states each contrast's detectable
+    effect from these, never from the sds it observed."""
+    frozen: str | None = None
+    """The committed record of the frozen start (`brorl.study.frozen`): warm-up, pool, hold-out
+    and start scores made once; a stage finds them unchanged or stops. None: not frozen."""
     margin: float = Field(0.03, gt=0, lt=1)
     """Equivalence margin of every "no change" reading, score units (0.03 = 3 points): a
     difference shown inside +-margin by TOST counts as no change; our choice, fixed a priori."""
@@ -198,12 +234,20 @@ class StudyParams(Section):
             if c.a == c.b or c.b == "start":
                 raise ValueError(f"study.contrasts.{name}: sides {c.a!r} and {c.b!r}; the sides "
                                  "must differ and `start` may only be side a (b - start).")
+        loose = [n for n in [*self.confirmatory, *([self.premise] if self.premise else [])]
+                 if n not in self.contrasts]
+        if loose:
+            raise ValueError(f"study.confirmatory / study.premise name {loose}, which are not "
+                             f"contrasts {sorted(self.contrasts)}.")
+        if self.premise and not self.contrasts[self.premise].equivalence:
+            raise ValueError(f"study.premise {self.premise!r} is read by its TOST: set "
+                             f"study.contrasts.{self.premise}.equivalence: true.")
         for arm, names in self.revival.items():
-            unknown = [n for n in names if n not in self.contrasts]
+            unknown = [n for n in names if n not in self.confirmatory]
             if arm not in self.arms or unknown or not names:
                 raise ValueError(f"study.revival.{arm} = {names}: name an arm of "
-                                 f"{sorted(self.arms)} and at least one of its contrasts "
-                                 f"{sorted(self.contrasts)} (unknown: {unknown}).")
+                                 f"{sorted(self.arms)} and at least one confirmatory contrast "
+                                 f"{self.confirmatory} (not confirmatory: {unknown}).")
         if self.equal_steps % self.evaluations:
             raise ValueError(f"study.equal_steps = {self.equal_steps} is not a multiple of "
                              f"study.evaluations = {self.evaluations}: the evaluations would "

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from brorl.params import ExperimentParams
     from brorl.params.study import StudyArm, StudyParams
 
+EVAL_SPLITS = ("holdout", "test")
+"""What every run (and the start) is scored on: the hold-out split drawn from the pool's
+difficulty band (the primary endpoint) and the pipeline's full test split (the secondary no-harm
+check)."""
 PLAN_DIR = "plan"
 RUNS_DIR = "runs"
 STUDY_FILE = "study.json"
@@ -108,14 +112,13 @@ def nominal_steps(study: StudyParams, arm: StudyArm) -> int:
     return study.budget_rollouts // shape
 
 
-def eval_every(study: StudyParams, arm: StudyArm) -> int:
-    """Steps between a run's test evaluations: `equal_steps / evaluations` for an arm that ends
-    near `equal_steps` (at most 1.5 times it), else `equal_steps` (a long arm is evaluated at
-    the equal-steps point, its multiples and the budget). Our choice: a handful of evaluations
-    per run, one of them at `equal_steps`."""
-    if nominal_steps(study, arm) <= 1.5 * study.equal_steps:
-        return study.equal_steps // study.evaluations
-    return study.equal_steps
+def eval_steps(study: StudyParams) -> list[int]:
+    """Steps at which a run is evaluated besides step 0 and the step that spends its budget:
+    `evaluations` equal fractions of `equal_steps` (the equal-steps point the last). Every
+    evaluation of the hold-out costs as much generation as a few training steps, so a long arm
+    is not evaluated between `equal_steps` and its budget."""
+    every = study.equal_steps // study.evaluations
+    return [every * i for i in range(1, study.evaluations + 1)]
 
 
 def run_dir(study: StudyParams, run: StudyRun) -> str:
@@ -130,21 +133,23 @@ def run_params(params: ExperimentParams, run: StudyRun) -> ExperimentParams:
 
     study = params.study
     arm = study.arms[run.arm]
-    folder, every = run_dir(study, run), eval_every(study, arm)
+    folder = run_dir(study, run)
     baseline_n = study.arms[study.baseline].update["rollouts_per_prompt"]
     tree = params.model_dump(mode="json")
     tree["name"] = f"{params.name}-{run.id.replace('_', '-')}"
     tree["update"].update(arm.update)
     tree["data"]["path"] = pool_data(params)
     rollouts = arm.stop == "rollouts"
+    steps = params.train.steps if rollouts else study.equal_steps
     tree["train"].update(
         seed=run.seed,
         algorithm="prorl" if arm.update["rollouts_per_prompt"] == baseline_n else "brorl",
         init_checkpoint=f"{warmup_dir(params)}/policy", continue_stream=False,
         max_rollouts=study.budget_rollouts if rollouts else None,
         min_steps=study.equal_steps if rollouts else None, max_seconds=None,
-        steps=params.train.steps if rollouts else study.equal_steps, plateau_patience=None,
-        eval_every=every, checkpoint_every=every, eval_splits=["test"], run_dir=folder,
+        steps=steps, plateau_patience=None, eval_every=steps, eval_steps=eval_steps(study),
+        checkpoint_every=study.equal_steps // study.evaluations, eval_splits=list(EVAL_SPLITS),
+        eval_split_samples=dict(study.eval_split_samples), run_dir=folder,
         checkpoint_dir=f"{folder}/checkpoints")
     tree["tracking"].update(metrics_dir=folder, plots_dir=folder)  # never the committed metrics/
     try:

@@ -10,13 +10,19 @@ such headroom (a pass rate near 90%), so the study picks its own pool from the t
    prompt, then `pool.rare_samples` more for each prompt solved at most `pool.rare_below` times
    (a pass rate below about 1/16 needs hundreds of tries to tell from 0); a rollout is correct
    at `filter.correct_reward` (the binary keep rule's threshold).
-2. `choose`: the prompts solved at least `pool.min_solves` times, hardest first (lowest estimate,
-   ties by id), up to the longest prefix whose predicted ProRL pass rate (the mean of
-   1 - p^N - (1-p)^N at the baseline arm's N, `keep_rate`) stays at or below the centre of
-   `pool.target`; refused outside the band or below `pool.min_prompts`.
-3. `write_pool`: the pool as a data folder (train = the pool; validation and test copied
-   unchanged, so every evaluation scores the pipeline's own held-out instances) and `pool.json`
-   (each prompt's counts, the histogram of the start's pass rates, the predicted pass rates at
+2. `choose`: the difficulty band, then the hold-out, then the pool. The band is the prompts
+   solved at least `pool.min_solves` times, hardest first (lowest estimate, ties by id), up to
+   the longest prefix whose predicted ProRL pass rate (the mean of 1 - p^N - (1-p)^N at the
+   baseline arm's N, `keep_rate`) stays at or below the centre of `pool.target`. Before any
+   prompt of the band goes to the pool, `pool.holdout_fraction` of each family's band prompts
+   (drawn by `pool.seed`) become the hold-out split: the study's test split, from the same
+   difficulty band as the prompts the arms train on. The pool is the rest of the band; refused
+   when its predicted pass rate leaves `pool.target`, below `pool.min_prompts`, or when a family
+   has fewer than `pool.holdout_min_per_family` hold-out prompts.
+3. `write_pool`: the pool as a data folder (train = the pool; holdout = the hold-out; validation
+   and test copied unchanged: the full test split is the study's secondary no-harm check) and
+   `pool.json` (each prompt's counts, the band, the hold-out's ids, the histogram of the start's
+   pass rates over the train split, the pool and the hold-out, the predicted pass rates at
    N = 16 and 512, the share of groups BroRL's N rescues).
 
 Deliberately ignored: re-estimating during the runs (the pool is fixed before any run), per-family
@@ -27,8 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,41 +101,51 @@ def count_solves(engine, tokenizer, problems: Sequence[Problem], n: int, *, temp
     return solves
 
 
-def estimate(params: ExperimentParams, policy: Path, problems: Sequence[Problem]) -> dict[str, Any]:
-    """Per train prompt, correct rollouts and tries of the policy at `policy` (module docstring,
-    step 1): `{"ids", "families", "tasks", "solves", "tries"}`, in `problems` order."""
+def solve_counter(params: ExperimentParams, policy: Path) -> Callable[..., np.ndarray]:
+    """`count(problems, n, seed)`: `count_solves` for the policy at `policy` on the hf engine, at
+    the training sampling (`generate`), judged by the `verify` section, correct at
+    `filter.correct_reward`."""
     from brorl.engines import build_engine
     from brorl.policy import load_policy
     from brorl.train.config import EngineConfig
     from brorl.verifiers import VerifyConfig
 
-    pool, g = params.study.pool, params.generate
+    g = params.generate
     model, tokenizer = load_policy(policy)
     config = dataclasses.replace(EngineConfig.from_params(params), kind="hf")
     engine = build_engine(config, model=model, tokenizer=tokenizer, model_path=policy,
                           max_model_len=0)
-    count = dict(temperature=g.temperature, top_p=g.top_p,
-                 max_response_tokens=g.max_response_tokens,
-                 correct_reward=params.filter.correct_reward,
-                 verify=VerifyConfig.from_params(params.verify))
-    solves = count_solves(engine, tokenizer, problems, pool.samples, seed=pool.seed * 1_000_003,
-                          **count)
+    settings = dict(temperature=g.temperature, top_p=g.top_p,
+                    max_response_tokens=g.max_response_tokens,
+                    correct_reward=params.filter.correct_reward,
+                    verify=VerifyConfig.from_params(params.verify))
+
+    def count(problems: Sequence[Problem], n: int, seed: int) -> np.ndarray:
+        return count_solves(engine, tokenizer, problems, n, seed=seed, **settings)
+
+    return count
+
+
+def estimate(params: ExperimentParams, policy: Path, problems: Sequence[Problem]) -> dict[str, Any]:
+    """Per train prompt, correct rollouts and tries of the policy at `policy` (module docstring,
+    step 1): `{"ids", "families", "tasks", "solves", "tries"}`, in `problems` order."""
+    pool = params.study.pool
+    count = solve_counter(params, policy)
+    solves = count(problems, pool.samples, pool.seed * 1_000_003)
     tries = np.full(len(problems), pool.samples)
     rare = np.flatnonzero(solves <= pool.rare_below)
     if len(rare):
-        more = count_solves(engine, tokenizer, [problems[i] for i in rare], pool.rare_samples,
-                            seed=pool.seed * 1_000_003 + 500_000, **count)
-        solves[rare] += more
+        solves[rare] += count([problems[i] for i in rare], pool.rare_samples,
+                              pool.seed * 1_000_003 + 500_000)
         tries[rare] += pool.rare_samples
     return {"ids": [p.id for p in problems], "families": [p.family for p in problems],
             "tasks": [f"{p.family}/{p.task}" for p in problems],
             "solves": solves.tolist(), "tries": tries.tolist()}
 
 
-def choose(estimates: dict[str, Any], params: ExperimentParams) -> dict[str, Any]:
-    """The pool from the estimates (module docstring, step 2): its ids, hardest first, and what
-    it predicts: `{"ids", "predicted_pass_rate", "excluded_unsolved"}`. A ValueError when no pool
-    in `pool.target` with at least `pool.min_prompts` prompts exists."""
+def band(estimates: dict[str, Any], params: ExperimentParams) -> tuple[list[int], float]:
+    """The difficulty band (module docstring, step 2): indices into the estimates, hardest
+    first, and the band's predicted ProRL pass rate (NaN when empty)."""
     pool, study = params.study.pool, params.study
     n = study.arms[study.baseline].update["rollouts_per_prompt"]
     solves, tries = np.asarray(estimates["solves"]), np.asarray(estimates["tries"])
@@ -139,15 +156,55 @@ def choose(estimates: dict[str, Any], params: ExperimentParams) -> dict[str, Any
     low, high = pool.target
     below = np.flatnonzero(running <= (low + high) / 2)
     size = int(below[-1]) + 1 if len(below) else 0
-    rate = float(running[size - 1]) if size else float("nan")
-    if size < pool.min_prompts or not low <= rate <= high:
+    return order[:size], float(running[size - 1]) if size else float("nan")
+
+
+def hold_out(indices: Sequence[int], families: Sequence[str], fraction: float,
+             seed: int) -> tuple[list[int], list[int]]:
+    """(hold-out, rest) of `indices`: per family (in sorted order), ceil(fraction x its count)
+    drawn by `np.random.default_rng(seed)`; both lists keep the order of `indices`."""
+    rng = np.random.default_rng(seed)
+    held: set[int] = set()
+    for family in sorted({families[i] for i in indices}):
+        members = [i for i in indices if families[i] == family]
+        take = math.ceil(fraction * len(members) - 1e-9)
+        held.update(members[j] for j in rng.permutation(len(members))[:take])
+    return [i for i in indices if i in held], [i for i in indices if i not in held]
+
+
+def choose(estimates: dict[str, Any], params: ExperimentParams) -> dict[str, Any]:
+    """The band, the hold-out drawn from it, and the pool (module docstring, step 2):
+    `{"ids", "holdout_ids", "band", "predicted_pass_rate", "excluded_unsolved"}`, ids hardest
+    first. A ValueError naming the fix when the pool or the hold-out falls short."""
+    pool, study = params.study.pool, params.study
+    n = study.arms[study.baseline].update["rollouts_per_prompt"]
+    solves, tries = np.asarray(estimates["solves"]), np.asarray(estimates["tries"])
+    p = solves / tries
+    inside, band_rate = band(estimates, params)
+    held, rest = hold_out(inside, estimates["families"], pool.holdout_fraction, pool.seed)
+    rate = float(keep_rate(p[rest], n).mean()) if rest else float("nan")
+    low, high = pool.target
+    if len(rest) < pool.min_prompts or not low <= rate <= high:
         raise ValueError(
             f"no prompt pool of at least {pool.min_prompts} train prompts has a predicted ProRL "
-            f"pass rate (N = {n}) in {list(pool.target)}: the hardest {size} give {rate:.3f} "
-            f"(of {len(eligible)} solved at least {pool.min_solves} times). Use harder or more "
-            "train data (data section), or widen study.pool.target.")
-    return {"ids": [estimates["ids"][i] for i in order[:size]], "predicted_pass_rate": rate,
-            "excluded_unsolved": len(p) - len(eligible)}
+            f"pass rate (N = {n}) in {list(pool.target)}: the band holds the hardest "
+            f"{len(inside)} (predicted {band_rate:.3f}), the pool after the hold-out "
+            f"{len(rest)} (predicted {rate:.3f}; {int((solves >= pool.min_solves).sum())} "
+            f"solved at least {pool.min_solves} times). Use harder or more train data (data "
+            "section), widen study.pool.target or lower study.pool.holdout_fraction.")
+    per_family = Counter(estimates["families"][i] for i in held)
+    short = {f: per_family.get(f, 0) for f in sorted({estimates["families"][i] for i in inside})
+             if per_family.get(f, 0) < pool.holdout_min_per_family}
+    if short:
+        raise ValueError(
+            f"the hold-out split holds too few prompts of {short} (study.pool."
+            f"holdout_min_per_family = {pool.holdout_min_per_family}): use more train data of "
+            "those families (data section) or raise study.pool.holdout_fraction.")
+    ids = estimates["ids"]
+    return {"ids": [ids[i] for i in rest], "holdout_ids": [ids[i] for i in held],
+            "band": [float(p[inside].min()), float(p[inside].max())],
+            "band_prompts": len(inside), "predicted_pass_rate": rate,
+            "excluded_unsolved": int((solves < pool.min_solves).sum())}
 
 
 def summary(estimates: dict[str, Any], ids: Sequence[str], n_small: int,
@@ -170,26 +227,34 @@ def summary(estimates: dict[str, Any], ids: Sequence[str], n_small: int,
 
 def write_pool(params: ExperimentParams, root: Path | str = ".") -> dict[str, Any]:
     """Estimate, choose and save the pool under `<out_dir>/pool/` (module docstring); returns
-    `pool.json`'s content."""
+    `pool.json`'s content. A frozen pool (`brorl.study.frozen`) is read back as it is."""
     from brorl.data import load_split, save_splits
+    from brorl.study.frozen import check
 
     root = Path(root)
+    if check(params, root, "pool"):  # a frozen pool is reused, never redrawn
+        return json.loads((root / pool_dir(params) / POOL_FILE).read_text())
     study = params.study
     data = root / params.data.path
     train = load_split(data, "train")
     estimates = estimate(params, root / warmup_dir(params) / "policy", train)
     chosen = choose(estimates, params)
-    keep = set(chosen["ids"])
+    keep, held = set(chosen["ids"]), set(chosen["holdout_ids"])
     save_splits({"train": [p for p in train if p.id in keep],
+                 "holdout": [p for p in train if p.id in held],
                  "validation": load_split(data, "validation"), "test": load_split(data, "test")},
                 root / pool_data(params))
     ns = sorted({a.update["rollouts_per_prompt"] for a in study.arms.values()})
     small, large = ns[0], ns[-1]
     record = {"predicted_pass_rate": chosen["predicted_pass_rate"],
               "excluded_unsolved": chosen["excluded_unsolved"], "target": list(study.pool.target),
+              "band": chosen["band"], "band_prompts": chosen["band_prompts"],
+              "holdout_fraction": study.pool.holdout_fraction,
               "n_small": small, "n_large": large,
               "train": summary(estimates, estimates["ids"], small, large),
               "pool": summary(estimates, chosen["ids"], small, large),
-              "pool_ids": chosen["ids"], "estimates": estimates}
+              "holdout": summary(estimates, chosen["holdout_ids"], small, large),
+              "pool_ids": chosen["ids"], "holdout_ids": chosen["holdout_ids"],
+              "estimates": estimates}
     atomic_write_text(root / pool_dir(params) / POOL_FILE, json.dumps(record, indent=1) + "\n")
     return record

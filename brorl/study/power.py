@@ -1,123 +1,83 @@
-"""The study's a-priori power analysis (docs/study.md, the plan): the seed variance components of
-the study of commit 2cac7b5, the power of the seed-level tests at a number of seeds, the seeds the plan
-fixes. `python -m brorl.study.power` prints the plan's table.
+"""The study's a-priori power analysis (docs/study.md, the plan, version 2): from the per-seed sds
+the plan assumes (`study.design_sd`), the effect each confirmatory contrast detects at the planned
+seeds, the seeds the paper's effect would need, and the TOST's power at no change.
+`python -m brorl.study.power [--params params/study.yaml]` prints the plan's table.
 
-Variance components come from the committed figures of the study of 2026-11-24 (make study of
-commit 2cac7b5: its report's intervals; its run folders are in no DVC remote, so nothing finer
-can be recomputed). Overall score, points, 300 test instances at avg@8:
+The design sds are the per-seed sds of each arm's overall test score at the budget (avg@8 on
+300 test instances, 3 seeds each) in the two runs of the version-1 design, the larger of the
+two per arm: ProRL 1.6 and 0.43, BroRL at ProRL's LR 4.1 and 1.58, BroRL at the sqrt-rule LR 7.5
+and 7.83 points (commit 115c69e's as reported when this redesign was asked for; d567208's from its
+run folders). The B = 64 x N = 16 arm did not run there; it takes BroRL-at-ProRL's-LR's 4.1 (the
+larger of the two shapes it sits between). The start's draws differ only in evaluation
+sampling: at 64 samples on about 190 hold-out instances with pass rates near 0.1 the sd of a
+draw's mean is about 0.25 points; the plan takes 0.5. These are sds of the full test split; the
+hold-out's are unknown before the study runs, and the report states every detectable effect
+from these, not from what it observes.
 
-- BroRL - ProRL at equal rollouts (5 and 5 seeds): paired t interval over the seed-averaged
-  instances [-6.82, -3.29] (df 299), two-way bootstrap interval [-8.23, -1.84];
-- adaptive - ProRL (3 and 5 seeds; adaptive has ProRL's shape and LR): t [-0.88, +1.95],
-  bootstrap [-1.85, +3.05].
-
-The t interval's variance V_t is the instance part; the bootstrap's V_b adds each arm's seed part,
-sd^2 (S - 1) / S^2 (the bootstrap's plug-in variance of a mean of S seeds). Taking adaptive's seed
-sd as ProRL's: sd_P^2 = (V_b - V_t)[adaptive] / (2/9 + 4/25), sd_B^2 = (V_b - V_t)[BroRL] / (4/25)
-- sd_P^2. The per-seed sd holds the seed's training noise and its avg@8 sampling noise on the
-fixed instances: what a seed-level test over per-seed means sees. Our approximation: normal
-intervals (z 1.96) for the bootstrap, the t quantile for the t interval.
-
-Deliberately ignored: seed noise of arms that study did not run (BroRL at ProRL's LR and
-the N = 16, B = 2 arm take BroRL's sd: the larger one, the conservative choice).
+Seeds: the time budget of `make study` (3 hours on the 2-core CPU, docs/study.md) affords 6 per
+confirmatory arm and 3 for the exploratory one; the paper's effect (1-1.6 points, BroRL Table 1)
+would need about 80 per arm: out of reach, so the plan states what it can detect instead.
 """
 
 from __future__ import annotations
 
-import math
+import argparse
 
-from scipy import stats
+from brorl.stats import seeds_for_power, tost_power, welch_power
 
-from brorl.stats import seeds_for_power, welch_power
-
-PILOT = {
-    "brorl_vs_prorl": {"t": (-6.82, -3.29), "bootstrap": (-8.23, -1.84), "seeds": (5, 5)},
-    "adaptive_vs_prorl": {"t": (-0.88, 1.95), "bootstrap": (-1.85, 3.05), "seeds": (5, 3)},
-}
-"""The 2cac7b5 study's intervals (points; seeds of the baseline side first) and seeds."""
-INSTANCES = 300
-CONTRASTS = 9
-"""Contrasts in the Holm family of params/study.yaml: the power is taken at Holm's first, most
-stringent level alpha / CONTRASTS (the power of the contrast with the smallest p)."""
-EFFECT = 5.0
-"""The effect (points) the plan asks power for: the size of the 2cac7b5 study's BroRL - ProRL
-difference (-5.06), so the new design can confirm or overturn it."""
-AFFORDABLE = 3
-"""Seeds per arm that fit `make study` in about 100 minutes on the 2-core CPU (docs/study.md,
-the time estimate); the plan runs min(needed, AFFORDABLE) and states the power that buys."""
+PAPER_EFFECT = 0.016
+"""BroRL's largest gain over ProRL in its Table 1 (points / 100)."""
 
 
-def _variance(interval: tuple[float, float], quantile: float) -> float:
-    return ((interval[1] - interval[0]) / 2 / quantile) ** 2
+def detectable(sd_a: float, sd_b: float, n_a: int, n_b: int, *, alpha: float,
+               power: float = 0.8) -> float:
+    """The smallest difference (score units, to 0.001) Welch's t at `alpha` detects with
+    `power`."""
+    effect = 0.001
+    while welch_power(effect, sd_a, sd_b, n_a, n_b, alpha=alpha) < power and effect < 1:
+        effect += 0.001
+    return round(effect, 3)
 
 
-def components() -> dict[str, float]:
-    """Per-seed sd of the overall score (points) of ProRL and BroRL, and the instance part of a
-    difference's variance (points^2), from `PILOT` (module docstring)."""
-    t, z = stats.t.ppf(0.975, INSTANCES - 1), stats.norm.ppf(0.975)
-
-    def seed_part(name: str) -> float:
-        row = PILOT[name]
-        return _variance(row["bootstrap"], z) - _variance(row["t"], t)
-
-    def factor(s: int) -> float:
-        return (s - 1) / s ** 2
-
-    a, b = PILOT["adaptive_vs_prorl"]["seeds"], PILOT["brorl_vs_prorl"]["seeds"]
-    var_p = seed_part("adaptive_vs_prorl") / (factor(a[0]) + factor(a[1]))
-    var_b = (seed_part("brorl_vs_prorl") - factor(b[0]) * var_p) / factor(b[1])
-    return {"sd_prorl": math.sqrt(var_p), "sd_brorl": math.sqrt(var_b),
-            "instance_variance": _variance(PILOT["brorl_vs_prorl"]["t"], t)}
-
-
-def needed_seeds(effect: float = EFFECT, *, alpha: float = 0.05, power: float = 0.8,
-                 n_contrasts: int = CONTRASTS) -> dict[str, int]:
-    """Seeds per arm for `power` at `effect` points, Welch's t at alpha / n_contrasts: ProRL
-    against a BroRL arm, and two BroRL arms against each other."""
-    c = components()
-    level = alpha / n_contrasts
-    return {"prorl_vs_brorl": seeds_for_power(effect, c["sd_prorl"], c["sd_brorl"], alpha=level,
-                                              power=power),
-            "brorl_vs_brorl": seeds_for_power(effect, c["sd_brorl"], c["sd_brorl"], alpha=level,
-                                              power=power)}
-
-
-def power_at(seeds: int, effect: float, *, alpha: float = 0.05,
-             n_contrasts: int = CONTRASTS) -> float:
-    """Power of Welch's t, ProRL against a BroRL arm, `seeds` each, at alpha / n_contrasts."""
-    c = components()
-    return welch_power(effect, c["sd_prorl"], c["sd_brorl"], seeds, seeds,
-                       alpha=alpha / n_contrasts)
+def plan_table(params) -> list[str]:
+    """The plan's power table, one line per contrast of the confirmatory family and the
+    premise."""
+    study = params.study
+    sd = study.design_sd
+    m = len(study.confirmatory)
+    lines = ["design sds (points): " + ", ".join(f"{k} {100 * v:.2f}" for k, v in sd.items()),
+             f"confirmatory family: {m} contrasts, Welch at alpha {study.alpha}/{m} (Holm's "
+             f"first step), power {study.power}"]
+    for name in study.confirmatory:
+        c = study.contrasts[name]
+        a, b = c.a.partition("@")[0], c.b.partition("@")[0]
+        na, nb = study.arms[a].seeds, study.arms[b].seeds
+        effect = detectable(sd[a], sd[b], na, nb, alpha=study.alpha / m, power=study.power)
+        need = seeds_for_power(PAPER_EFFECT, sd[a], sd[b], alpha=study.alpha / m,
+                               power=study.power)
+        tost = tost_power(0.0, sd[a], sd[b], na, nb, margin=study.margin, alpha=study.alpha)
+        lines.append(f"  {name}: {na} x {nb} seeds detect {100 * effect:.1f} points; the "
+                     f"paper's {100 * PAPER_EFFECT:.1f} points would need {need} per arm; TOST "
+                     f"power at no change {tost:.2f} (equivalence not read)")
+    if study.premise:
+        c = study.contrasts[study.premise]
+        b = c.b.partition("@")[0]
+        nb, na = study.arms[b].seeds, study.start_replicates
+        for true in (0.0, 0.01):
+            lines.append(f"premise {study.premise}: TOST within +-{100 * study.margin:.0f} "
+                         f"points, {nb} seeds against {na} start draws, power at a true change of "
+                         f"{100 * true:.0f} points "
+                         f"{tost_power(true, sd['start'], sd[b], na, nb, margin=study.margin, alpha=study.alpha):.2f}")
+    return lines
 
 
-def detectable(seeds: int, *, alpha: float = 0.05, power: float = 0.8,
-               n_contrasts: int = CONTRASTS) -> float:
-    """The smallest effect (points, to 0.01) ProRL against a BroRL arm detects with `power`."""
-    effect = 0.01
-    while power_at(seeds, effect, alpha=alpha, n_contrasts=n_contrasts) < power:
-        effect += 0.01
-    return round(effect, 2)
+def main(argv: list[str] | None = None) -> None:
+    from brorl.params import load_params
 
-
-def plan_seeds() -> int:
-    """The seeds per arm of the plan: what the power analysis asks for, capped by what the time
-    budget affords."""
-    return min(max(needed_seeds().values()), AFFORDABLE)
-
-
-def main() -> None:
-    c = components()
-    print(f"per-seed sd: ProRL {c['sd_prorl']:.2f}, BroRL {c['sd_brorl']:.2f} points; instance "
-          f"variance of a difference {c['instance_variance']:.2f} points^2")
-    for effect in (3.0, 4.0, 5.0):
-        print(f"seeds per arm for power 0.8 at {effect:.0f} points, alpha 0.05/{CONTRASTS}: "
-              f"{needed_seeds(effect)}")
-    for seeds in range(2, 9):
-        print(f"{seeds} seeds: power at {EFFECT:.0f} points {power_at(seeds, EFFECT):.2f} "
-              f"(unadjusted {power_at(seeds, EFFECT, n_contrasts=1):.2f}); detectable at power "
-              f"0.8: {detectable(seeds):.2f} points (unadjusted "
-              f"{detectable(seeds, n_contrasts=1):.2f})")
-    print(f"plan: {plan_seeds()} seeds per arm")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params/study.yaml")
+    args = parser.parse_args(argv)
+    print("\n".join(plan_table(load_params(args.params, []))))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 per-instance values, pooled rates.
 
 Each run folder holds `summary.json` (per-step metrics in `history`) and `evals.jsonl`, one row per
-(step, split) with per-instance `score` (the family's headline quantity: pass@1 for math and code,
+(step, split: the hold-out, the study's primary endpoint, and the full test split, `RunResult.on`) with per-instance `score` (the family's headline quantity: pass@1 for math and code,
 mean reward for reasoning, ProRL (arXiv 2505.24864) §3.4), `pass_at_1` (avg@k: the share of the k
 samples that are correct) and `families`, in `problem_ids` order. A run is scored at three points:
 `start` (step 0, the shared start evaluation), `steps` (the row at `study.equal_steps`) and `budget`
@@ -18,14 +18,16 @@ Pooled rates (BroRL §4.2.4, Table 2) are `brorl.reporting.RunRecord`'s, as in t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from brorl.evals import read_run
+from brorl.evals import read_evals, read_run
 from brorl.reporting import RunRecord
+from brorl.scoring import pass_at_k
 from brorl.study.plan import StudyRun
 
 METRICS = ("score", "pass_at_k")
@@ -36,12 +38,25 @@ def families_of(row: dict[str, Any]) -> list[str]:
     return row.get("families") or [i.split("/")[0] for i in row["problem_ids"]]
 
 
-def values_of(row: dict[str, Any], key: str = "score") -> dict[str, float]:
-    """Instance id -> its `key`: `score`, `pass_at_1`, or `pass_at_k` (1.0 when any of the k
-    samples was correct, from avg@k > 0)."""
+def samples_of(row: dict[str, Any]) -> int | None:
+    """The row's samples per instance (k), None for a row that does not record them."""
+    return row.get("samples")
+
+
+def values_of(row: dict[str, Any], key: str = "score", k: int | None = None) -> dict[str, float]:
+    """Instance id -> its `key`: `score`, `pass_at_1`, or `pass_at_k`: with `k` the unbiased
+    pass@k from the row's n samples (c = avg@n x n correct, `brorl.scoring.pass_at_k`), without
+    it pass@n (1.0 when any of the n samples was correct, from avg@n > 0)."""
     if key == "pass_at_k":
-        return {i: float(v > 0) for i, v in zip(row["problem_ids"], row["pass_at_1"],
-                                                  strict=True)}
+        if k is None:
+            return {i: float(v > 0) for i, v in zip(row["problem_ids"], row["pass_at_1"],
+                                                      strict=True)}
+        n = samples_of(row)
+        if n is None or k > n:
+            raise ValueError(f"pass@{k} needs at least {k} samples per instance; the row of "
+                             f"step {row['step']} has {n}.")
+        return {i: pass_at_k(n, round(v * n), k)
+                for i, v in zip(row["problem_ids"], row["pass_at_1"], strict=True)}
     return dict(zip(row["problem_ids"], row[key], strict=True))
 
 
@@ -51,12 +66,25 @@ class RunResult(RunRecord):
     step); pooled rates from `RunRecord`."""
 
     run: StudyRun
+    holdout: tuple[dict[str, Any], ...] = ()
+    """The run's hold-out rows by step (the primary endpoint; `evals` holds the full test
+    split's)."""
 
     @classmethod
     def load(cls, run: StudyRun, folder: Path) -> RunResult:
         summary, rows = read_run(folder, f"study run {run.id} has not finished; run it (make "
                                          "study, or python -m flows.study --run ID).")
-        return cls(summary=summary, evals=rows, run=run)
+        holdout = tuple(read_evals(folder / "evals.jsonl", "holdout"))
+        return cls(summary=summary, evals=rows, run=run, holdout=holdout)
+
+    def on(self, split: str) -> RunResult:
+        """This run with `split`'s rows as its `evals` (`test` or `holdout`)."""
+        if split == "test":
+            return self
+        if not self.holdout:
+            raise ValueError(f"run {self.run.id} has no {split} evaluation: it ran before the "
+                             "study scored a hold-out split; rerun it (make study).")
+        return dataclasses.replace(self, evals=list(self.holdout))
 
     @property
     def final(self) -> dict[str, Any]:

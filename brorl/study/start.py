@@ -4,8 +4,11 @@ Every run of a study starts from the warm-up policy and is evaluated at step 0 o
 instances with the same sampling seed: the same rows in every run (`Run.eval_protocol` is equal).
 The `study_start` stage scores them once (`score_start`, written to `<out_dir>/start/start.json`),
 and each run records them as its step-0 evaluation (`Run.train(start=)`, which refuses rows of
-another protocol) instead of spending about half a minute per run scoring them again. The rows
-are stored without their `seconds` (0 at step 0; a DVC output holds no wall-clock figure).
+another protocol) instead of scoring them again. The same instances are scored
+`study.start_replicates` times in all, under other sampling seeds (`EvalProtocol.score`'s
+`replicate`): a contrast against the start sets the arm's seeds against these draws, so the
+start's own evaluation noise enters the test. The rows are stored without their `seconds` (0 at
+step 0; a DVC output holds no wall-clock figure).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ def start_path(study: StudyParams) -> str:
 
 def score_start(params: ExperimentParams, root: Path | str = ".") -> dict[str, Any]:
     """The step-0 evaluation of the study's first run (any run would do: they share the
-    protocol), scored in `<out_dir>/start/` (its evals.jsonl): `{"protocol", "rows"}`."""
+    protocol), scored in `<out_dir>/start/` (its evals.jsonl), and `study.start_replicates` - 1
+    more draws of it (other sampling seeds, the same instances): `{"protocol", "rows",
+    "replicates"}`, `replicates[r]` the rows of draw r (draw 0 is `rows`)."""
     from brorl.params import ExperimentParams
     from brorl.train import Run
 
@@ -42,12 +47,23 @@ def score_start(params: ExperimentParams, root: Path | str = ".") -> dict[str, A
     tree["train"].update(run_dir=folder, checkpoint_dir=f"{folder}/checkpoints")
     run = Run.open(ExperimentParams.model_validate(tree), root, resume=False)
     run.evaluate()
-    return {"protocol": run.eval_protocol(),
-            "rows": [split_timings(row)[0] for row in run.state.evals]}
+    rows = [split_timings(row)[0] for row in run.state.evals]
+    protocol, trainer = run.config.eval_protocol, run.trainer
+    replicates = [rows] + [
+        [split_timings(protocol.score(trainer.model, trainer.tokenizer, problems, split=split,
+                                      replicate=r))[0]
+         for split, problems in run.eval_problems.items()]
+        for r in range(1, params.study.start_replicates)]
+    return {"protocol": run.eval_protocol(), "rows": rows, "replicates": replicates}
 
 
 def write_start(params: ExperimentParams, root: Path) -> Path:
-    """`score_start`, written to `<root>/<out_dir>/start/start.json`; that path."""
+    """`score_start`, written to `<root>/<out_dir>/start/start.json`; that path. A frozen start
+    (`brorl.study.frozen`) is reused as it is."""
+    from brorl.study.frozen import check
+
     path = root / start_path(params.study)
+    if check(params, root, "start"):
+        return path
     atomic_write_text(path, json.dumps(score_start(params, root), indent=1, sort_keys=True) + "\n")
     return path

@@ -3,14 +3,18 @@ is shown flat, or a cap (the paper starts BroRL from a model that plateaued unde
 §4.2.1, Fig. 1).
 
 "Flat" is an equivalence test, not the absence of a significant slope: over the last
-`study.warmup.window` validation evaluations (>= 5, on >= 300 instances), the per-instance
-least-squares slopes against rollouts (`brorl.stats.slope_test`, the instances as the unit) show
-by TOST that the drift over one study run (slope x `study.budget_rollouts`) lies within
-+-`study.warmup.margin`, at `study.alpha` divided by the number of tests the warm-up may run
-(`StudyWarmup.looks`: stopping at the first pass would otherwise inflate a false "flat"). The warm-up runs `warmup.eval_every` steps at a time
+`study.warmup.window` validation evaluations (>= 5, on >= 300 instances), the least-squares
+line through the per-evaluation mean scores against rollouts (`brorl.stats.evaluation_slope_test`:
+the evaluations are the unit, df = window - 2; the instances of one evaluation share its policy
+and are no independent replicates of the slope) shows by TOST that the drift over one study run
+(slope x `study.budget_rollouts`) lies within +-`study.warmup.margin`, at `study.alpha` divided
+by the number of tests the warm-up may run (`StudyWarmup.looks`: stopping at the first pass
+would otherwise inflate a false "flat"). The warm-up runs `warmup.eval_every` steps at a time
 (`brorl.train.Run.train(max_steps=)`: the run's own loop, evaluations, checkpoints and resume)
 and tests after each evaluation; it stops when the test passes or at `warmup.max_steps`, and
 `plateau.json` records which (a capped warm-up is reported as not shown plateaued).
+`plateau_test` also gives the instances-as-unit slope test beside it (`slope_test`), as a
+record of what the earlier plan tested.
 
 The warm-up trains on the pipeline's whole train split with the baseline arm's shape (the
 study's recipe); the pool (`brorl.study.pool`) is chosen afterwards at its final policy.
@@ -30,7 +34,7 @@ import numpy as np
 
 from brorl.evals import read_evals
 from brorl.files import atomic_write_text
-from brorl.stats import slope_test
+from brorl.stats import evaluation_slope_test, slope_test
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -55,9 +59,12 @@ def plateau_test(rows: list[dict[str, Any]], study: StudyParams) -> dict[str, An
                          "raise study.warmup.eval_per_family or use more validation data.")
     table = np.array([[dict(zip(r["problem_ids"], r["score"]))[i] for i in ids] for r in last])
     x = np.array([r["rollouts"] for r in last], dtype=float) / study.budget_rollouts
-    test = slope_test(table, x, margin=w.margin, alpha=study.alpha)
+    test = evaluation_slope_test(table.mean(axis=1), x, margin=w.margin, alpha=study.alpha,
+                                 instances=len(ids))
     level = study.alpha / w.looks
-    return {"flat": bool(test.p_equivalence < level), "level": level, "test": asdict(test),
+    return {"flat": bool(test.p_equivalence < level), "level": level, "unit": "evaluations",
+            "test": asdict(test),
+            "instances_as_unit": asdict(slope_test(table, x, margin=w.margin, alpha=study.alpha)),
             "steps": [r["step"] for r in last], "rollouts": [r["rollouts"] for r in last],
             "scores": table.mean(axis=1).tolist()}
 
@@ -86,6 +93,17 @@ def train_to_plateau(run: Run, study: StudyParams, driver: Driver | None = None)
             "rollouts": run.state.rollouts, "margin": w.margin, "window": w.window,
             "budget_rollouts": study.budget_rollouts, "alpha": study.alpha,
             "verdict": verdict}
+
+
+def frozen_warmup(params: ExperimentParams, root: Path) -> dict[str, Any] | None:
+    """The frozen warm-up's plateau record (`brorl.study.frozen`: reused, never trained again),
+    None when the warm-up is not frozen; a ValueError when frozen but missing or changed."""
+    from brorl.study.frozen import check
+    from brorl.study.plan import warmup_dir
+
+    if not check(params, root, "warmup"):
+        return None
+    return json.loads((root / warmup_dir(params) / PLATEAU_FILE).read_text())
 
 
 def write_plateau(folder: Path, record: dict[str, Any]) -> Path:

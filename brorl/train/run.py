@@ -125,6 +125,8 @@ class RunConfig:
     diagnostics: DiagnosticsConfig
     root: str
     """The checkout, which the paths in the run's files are relative to."""
+    eval_steps: tuple[int, ...]
+    """Steps evaluated besides every `eval_every`-th (`train.eval_steps`)."""
 
     @classmethod
     def from_params(cls, params: ExperimentParams, root: Path) -> RunConfig:
@@ -135,6 +137,7 @@ class RunConfig:
             data_path=params.data.path, steps=t.steps, max_rollouts=t.max_rollouts,
             min_steps=t.min_steps, max_seconds=t.max_seconds,
             plateau_patience=t.plateau_patience, eval_every=t.eval_every,
+            eval_steps=tuple(t.eval_steps),
             checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
             eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
             diagnostics=DiagnosticsConfig.from_params(params))
@@ -237,11 +240,12 @@ class Run:
         return self.trainer.broadcast(reason)
 
     def eval_due(self) -> bool:
-        """Every `eval_every` steps, at the step that spends a budget and at the last step: the
-        arms of a comparison end on an evaluation at the same budget, whatever their step
-        sizes."""
-        due = self.step_count % self.config.eval_every == 0 or self._budget_reason() is not None \
-            or self.state.budget_step == self.step_count
+        """Every `eval_every` steps, at `eval_steps`, at the step that spends a budget and at the
+        last step: the arms of a comparison end on an evaluation at the same budget, whatever
+        their step sizes."""
+        c, step = self.config, self.step_count
+        due = step % c.eval_every == 0 or step in c.eval_steps or \
+            self._budget_reason() is not None or self.state.budget_step == step
         return self.trainer.broadcast(due)
 
     def checkpoint_due(self) -> bool:
