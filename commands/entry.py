@@ -170,6 +170,7 @@ def check_study(argv: list[str] | None = None) -> argparse.Namespace:
     from brorl.preflight import InputError, check_checkpoint, check_inputs, check_split
     from brorl.study.frozen import check as frozen
     from brorl.study.plan import find_run, plan_runs, run_params, warmup_dir, warmup_params
+    from brorl.study.progress import will_resume
 
     args = study_parser().parse_args(argv)
     try:
@@ -181,7 +182,9 @@ def check_study(argv: list[str] | None = None) -> argparse.Namespace:
             check_checkpoint(root / warmup_dir(params) / "policy", "the study's warm-up policy")
         if args.run or args.start:  # the pool and the warm-up policy (or the run's checkpoint)
             run = find_run(params.study, args.run) if args.run else plan_runs(params.study)[0]
-            check_inputs(run_params(params, run), "train", root, resume=bool(args.run))
+            # a folder of other params or a finished run starts over: no checkpoint to check
+            resume = bool(args.run) and will_resume(params, root, run.id)
+            check_inputs(run_params(params, run), "train", root, resume=resume)
     except (ParamsError, InputError, ValueError, CheckoutError) as err:
         fail(str(err))
     if error := prefect_api_error():

@@ -28,7 +28,9 @@ from brorl.study import plan_runs, run_params, write_plan
 from brorl.study.plan import StudyRun
 from brorl.study.analysis import point_rows
 from brorl.study.pool import band, choose, histogram, hold_out, keep_rate, rescued, summary
-from brorl.study.progress import mark_finished, prepare_run_dir, progress, progress_line
+from brorl.study.progress import (
+    mark_finished, prepare_run_dir, progress, progress_line, resumes,
+)
 from brorl.run_files import mlflow_marker
 from brorl.timings import read_timings
 from brorl.study.report import build_report, headline, verdict
@@ -178,12 +180,15 @@ def test_a_run_folder_resumes_when_interrupted_and_starts_over_when_changed_or_f
     killed = prepare_run_dir(folder, "prorl_s0", "d1")  # interrupted before its first checkpoint
     assert (killed.action, killed.cleared_mlflow_run) == ("start", "abc")
     _checkpoint(folder)
+    # what the preflight asks first: only a resumed folder's checkpoint is the run's input
+    assert resumes(folder, "d1") and not resumes(folder, "d2")
     assert prepare_run_dir(folder, "prorl_s0", "d1").action == "resume"  # interrupted session
     assert (folder / "checkpoints").is_dir()
     mlflow_marker(folder).write_text(json.dumps({"run_id": "def"}))
     mark_finished(folder, 12.5)
     assert "wall_seconds" not in json.loads((folder / "study_run.json").read_text())
     assert read_timings(folder)["wall_seconds"] == 12.5  # beside the folder, not in it
+    assert not resumes(folder, "d1")  # finished: a new session starts over
     again = prepare_run_dir(folder, "prorl_s0", "d1")  # DVC reruns a finished run: code changed
     assert (again.action, again.cleared_mlflow_run) == ("start", "def")
     assert not (folder / "checkpoints").exists()

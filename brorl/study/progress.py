@@ -74,11 +74,25 @@ class Preparation:
     cleared_mlflow_run: str | None
 
 
+def resumes(folder: Path, digest: str) -> bool:
+    """Whether a session of the run with `digest` resumes `folder` (module docstring): the same
+    digest, unfinished, with a checkpoint."""
+    marker = read_marker(folder)
+    return marker is not None and marker["digest"] == digest and not marker["finished"] and \
+        latest_checkpoint(folder / "checkpoints") is not None
+
+
+def will_resume(params: ExperimentParams, root: Path, run_id: str) -> bool:
+    """Whether the next session of run `run_id` resumes its folder (else the folder is cleared
+    and the run starts over: its checkpoints are not the inputs of the session)."""
+    run = find_run(params.study, run_id)
+    return resumes(root / run_dir(params.study, run), digests(params, root)[run_id])
+
+
 def prepare_run_dir(folder: Path, run_id: str, digest: str) -> Preparation:
     """Get `folder` ready for a session of the run (module docstring); the marker written."""
     marker, cleared = read_marker(folder), None
-    if marker is not None and marker["digest"] == digest and not marker["finished"] and \
-            latest_checkpoint(folder / "checkpoints") is not None:
+    if resumes(folder, digest):
         action = "resume"
     else:
         action = "start"
