@@ -540,6 +540,19 @@ def test_the_report_reads_each_contrast_from_its_numbers(tmp_path):
     assert "| b64_s2 | 2 |" in seeds_md and "| start | draw 2 |" in seeds_md
 
 
+def test_the_report_shows_the_real_model_probe_without_its_wall_clock(tmp_path):
+    params = _hand_made_study(tmp_path)
+    assert build_report(params, tmp_path)["probe"] is None  # not run: no section
+    assert "real-model probe" not in (tmp_path / "study" / "report.md").read_text()
+    (tmp_path / "metrics").mkdir()
+    shutil.copy(ROOT / "metrics" / "study_probe.json", tmp_path / "metrics")
+    r = build_report(params, tmp_path)
+    text = (tmp_path / "study" / "report.md").read_text()
+    assert "## A real-model probe of the mechanism (exploratory)" in text
+    assert f"probed with p in (0, 1/16): {r['probe']['below_one_in_screen']}" in text
+    assert "seconds" not in r["probe"] and " rollouts in " not in text
+
+
 def test_every_interval_excludes_zero_exactly_when_its_p_is_below_alpha(tmp_path):
     r = build_report(_hand_made_study(tmp_path), tmp_path)
     alpha = 1 - r["confidence"]

@@ -151,9 +151,10 @@ def render(record: dict[str, Any]) -> str:
         f"{record[f'rescued_mean_n{small}_n{large}']:.3f}",
         f"- mean keep rate: N = {small} {record[f'keep_rate_n{small}']:.3f}, "
         f"N = {large} {record[f'keep_rate_n{large}']:.3f}",
-        f"- {record['rollouts']} rollouts in {record['seconds']['total']:.0f} s "
-        f"(screen {record['seconds']['screen']:.0f} s)",
     ]
+    if "seconds" in record:  # a record without its wall-clock figures (the study's report)
+        lines.append(f"- {record['rollouts']} rollouts in {record['seconds']['total']:.0f} s "
+                     f"(screen {record['seconds']['screen']:.0f} s)")
     return "\n".join(lines)
 
 

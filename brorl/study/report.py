@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from brorl.evals import read_evals, read_start
 from brorl.files import atomic_write_text
 from brorl.reporting import markdown_table, p_value, percent, points
-from brorl.study import figures
+from brorl.study import figures, probe
 from brorl.study.analysis import analyse
 from brorl.study.plan import plan_runs, pool_dir, run_dir, warmup_dir
 from brorl.study.pool import POOL_FILE
@@ -311,6 +311,10 @@ def markdown(r: dict[str, Any], names: dict[str, str]) -> str:
     if r["pool"] is not None:
         text += ["## The prompt pool and the hold-out (the start policy's pass rates)", "",
                  caption["pool"], "", pool_table(r["pool"]), "", f"![pool]({names['pool']})", ""]
+    if r.get("probe") is not None:
+        text += ["## A real-model probe of the mechanism (exploratory)", "",
+                 f"`python -m brorl.study.probe` ({probe.DEFAULT_OUT}, its checkpoint "
+                 f"{r['probe'].get('checkpoint', '')}):", "", probe.render(r["probe"]), ""]
     text += ["## The warm-up", "", plateau_sentence(r), "", f"![warm-up]({names['warmup']})",
              "", "## Every seed", "", caption["seeds"], "", seeds_table(r), ""]
     return "\n".join(text)
@@ -409,6 +413,9 @@ def build_report(params: ExperimentParams, root: Path | str = ".") -> dict[str, 
                                                             "holdout_ids")}
     report = analyse(params, results, start, plateau, pool)
     report["verdict"] = verdict(report)
+    probe_file = root / probe.DEFAULT_OUT  # the real-model probe, when it has run
+    report["probe"] = {k: v for k, v in json.loads(probe_file.read_text()).items()
+                       if k != "seconds"} if probe_file.is_file() else None
     arms = {name: [r.on("holdout") for r in results if r.run.arm == name] for name in study.arms}
     figures.curves(arms, "rollouts", out / FIGURES["rollouts"], "rollouts generated")
     figures.curves(arms, "step", out / FIGURES["steps"], "RL steps (4 optimizer steps each)")
