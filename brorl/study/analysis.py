@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats as sps
 
-from brorl.stats import holm, seed_test, tost_power, welch_power
+from brorl.stats import holm, seed_test, tost_power
+from brorl.study import power
 from brorl.study.plan import run_params
 from brorl.study.results import RunResult, instance_order, table, values_of
 from brorl.types import FAMILIES
@@ -170,10 +171,7 @@ def detectable(study: StudyParams, a: str, b: str, level: float) -> float:
     same_arm = a != "start" and a.partition("@")[0] == b.partition("@")[0]
     if same_arm or not (np.isfinite(sd_a) and np.isfinite(sd_b)) or min(n_a, n_b) < 2:
         return math.nan
-    effect = 0.001
-    while welch_power(effect, sd_a, sd_b, n_a, n_b, alpha=level) < study.power and effect < 1:
-        effect += 0.001
-    return round(effect, 3)
+    return power.detectable(sd_a, sd_b, n_a, n_b, alpha=level, power=study.power)
 
 
 def equivalence_power(study: StudyParams, a: str, b: str) -> float:

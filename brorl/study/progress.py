@@ -83,8 +83,8 @@ def resumes(folder: Path, digest: str) -> bool:
 
 
 def will_resume(params: ExperimentParams, root: Path, run_id: str) -> bool:
-    """Whether the next session of run `run_id` resumes its folder (else the folder is cleared
-    and the run starts over: its checkpoints are not the inputs of the session)."""
+    """Whether the run's next start resumes its folder (else the folder is cleared and the run
+    starts over: its checkpoints are not its inputs)."""
     run = find_run(params.study, run_id)
     return resumes(root / run_dir(params.study, run), digests(params, root)[run_id])
 

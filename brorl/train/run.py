@@ -241,8 +241,7 @@ class Run:
 
     def eval_due(self) -> bool:
         """Every `eval_every` steps, at `eval_steps`, at the step that spends a budget and at the
-        last step: the arms of a comparison end on an evaluation at the same budget, whatever
-        their step sizes."""
+        last step: arms end on an evaluation at the same budget, whatever their step sizes."""
         c, step = self.config, self.step_count
         due = step % c.eval_every == 0 or step in c.eval_steps or \
             self._budget_reason() is not None or self.state.budget_step == step
