@@ -118,6 +118,7 @@ chromium:
 # fresh clone; the slowest 15 are listed at the end. The `gpu` tests (the cuda cases) skip
 # without CUDA.
 test: install
+	$(VENV)/bin/ruff check .
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" --durations=15
 
 # make stability: the resume tests (tiny and real model, kill then resume) five times in a row

@@ -41,12 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-task", type=int, default=150, help="generated problems per task")
     args = ap.parse_args(argv)
 
-    from brorl.evals import sample_per_family
     from brorl.data import DataConfig, make_splits
-    from brorl.scoring import sample_responses
+    from brorl.evals import sample_per_family
     from brorl.params import load_params
     from brorl.policy import load_policy
     from brorl.prompts import render_prompt
+    from brorl.scoring import sample_responses
     from brorl.verifiers import verify_batch
 
     params = load_params(ROOT / args.params, [f"data.{f}_per_task={args.per_task}"

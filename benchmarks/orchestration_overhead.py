@@ -21,7 +21,6 @@ Prints the thread count and /proc/loadavg beside the figures: a busy second core
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess

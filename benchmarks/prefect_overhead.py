@@ -128,8 +128,14 @@ def check(iterations: int, timeout_s: float = 30) -> dict[str, int]:
     """Flow runs, task runs and task log lines the server holds for the iterations (waits for the
     batched recorders, which flush every 5 s)."""
     from prefect import get_client
-    from prefect.client.schemas.filters import (FlowFilter, FlowFilterName, FlowRunFilter,
-                                                FlowRunFilterId, LogFilter, LogFilterFlowRunId)
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
     from prefect.logging.handlers import APILogWorker
 
     APILogWorker.drain_all(timeout=30)  # logs ship every 2 s; send what is queued

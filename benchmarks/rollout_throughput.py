@@ -59,12 +59,11 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # brorl and benchmarks.record
 from benchmarks.record import Table, announce, save  # noqa: E402
 from benchmarks.step_memory import check_model_args  # noqa: E402
-from brorl.engines.base import AUTO_ROWS, SamplingConfig  # noqa: E402
 from brorl.engines import build_engine  # noqa: E402
-from brorl.engines.hf import HfEngine  # noqa: E402
-from brorl.policy import (build_policy, build_tokenizer, load_policy, load_tokenizer,  # noqa: E402
-                          save_policy)
+from brorl.engines.base import AUTO_ROWS, SamplingConfig  # noqa: E402
 from brorl.engines.decode import prompt_width  # noqa: E402
+from brorl.engines.hf import HfEngine  # noqa: E402
+from brorl.policy import build_policy, build_tokenizer, load_policy, load_tokenizer, save_policy  # noqa: E402
 from brorl.policy.prefix import left_pad  # noqa: E402
 from brorl.policy.tokens import encode_prompts, model_stop_ids, pad_id  # noqa: E402
 from brorl.train.config import EngineConfig  # noqa: E402

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+
 def pooled(history: list[dict[str, float]], numerator: str, denominator: str, *,
            weighted: bool = False) -> float:
     """Sum of `numerator` (times `denominator` when `weighted`: a per-step fraction) over sum

@@ -123,8 +123,11 @@ def setup(pool: str = POOL) -> list[str]:
     limits (one slot each) where missing; set a device limit back to one slot where it is not.
     Returns what it did."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import (GlobalConcurrencyLimitCreate,
-                                                GlobalConcurrencyLimitUpdate, WorkPoolCreate)
+    from prefect.client.schemas.actions import (
+        GlobalConcurrencyLimitCreate,
+        GlobalConcurrencyLimitUpdate,
+        WorkPoolCreate,
+    )
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     from flows import device_limit_names
@@ -212,9 +215,13 @@ def status(pool: str, stale_minutes: float) -> list[str]:
     log) when runs wait and no worker has polled for `stale_minutes`."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import LogCreate
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState,
-                                                FlowRunFilterStateType, WorkPoolFilter,
-                                                WorkPoolFilterName)
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
     from prefect.client.schemas.objects import StateType
     from prefect.exceptions import ObjectNotFound
 

@@ -92,9 +92,9 @@ def device_slot() -> Iterator[None]:
         yield
         return
     from prefect import get_run_logger
+    from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectNotFound
-    from prefect.client.orchestration import get_client
 
     name = device_limit_name()
     with get_client(sync_client=True) as client:

@@ -16,9 +16,9 @@ if __name__ == "__main__":  # arguments and inputs checked before prefect and to
 
 from prefect import flow
 
+import tracking
 from brorl.checkout import find_root
 from brorl.params import load_params
-import tracking
 from tasks.simulate import log_to_mlflow, simulate_run, write_report
 
 

@@ -9,14 +9,14 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import tracking
 from brorl.base import BaseConfig, make_base_checkpoint, split_report
 from brorl.data import load_split
-from brorl.params import ExperimentParams
-from brorl.policy import save_policy
 from brorl.files import atomic_write_text
 from brorl.machine import machine_path, write_machine
+from brorl.params import ExperimentParams
+from brorl.policy import save_policy
 from brorl.timings import read_timings, split_timings, timings_path, write_timings
-import tracking
 
 
 def base_metrics(report: dict, target_pass_low: float, target_pass_high: float) -> dict[str, float]:

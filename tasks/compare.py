@@ -10,13 +10,13 @@ from mlflow.tracking import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import tracking
 from brorl.checkout import find_root
 from brorl.compare import ArmResult, build_report, headline, report_metrics
 from brorl.evals import EvalProtocol
-from brorl.params import ExperimentParams, compare_arms
 from brorl.files import atomic_write_text
+from brorl.params import ExperimentParams, compare_arms
 from brorl.timings import timings_path
-import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 

@@ -9,10 +9,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from brorl.data import DataConfig, make_splits, save_splits, split_counts
-from brorl.params import ExperimentParams
-from brorl.files import atomic_write_text
 import tracking
+from brorl.data import DataConfig, make_splits, save_splits, split_counts
+from brorl.files import atomic_write_text
+from brorl.params import ExperimentParams
 
 
 @task(name="data", cache_policy=NO_CACHE, persist_result=False)

@@ -10,13 +10,13 @@ from mlflow.tracking import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import tracking
+from brorl.checkout import find_root
 from brorl.data import load_split
 from brorl.evals import EvalProtocol
-from brorl.checkout import find_root
 from brorl.params import ExperimentParams
 from brorl.policy import load_policy
 from brorl.run_files import policy_to_evaluate
-import tracking
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 

@@ -9,12 +9,12 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import tracking
 from brorl.files import atomic_write_text
 from brorl.model import ModelConfig
 from brorl.params import ExperimentParams
 from brorl.timings import write_timings
 from brorl.types import timed
-import tracking
 
 
 @task(name="model", cache_policy=NO_CACHE, persist_result=False)

@@ -13,11 +13,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import tracking
 from brorl.files import atomic_write_text
 from brorl.params import SimulateParams
 from brorl.theory import report
 from brorl.theory.simulator import METRICS, SimConfig, SimulationResult, simulate
-import tracking
 
 
 @task(name="simulate_run", cache_policy=NO_CACHE, persist_result=False)

@@ -12,15 +12,15 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+import tracking
 from brorl.checkout import find_root
 from brorl.params import ExperimentParams
-from brorl.study import warmup_params, write_plan
 from brorl.study import progress as prog
+from brorl.study import warmup_params, write_plan
 from brorl.study.pool import write_pool
 from brorl.study.report import build_report, headline, write_headline, write_seeds
 from brorl.study.start import write_start
 from brorl.study.warmup import frozen_warmup as read_frozen_warmup
-import tracking
 from tracking import study_record
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)

@@ -20,9 +20,9 @@ from prefect.exceptions import MissingContextError
 from brorl.checkout import find_root
 from brorl.params import ExperimentParams
 from brorl.train import Run
+from brorl.train.collection import Collection
 from brorl.train.report import dvc_files, step_line
 from brorl.types import Timed
-from brorl.train.collection import Collection
 from tracking import train_record
 from tracking.train_record import Tracker
 

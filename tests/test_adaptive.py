@@ -15,11 +15,10 @@ from brorl.algorithm.filtering import InformativeCollector, informative_groups, 
 from brorl.data.math import generate_math
 from brorl.params import load_params
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig
-from brorl.verifiers import VerifyConfig
 from brorl.train.collection import Collection
 from brorl.train.rollouts import ScoredGroups, merge_rounds, response_mask
 from brorl.types import RolloutBatch
-from brorl.verifiers import Verdict
+from brorl.verifiers import Verdict, VerifyConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = generate_math(3, seed=2, tasks=("compare",))

@@ -10,8 +10,8 @@ import torch
 from brorl.algorithm.advantages import (
     GroupStats,
     compute_advantages,
-    grpo_advantages,
     group_stats,
+    grpo_advantages,
     reinforce_pp_baseline_advantages,
     token_advantages,
 )

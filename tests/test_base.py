@@ -9,16 +9,26 @@ import pytest
 import torch
 
 import brorl.base.supervised
-from brorl.base import (band_distance, batch_loss_backward, collate, encode_pairs, family_weights,
-                        length_sorted_chunks, lr_at, make_base_checkpoint, round_shares, warm_up)
+from brorl.base import (
+    band_distance,
+    batch_loss_backward,
+    collate,
+    encode_pairs,
+    family_weights,
+    length_sorted_chunks,
+    lr_at,
+    make_base_checkpoint,
+    round_shares,
+    warm_up,
+)
 from brorl.data import generate_code, make_problem, split_problems
 from brorl.data.math import generate_math
 from brorl.machine import conditions
-from brorl.scoring import evaluate_policy
-from brorl.verifiers import VerifyConfig
 from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, TrackingParams
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
 from brorl.prompts import render_prompt, render_target
+from brorl.scoring import evaluate_policy
+from brorl.verifiers import VerifyConfig
 
 TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
             max_position_embeddings=256, seed=0)

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from brorl.compare import (
-    ArmResult, build_report, headline, paired, report_metrics, start_and_end, table1, table2,
+    ArmResult,
+    build_report,
+    headline,
+    paired,
+    report_metrics,
+    start_and_end,
+    table1,
+    table2,
 )
 from brorl.params import ParamsError, compare_arms, load_params
 

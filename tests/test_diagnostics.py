@@ -15,7 +15,6 @@ from brorl.params import load_params
 from brorl.policy import load_policy
 from brorl.prompts import render_prompt, render_target
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig
-from brorl.verifiers import VerifyConfig
 from brorl.train.diagnostics import (
     build_probes,
     change_metrics,
@@ -30,7 +29,7 @@ from brorl.train.diagnostics import (
 from brorl.train.ppo import score_batch
 from brorl.train.rollouts import ScoredGroups
 from brorl.types import Problem, RolloutBatch
-from brorl.verifiers import Verdict
+from brorl.verifiers import Verdict, VerifyConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -68,7 +68,8 @@ import pytest
 import typer
 import yaml
 
-from benchmarks.docs import DOC as GENERATED, HEADER, render
+from benchmarks.docs import DOC as GENERATED
+from benchmarks.docs import HEADER, render
 from brorl.params import load_params
 from brorl.params.loading import read_yaml_tree
 from commands import cli, entry

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from brorl.engines import build_engine
 from brorl.engines.base import (
     SamplingConfig,
     counter_uniform,
@@ -20,7 +21,6 @@ from brorl.engines.base import (
     sampling_logprobs,
     score_rollouts,
 )
-from brorl.engines import build_engine
 from brorl.engines.hf import HfEngine, decode_row_bytes, fitting_rows
 from brorl.params import ExperimentParams
 from brorl.policy import build_policy, build_tokenizer

@@ -17,11 +17,10 @@ from brorl.algorithm.downsample import max_variance_subset
 from brorl.params import ParamsError, UpdateParams, load_params
 from brorl.policy import build_policy, build_tokenizer, save_policy
 from brorl.train import Trainer, TrainerConfig
-from brorl.verifiers import VerifyConfig
 from brorl.train import trainer as trainer_module
 from brorl.train.rollouts import ScoredGroups, select_rollouts
 from brorl.types import Problem, RolloutBatch
-from brorl.verifiers import Verdict
+from brorl.verifiers import Verdict, VerifyConfig
 from tests.devices import DEVICES
 from tests.test_train import _config, _run, _steps
 

@@ -19,8 +19,8 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from commands.mlflow_ui import search_runs, serve
-from tracking import RUN_COLOURS
 from tests.browser import capture_run_comparison, find_chromium, line_colours, pixels_near
+from tracking import RUN_COLOURS
 
 ARMS = ("prorl-ci", "brorl-ci")  # the CI pipeline's arm runs (params/prorl_ci.yaml, brorl_ci.yaml)
 # early in the views' (alphabetical) order: charts and rows far below the window stay unrendered

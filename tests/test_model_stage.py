@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from brorl.model import ModelConfig, ModelSourceError, check_source
 from brorl.model.make import make_checkpoint
 from brorl.model.sources import read_gguf_header
 from brorl.params import ExperimentParams
-from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
+from brorl.policy import build_policy, build_tokenizer, load_policy
 from brorl.train.trainer import parameter_digest
 
 ROOT = Path(__file__).resolve().parents[1]

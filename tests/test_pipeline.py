@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+import tracking
 from brorl.policy import load_policy
 from brorl.train import parameter_digest
-import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("data", "base", "prorl_warmup", "prorl", "brorl", "compare")

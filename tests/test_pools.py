@@ -237,8 +237,9 @@ def test_every_run_logs_system_metrics_unless_switched_off(mlflow_uri, monkeypat
     turns it off. (`mlflow_uri`: mlflow.set_tracking_uri sets MLFLOW_TRACKING_URI in this
     process's environment, which the fixture restores, so later tests' children never inherit
     this test's store.)"""
-    import tracking
     from mlflow.tracking import MlflowClient
+
+    import tracking
 
     monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", enabled)
     uri = mlflow_uri

@@ -27,7 +27,7 @@ import yaml
 from brorl.data import load_split
 from brorl.model.sources import GGUF_ARCHITECTURES, GGUF_FILE_TYPES
 from brorl.policy import load_policy
-from brorl.prompts import CHAT_EXAMPLES, ANSWER_FORMAT, render_prompt
+from brorl.prompts import ANSWER_FORMAT, CHAT_EXAMPLES, render_prompt
 from brorl.train.trainer import parameter_digest
 
 ROOT = Path(__file__).resolve().parents[1]

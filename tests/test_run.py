@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from brorl.evals import EvalProtocol
-from brorl.scoring import score_rewards
 from brorl.params import load_params
 from brorl.policy import load_policy
+from brorl.scoring import score_rewards
 from brorl.servers import free_port
 from brorl.train import (
     Direct,

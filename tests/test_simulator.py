@@ -10,10 +10,21 @@ import pytest
 import torch
 
 from brorl.params import SimulateParams
-from brorl.theory.sampling import (Scratch, draw_by_rejection, draw_from_cdf, draw_tokens,
-                                   segment_sums)
-from brorl.theory.simulator import (SimConfig, SimulationResult, _row_bytes, seed_batches,
-                                    simulate, surrogate_grad)
+from brorl.theory.sampling import (
+    Scratch,
+    draw_by_rejection,
+    draw_from_cdf,
+    draw_tokens,
+    segment_sums,
+)
+from brorl.theory.simulator import (
+    SimConfig,
+    SimulationResult,
+    _row_bytes,
+    seed_batches,
+    simulate,
+    surrogate_grad,
+)
 
 
 def _config(**changes) -> SimConfig:

@@ -23,9 +23,15 @@ import numpy as np
 import pytest
 import torch
 
-from brorl.params import (BaseParams, DataParams, ExperimentParams, ModelParams, TrackingParams,
-                          load_params)
 from brorl.machine import machine_path
+from brorl.params import (
+    BaseParams,
+    DataParams,
+    ExperimentParams,
+    ModelParams,
+    TrackingParams,
+    load_params,
+)
 from brorl.timings import is_timing, timings_path
 from brorl.verifiers import Verdict
 

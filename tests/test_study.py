@@ -23,19 +23,23 @@ import yaml
 from scipy import stats
 
 from brorl.params import ParamsError, load_params
+from brorl.run_files import mlflow_marker
 from brorl.stats import evaluation_slope_test, holm
 from brorl.study import plan_runs, run_params, write_plan
-from brorl.study.plan import StudyRun
 from brorl.study.analysis import point_rows
+from brorl.study.plan import StudyRun
 from brorl.study.pool import band, choose, histogram, hold_out, keep_rate, rescued, summary
 from brorl.study.progress import (
-    mark_finished, prepare_run_dir, progress, progress_line, resumes,
+    mark_finished,
+    prepare_run_dir,
+    progress,
+    progress_line,
+    resumes,
 )
-from brorl.run_files import mlflow_marker
-from brorl.timings import read_timings
 from brorl.study.report import build_report, headline, verdict
 from brorl.study.results import RunResult
 from brorl.study.warmup import plateau_test, train_to_plateau
+from brorl.timings import read_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY, STUDY_CI = ROOT / "params" / "study.yaml", ROOT / "params" / "study_ci.yaml"

@@ -19,15 +19,14 @@ import pytest
 import torch
 
 from brorl.data.math import generate_math
-from brorl.scoring import evaluate_policy
 from brorl.params import load_params
 from brorl.policy import load_policy
+from brorl.scoring import evaluate_policy
 from brorl.servers import free_port
-from brorl.verifiers import VerifyConfig
 from brorl.stats import paired_test
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
 from brorl.train.report import step_line
-from brorl.verifiers import Verdict
+from brorl.verifiers import Verdict, VerifyConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

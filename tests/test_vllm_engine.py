@@ -26,8 +26,10 @@ from brorl.params import load_params  # noqa: E402
 from brorl.policy import build_policy, build_tokenizer, save_policy  # noqa: E402
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig  # noqa: E402
 from brorl.train.ppo import score_batch  # noqa: E402
-from brorl.verifiers import VerifyConfig  # noqa: E402
-from brorl.verifiers import Verdict  # noqa: E402
+from brorl.verifiers import (
+    Verdict,  # noqa: E402
+    VerifyConfig,  # noqa: E402
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["1+2=", "spell cat backwards:", "x", "count the bits of 13"]

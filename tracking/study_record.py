@@ -14,8 +14,8 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from brorl.params import ExperimentParams
 import tracking
+from brorl.params import ExperimentParams
 
 
 def forget_run(tracking_uri: str, run_id: str) -> None:

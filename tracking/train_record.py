@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+import tracking
 from brorl.checkout import in_checkout
 from brorl.evals import eval_metrics
 from brorl.machine import machine_path
@@ -28,7 +29,6 @@ from brorl.params import ExperimentParams
 from brorl.run_files import mlflow_marker
 from brorl.timings import timings_path
 from brorl.train import Run
-import tracking
 
 _LOG = logging.getLogger(__name__)
 STEP_KEYS = ("train/step", "train/seconds_total")

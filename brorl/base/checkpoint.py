@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from brorl.base.config import BaseConfig
 from brorl.base.supervised import warm_up
 from brorl.evals import sample_per_family
-from brorl.scoring import evaluate_policy
 from brorl.policy import load_policy
+from brorl.scoring import evaluate_policy
 from brorl.timings import split_timings
 from brorl.types import Problem
 

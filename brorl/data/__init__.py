@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brorl.data.code import generate_code, load_code_jsonl

@@ -35,8 +35,18 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from brorl.engines.base import AUTO_ROWS, ChunkCallback, SamplingConfig, assemble_batch
 from brorl.engines.decode import (
-    Buffers, Chunk, CompileSetting, Decoder, Results, buckets, decode_chunk, fit_bucket,
-    plain_chunk, prompt_width, shared_chunk, use_compile,
+    Buffers,
+    Chunk,
+    CompileSetting,
+    Decoder,
+    Results,
+    buckets,
+    decode_chunk,
+    fit_bucket,
+    plain_chunk,
+    prompt_width,
+    shared_chunk,
+    use_compile,
 )
 from brorl.policy.prefix import SHARED_PREFIX, Prefix, attention, prefill, shares_prefix
 from brorl.policy.tokens import decode_responses, encode_prompts, model_stop_ids, pad_id

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+
 from brorl.engines.base import AUTO_ROWS, ChunkCallback, SamplingConfig, assemble_batch
 from brorl.policy.model import load_tokenizer
 from brorl.policy.tokens import decode_responses, encode_prompts, pad_id, stop_ids
@@ -83,9 +84,8 @@ class VllmEngine:
             )
         _check_head_dim(path)
         _configure_environment(config.cpu_kv_cache_gib, cpu_threads)
-        from vllm import LLM
-
         from transformers import GenerationConfig
+        from vllm import LLM
 
         self.tokenizer = load_tokenizer(path)
         generation = GenerationConfig.from_pretrained(path, local_files_only=True) \

@@ -25,7 +25,12 @@ from __future__ import annotations
 from brorl.params.data import BaseParams, DataParams, ModelParams
 from brorl.params.experiment import ExperimentParams
 from brorl.params.loading import (
-    ParamsError, apply_override, compare_arms, load_params, read_yaml_tree, same_named,
+    ParamsError,
+    apply_override,
+    compare_arms,
+    load_params,
+    read_yaml_tree,
+    same_named,
 )
 from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
 from brorl.params.run import CompareParams, DiagnosticsParams, TrackingParams, TrainParams

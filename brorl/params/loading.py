@@ -10,8 +10,8 @@ params whose sizes could not fit in this machine's memory (`resources.check_memo
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml

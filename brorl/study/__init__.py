@@ -29,7 +29,15 @@ Python API (what the stages of study/dvc.yaml run, without Prefect):
 """
 
 from brorl.study.plan import (
-    StudyRun, find_run, plan_runs, run_dir, run_params, warmup_dir, warmup_params, write_plan)
+    StudyRun,
+    find_run,
+    plan_runs,
+    run_dir,
+    run_params,
+    warmup_dir,
+    warmup_params,
+    write_plan,
+)
 
 __all__ = ["StudyRun", "find_run", "plan_runs", "run_dir", "run_params", "warmup_dir",
            "warmup_params", "write_plan"]

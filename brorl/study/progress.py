@@ -31,11 +31,18 @@ from typing import TYPE_CHECKING, Any
 
 from brorl.files import atomic_write_text
 from brorl.run_files import latest_checkpoint, mlflow_marker
-from brorl.timings import read_timings, timings_path, write_timings
 from brorl.study.plan import (
-    StudyRun, find_run, nominal_steps, plan_runs, pool_data, run_dir, run_params, run_tree,
+    StudyRun,
+    find_run,
+    nominal_steps,
+    plan_runs,
+    pool_data,
+    run_dir,
+    run_params,
+    run_tree,
 )
 from brorl.study.start import start_path
+from brorl.timings import read_timings, timings_path, write_timings
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

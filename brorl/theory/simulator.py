@@ -36,8 +36,13 @@ from torch import Tensor
 from torch.optim.adamw import adamw
 
 from brorl.theory.mass_balance import from_moments
-from brorl.theory.sampling import (Scratch, draw_by_rejection, draw_from_cdf, row_cumsum,
-                                   segment_sums)
+from brorl.theory.sampling import (
+    Scratch,
+    draw_by_rejection,
+    draw_from_cdf,
+    row_cumsum,
+    segment_sums,
+)
 
 if TYPE_CHECKING:
     from brorl.params import SimulateParams

@@ -20,15 +20,17 @@ _HOMES = {"LossConfig": "config", "TrainerConfig": "config", "Direct": "run",
 """Each public name's module: loaded when the name is first used, so `python -m brorl.train`
 checks its arguments and inputs before torch and DeepSpeed load (PEP 562)."""
 
-__all__ = sorted(_HOMES)
+__all__ = ["Collected", "Direct", "Driver", "LossConfig", "Run", "RunConfig", "RunState", "Timed",
+           "Trainer", "TrainerConfig", "draw_seed", "init_distributed", "parameter_digest"]
+"""`sorted(_HOMES)`, spelled out so that linters see the lazy names as exported."""
 
 if TYPE_CHECKING:
     from brorl.train.collection import Collected
     from brorl.train.config import LossConfig, TrainerConfig
     from brorl.train.run import Direct, Driver, Run, RunConfig
     from brorl.train.state import RunState
-    from brorl.types import Timed
     from brorl.train.trainer import Trainer, draw_seed, init_distributed, parameter_digest
+    from brorl.types import Timed
 
 
 def __getattr__(name: str) -> Any:

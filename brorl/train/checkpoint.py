@@ -36,8 +36,17 @@ import numpy as np
 import torch
 
 from brorl.files import atomic_write_text
-from brorl.run_files import (LATEST_FILE, PARAMS_FILE, STATE_FILE, is_complete, latest_checkpoint,
-                             policy_to_evaluate, read_state, staging_dir, step_name)
+from brorl.run_files import (
+    LATEST_FILE,
+    PARAMS_FILE,
+    STATE_FILE,
+    is_complete,
+    latest_checkpoint,
+    policy_to_evaluate,
+    read_state,
+    staging_dir,
+    step_name,
+)
 
 __all__ = ["LATEST_FILE", "PARAMS_FILE", "STATE_FILE", "atomic_write_text", "commit",
            "is_complete", "latest_checkpoint", "load_rng", "policy_to_evaluate", "read_state",

@@ -39,7 +39,12 @@ from torch import Tensor
 
 from brorl.algorithm.losses import policy_loss, token_entropy
 from brorl.policy.prefix import (
-    Prefix, attention_mask_4d, left_pad, prefill, rows_cache, shares_prefix,
+    Prefix,
+    attention_mask_4d,
+    left_pad,
+    prefill,
+    rows_cache,
+    shares_prefix,
 )
 from brorl.train.micro import MicroBatch, describe, plan
 from brorl.types import RolloutBatch

@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from brorl.files import atomic_write_text, checkout_relative
 from brorl.evals import SELECTION_METRIC, row_split
+from brorl.files import atomic_write_text, checkout_relative
 from brorl.timings import split_timings
 
 

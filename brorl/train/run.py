@@ -49,11 +49,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from brorl.data import load_split
-from brorl.evals import (SELECTION_METRIC, EvalProtocol, eval_metrics, evals_jsonl, row_split,
-                         sample_per_family)
+from brorl.evals import (
+    SELECTION_METRIC,
+    EvalProtocol,
+    eval_metrics,
+    evals_jsonl,
+    row_split,
+    sample_per_family,
+)
 from brorl.files import checkout_relative
 from brorl.run_files import record_params
+from brorl.timings import read_timings, write_timings
 from brorl.train import checkpoint as ckpt
+from brorl.train.collection import Collected, Collection
 from brorl.train.diagnostics import (
     DiagnosticsConfig,
     Shrinkage,
@@ -61,14 +69,12 @@ from brorl.train.diagnostics import (
     first_order_split,
     rollout_parts,
 )
+from brorl.train.report import step_line, write_summary
 from brorl.train.rollouts import ScoredGroups, save_groups
 from brorl.train.sampler import RUN_RECORD, run_record
 from brorl.train.state import RunState
-from brorl.train.collection import Collected, Collection
-from brorl.train.report import step_line, write_summary
 from brorl.train.trainer import RewardFn, Trainer, parameter_digest
 from brorl.train.verification import ChunkVerifier, Generated
-from brorl.timings import read_timings, write_timings
 from brorl.types import Problem, Timed, timed
 
 if TYPE_CHECKING:

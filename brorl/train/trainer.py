@@ -61,11 +61,11 @@ from brorl.engines.base import ChunkCallback
 from brorl.policy import load_policy
 from brorl.prompts import render_prompt
 from brorl.train import checkpoint as ckpt
+from brorl.train.collection import Collection
 from brorl.train.config import TrainerConfig
 from brorl.train.micro import MicroBatch
 from brorl.train.perf import ModelShape, peak_flops, perf_metrics, plan_totals
 from brorl.train.ppo import accumulate_mini_batch, micro_batches, score_batch
-from brorl.train.collection import Collection
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, read_run_record
 from brorl.train.verification import RewardFn

@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from brorl.prompts import extract_answer
 from brorl.types import Problem
 from brorl.verifiers.config import VerifyConfig
-from brorl.verifiers.verdict import Verdict, error_verdict
 from brorl.verifiers.sandbox import SandboxResult, capabilities, run_tests
+from brorl.verifiers.verdict import Verdict, error_verdict
 from brorl.verifiers.workers import default_workers
 
 
