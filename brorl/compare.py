@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from brorl.evals import read_run
+from brorl.families import family as problem_family
+from brorl.families import ordered
 from brorl.legacy import family_key, instance_scores, row_families
 from brorl.reporting import RunRecord, markdown_table, percent, points
-from brorl.scoring import HEADLINE
 from brorl.stats import Interval, PairedTest, bootstrap_mean, paired_test
 from brorl.timings import split_timings, write_timings
-from brorl.types import FAMILIES
 
 ALPHA = 0.05
 """Significance level of the report's wording and intervals (two-sided); our choice."""
@@ -68,24 +68,49 @@ def family_value(record: dict[str, Any], family: str, quantity: str = "score") -
     """A family's `quantity` in an evaluation row; "score" is its headline (ProRL (arXiv 2505.24864)
     §3.4)."""
     row = record["scores"]["family"].get(family, {})
-    return float(row.get(family_key(row, quantity, HEADLINE[family]), math.nan))
+    headline = problem_family(family).headline
+    return float(row.get(family_key(row, quantity, headline), math.nan))
+
+
+def _quantity_name(name: str) -> str:
+    return "mean reward" if name == "reward_mean" else name.replace("_at_", "@")
 
 
 def _label(family: str, quantity: str) -> str:
-    name = HEADLINE[family] if quantity == "score" else quantity
-    return f"{family} " + ("mean reward" if name == "reward_mean" else name.replace("_at_", "@"))
+    name = problem_family(family).headline if quantity == "score" else quantity
+    return f"{family} {_quantity_name(name)}"
+
+
+def arm_families(arms: list[ArmResult]) -> list[str]:
+    """The families the arms' evaluation rows score (their family scores and their instances'
+    families), in table order (`brorl.families.ordered`)."""
+    return ordered({f for a in arms for r in a.evals
+                    for f in (*r["scores"]["family"], *row_families(r)) if f is not None})
+
+
+def table1_columns(families: list[str]) -> list[tuple[str, str, str]]:
+    """(family, quantity, header) of Table 1's score columns: each family's headline score, and
+    its pass@1 beside a headline that is not pass@1 (reasoning's mean reward)."""
+    columns = []
+    for name in families:
+        fam = problem_family(name)
+        columns.append((name, "score", f"{fam.title} {_quantity_name(fam.headline)}"))
+        if fam.headline != "pass_at_1":
+            columns.append((name, "pass_at_1", f"{fam.title} pass@1"))
+    return columns
 
 
 def table1(arms: list[ArmResult], timings: bool = True) -> str:
-    """Markdown: the headline score per family at each test evaluation (percent), reasoning's
-    pass@1 beside its mean reward, then (with `timings`) the training seconds so far."""
-    header = ["arm", "step", "rollouts", "Math pass@1", "Code pass@1", "Reasoning mean reward",
-              "Reasoning pass@1"] + (["training time (s)"] if timings else [])
+    """Markdown: the headline score of every family the rows score at each test evaluation
+    (percent), pass@1 beside a headline that is not pass@1, then (with `timings`) the training
+    seconds so far."""
+    columns = table1_columns(arm_families(arms))
+    header = (["arm", "step", "rollouts", *(c[2] for c in columns)]
+              + (["training time (s)"] if timings else []))
     rows = []
     for arm in arms:
         for r in arm.evals:
-            scores = [family_value(r, "math"), family_value(r, "code"),
-                      family_value(r, "reasoning"), family_value(r, "reasoning", "pass_at_1")]
+            scores = [family_value(r, name, quantity) for name, quantity, _ in columns]
             rows.append([arm.name, r["step"], int(r["rollouts"]), *map(percent, scores)]
                         + ([f"{r.get('seconds', math.nan):.1f}"] if timings else []))
     return markdown_table(header, "l" + "r" * (len(header) - 1), rows)
@@ -127,7 +152,7 @@ def start_and_end(arms: list[ArmResult], baseline: str, *, alpha: float = ALPHA)
     by_name = {a.name: a for a in arms}
     start = by_name[baseline].evals[0]
     out: dict[str, Any] = {"start_step": start["step"], "families": {}}
-    for family in FAMILIES:
+    for family in arm_families(arms):
         base = family_scores(start, family)
         if len(base) < 2:
             continue
@@ -196,7 +221,7 @@ def paired(baseline: ArmResult, arm: ArmResult, *, alpha: float = ALPHA) -> dict
               "unmatched": len(set(sb) ^ set(sa)),
               **_test_dict(paired_test([sb[i] for i in common], [sa[i] for i in common],
                                        alpha=alpha)), "families": {}}
-    for fam in FAMILIES:
+    for fam in ordered({f for f in families.values() if f is not None}):
         ids = [i for i in common if families[i] == fam]
         if len(ids) >= 2:
             result["families"][fam] = _test_dict(
@@ -286,9 +311,10 @@ def plot(arms: list[ArmResult], path: Path, quantity: str = "score",
 
     axes_x = ([("seconds", "training time (s)")] if timings else []) + \
         [("rollouts", "rollouts generated")]
-    fig, axes = plt.subplots(len(axes_x), len(FAMILIES),
-                             figsize=(4 * len(FAMILIES), 3.25 * len(axes_x) + 0.5), squeeze=False)
-    for col, family in enumerate(FAMILIES):
+    names = arm_families(arms)
+    fig, axes = plt.subplots(len(axes_x), len(names),
+                             figsize=(4 * len(names), 3.25 * len(axes_x) + 0.5), squeeze=False)
+    for col, family in enumerate(names):
         for row, (x_key, x_label) in enumerate(axes_x):
             ax = axes[row][col]
             for arm in arms:
@@ -322,15 +348,16 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str,
     out_dir.mkdir(parents=True, exist_ok=True)
     tests = {a.name: paired(by_name[baseline], a) for a in arms if a.name != baseline}
     ends = start_and_end(arms, baseline)
+    names = arm_families(arms)
     figures = [plot(arms, out_dir / "scores.png", timings=False),
                plot(arms, out_dir / "pass_at_1.png", "pass_at_1", timings=False)]
     evaluation = evaluation_words(arms, sampling)
     caption = {name: text.format(evaluation=evaluation) for name, text in CAPTIONS.items()}
     text = ["# ProRL vs BroRL", "",
             "Every arm starts from the same checkpoint with an equal rollout budget and is scored "
-            "on the same held-out test instances. Scores in percent: pass@1 for Math and Code, "
-            "the mean continuous reward for Reasoning (BroRL §4.2, as in ProRL) with its pass@1 "
-            f"beside it; every score is {evaluation}. Wall-clock figures (training seconds, "
+            "on the same held-out test instances. Scores in percent: each family's headline "
+            "(pass@1, or the mean continuous reward for Reasoning, BroRL §4.2, as in ProRL, with "
+            f"its pass@1 beside it); every score is {evaluation}. Wall-clock figures (training seconds, "
             f"throughput) are in {out_dir.name}.timings.json beside this folder and in the MLflow "
             "run, not here: this report is the same whenever the weights are.", "",
             "## Scores per evaluation (Table 1 layout, BroRL Table 1)", "", caption["table1"],
@@ -358,9 +385,9 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str,
     (out_dir / "report.md").write_text("\n".join(text))
     report = {
         "baseline": baseline,
-        "final_score": {a.name: {f: family_value(a.evals[-1], f) for f in FAMILIES} for a in arms},
+        "final_score": {a.name: {f: family_value(a.evals[-1], f) for f in names} for a in arms},
         "final_pass_at_1": {a.name: {f: family_value(a.evals[-1], f, "pass_at_1")
-                                     for f in FAMILIES} for a in arms},
+                                     for f in names} for a in arms},
         "paired_test": next(iter(tests.values()), None), "paired_tests": tests,
         "start_and_end": ends,
         "arms": {a.name: {k: a.summary[k] for k in ("steps", "rollouts", "train_seconds",

@@ -13,7 +13,7 @@ evaluation, and in every run with that seed), `samples` samples of each at `temp
 so far), "scores" (`brorl.scoring.score_rewards` with k_values 1, 2, 4, ... up to k, k = samples
 per instance: a split's `split_samples`, else `samples`), "problem_ids", "families", "pass_at_1" (per instance: the share of its k samples
 that are correct, avg@k), "score" (per instance: the family's headline quantity,
-`brorl.scoring.HEADLINE`, ProRL (arXiv 2505.24864) §3.4)}. Rows without "split" count as test rows
+`ProblemFamily.headline`, ProRL (arXiv 2505.24864) §3.4)}. Rows without "split" count as test rows
 (`brorl.legacy.eval_split`). `<run_dir>/evals.jsonl` holds them without "seconds" (`evals_jsonl`:
 a DVC output holds no wall-clock figure); `read_run` puts the seconds back from
 `<run_dir>.timings.json` (`brorl.timings`), NaN where that file is missing.

@@ -9,14 +9,14 @@ run evaluates (which instances, how many samples, the sampling) and the row it r
 - `score_rewards`: from rewards `[B, n]` (n rollouts per problem), each problem's mean reward and
   pass@k (a rollout counts as correct when its reward is >= `success_threshold`, 1.0: binary as the
   paper's pass@1), then means per task, per family and overall. A family's score averages its tasks
-  (the paper's "Avg" columns average benchmarks, BroRL Tables 3-5); the headline score is pass@1 for
-  math and code and the mean continuous reward for reasoning (ProRL (arXiv 2505.24864) §3.4
-  protocol).
+  (the paper's "Avg" columns average benchmarks, BroRL Tables 3-5); the headline score is the
+  family's `headline` (`brorl.families`): pass@1 for math and code, the mean continuous reward for
+  reasoning (ProRL (arXiv 2505.24864) §3.4 protocol).
 - `instance_scores`: the same per instance (avg@k pass@1 and the headline score), the unit of the
   paired tests and of the bootstrap over instances.
   Paired tests over them live in `brorl.stats.paired_test`.
 - `evaluate_policy`: render with `brorl.prompts`, sample with plain transformers generation,
-  score with `brorl.verifiers.verify_batch` (the same code as the RL reward).
+  score with `brorl.families.verify_batch` (the same code as the RL reward).
 
 Deliberately ignored: per-benchmark context limits, RG's unknown "Avg" weighting (BroRL Table 5 does
 not say how it is formed).
@@ -30,14 +30,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from brorl.families import family, verify_batch
 from brorl.policy.tokens import decode_responses, model_stop_ids, pad_id
 from brorl.prompts import render_prompt
 from brorl.types import Problem
-from brorl.verifiers import VerifyConfig, verify_batch
-
-HEADLINE = {"math": "pass_at_1", "code": "pass_at_1", "reasoning": "reward_mean"}
-"""Which quantity is each family's score (ProRL (arXiv 2505.24864) §3.4: binary pass@1 for math and
-code, the mean continuous verifier reward for Reasoning Gym)."""
+from brorl.verifiers import VerifyConfig
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -87,7 +84,7 @@ def score_rewards(problems: Sequence[Problem], rewards: np.ndarray,
     for fam in sorted({p.family for p in problems}):
         rows = [v for key, v in tasks.items() if key.split("/")[0] == fam]
         families[fam] = {name: float(np.mean([r[name] for r in rows])) for name in per_problem}
-        families[fam]["score"] = families[fam][HEADLINE[fam]]
+        families[fam]["score"] = families[fam][family(fam).headline]
     overall = {name: float(np.mean([f[name] for f in families.values()]))
                for name in (*per_problem, "score")}
     return {"task": tasks, "family": families, "overall": overall}
@@ -96,13 +93,13 @@ def score_rewards(problems: Sequence[Problem], rewards: np.ndarray,
 def instance_scores(problems: Sequence[Problem], rewards: np.ndarray,
                     success_threshold: float = 1.0) -> dict[str, list[float]]:
     """Per instance, in order: `pass_at_1` (the share of its k samples that are correct: avg@k)
-    and `score` (its family's headline quantity, `HEADLINE`: pass@1 for math and code, the mean
-    continuous reward for reasoning). What a paired test over instances compares."""
+    and `score` (its family's headline quantity, `ProblemFamily.headline`: pass@1 for math and
+    code, the mean continuous reward for reasoning). What a paired test over instances compares."""
     if len(problems) != len(rewards):
         raise ValueError(f"{len(problems)} problems but {len(rewards)} reward rows; one row each.")
     per = problem_scores(rewards, (1,), success_threshold)
     return {"pass_at_1": per["pass_at_1"].tolist(),
-            "score": [float(per[HEADLINE[p.family]][i]) for i, p in enumerate(problems)]}
+            "score": [float(per[family(p.family).headline][i]) for i, p in enumerate(problems)]}
 
 
 @torch.no_grad()

@@ -12,24 +12,19 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-Family = Literal["math", "code", "reasoning"]
-"""The paper's three scored families (BroRL Table 1): Math, Code, Reasoning Gym."""
-FAMILIES: tuple[Family, ...] = ("math", "code", "reasoning")
-"""The paper's three scored families, in the order its tables list them (BroRL Table 1)."""
-
-
 @dataclass(frozen=True)
 class Problem:
     """One verifiable problem, the same record for every family.
 
-    `answer` is the reference answer (math, reasoning); `tests` are code test cases, each one
+    `family` names its problem family (`brorl.families`). `answer` is the reference answer
+    (math, reasoning); `tests` are code test cases, each one
     `assert` of a form the judge checks outside the sandbox (`assert f(2) == 5`,
     `brorl.verifiers.checks`). `metadata` is JSON-serialisable
     (reasoning-gym's scorer needs its entry's metadata).
     """
 
     id: str
-    family: Family
+    family: str
     task: str
     prompt: str
     answer: str = ""

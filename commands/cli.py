@@ -137,7 +137,7 @@ def simulate(params: _params("params/simulate_ci.yaml"),
 
 @app.command()
 def data(params: _params("params/tiny_ci.yaml"),
-         overrides: _sets("data.math_per_task=50") = None) -> None:
+         overrides: _sets("data.families.math.per_task=50") = None) -> None:
     """The problems (math, code, Reasoning Gym) split train / validation / test at
     `data.path`, as the DVC `data` stage builds them."""
     _run_flow("data", params, overrides)

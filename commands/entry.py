@@ -94,7 +94,7 @@ def environment() -> None:
 
 EXAMPLES: dict[str, tuple[str, str]] = {
     "simulate": ("params/simulate_ci.yaml", "simulate.steps=200"),
-    "data": ("params/tiny_ci.yaml", "data.math_per_task=50"),
+    "data": ("params/tiny_ci.yaml", "data.families.math.per_task=50"),
     "model": ("params/tiny_ci.yaml", "model.hidden_size=64"),
     "base": ("params/tiny_ci.yaml", "base.max_steps=50"),
     "train": ("params/prorl.yaml", "train.run_dir=outputs/mine"),

@@ -244,7 +244,7 @@ class EasySplit:
 
 @pytest.fixture(scope="session")
 def easy_split() -> EasySplit:
-    from brorl.data.math import generate_math
+    from brorl.families.math import generate_math
 
     problems = generate_math(200, seed=0, tasks=("compare",))
     return EasySplit(problems[:100], problems[100:150], problems[150:])

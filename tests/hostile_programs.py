@@ -1,6 +1,6 @@
 """Reward hacks and escapes a policy could write, against one real code problem (issue 13).
 
-The problem is the generated `add` problem with k = 3 and function `f` (`brorl.data.code`): its
+The problem is the generated `add` problem with k = 3 and function `f` (`brorl.families.code`): its
 tests are `assert f(0) == 3`, `assert f(3) == 6`, `assert f(-4) == -1`. No program here solves
 it; each tries to earn reward anyway (fake equality, patched built-ins, a forged report, the
 harness's own frames, the test data on disk), to escape (signals to the verifier or to a

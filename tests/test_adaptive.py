@@ -12,7 +12,7 @@ import torch
 
 from brorl.algorithm.advantages import compute_advantages
 from brorl.algorithm.filtering import InformativeCollector, informative_groups, mixed_outcome_groups
-from brorl.data.math import generate_math
+from brorl.families.math import generate_math
 from brorl.params import load_params
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig
 from brorl.train.collection import Collection

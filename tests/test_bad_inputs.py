@@ -32,8 +32,10 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from brorl.data import generate_code, generate_math, save_splits, split_problems
+from brorl.data import save_splits, split_problems
 from brorl.data.records import problems_to_dataset
+from brorl.families.code import generate_code
+from brorl.families.math import generate_math
 from brorl.params import load_params
 from brorl.policy import build_policy, build_tokenizer, save_policy
 
@@ -310,8 +312,8 @@ CASES: dict[str, Case] = {
                           "steps = False is a boolean"),
     "n_absurd": Case("flow:train", flow_args("update.rollouts_per_prompt=1000000000000"),
                      "update.prompts_per_step x update.rollouts_per_prompt would hold about"),
-    "data_absurd": Case("flow:data", flow_args("data.math_per_task=100000000000"),
-                        "data.math_per_task, code_per_task, reasoning_per_task would hold"),
+    "data_absurd": Case("flow:data", flow_args("data.families.math.per_task=100000000000"),
+                        "data.families' per_task would hold"),
     "eval_absurd": Case("flow:train", flow_args("train.eval_per_family=10000000000"),
                         "train.eval_per_family x train.eval_samples would hold"),
     "b_zero": Case("flow:train", flow_args("update.prompts_per_step=0"),

@@ -21,8 +21,9 @@ from brorl.base import (
     round_shares,
     warm_up,
 )
-from brorl.data import generate_code, make_problem, split_problems
-from brorl.data.math import generate_math
+from brorl.data import make_problem, split_problems
+from brorl.families.code import generate_code
+from brorl.families.math import generate_math
 from brorl.machine import conditions
 from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, TrackingParams
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
@@ -195,7 +196,8 @@ def _ci_params(tmp_path) -> ExperimentParams:
     """A few problems and two warm-up steps of the TINY policy; constant LR, equal shares."""
     return ExperimentParams(
         data=DataParams(path=str(tmp_path / "problems"), seed=0, validation_fraction=0.2,
-                        test_fraction=0.2, math_per_task=4, code_per_task=5, reasoning_per_task=4),
+                        test_fraction=0.2, families={"math": {"per_task": 4}, "code": {"per_task": 5},
+                                                         "reasoning": {"per_task": 4}}),
         model=ModelParams(**TINY, path=str(tmp_path / "model" / "checkpoint")),
         base=BaseParams(path=str(tmp_path / "base" / "ckpt"), target_pass_high=0.6, max_steps=2,
                         eval_every=2, batch_size=4, lr=1e-3, seed=0, target_pass_low=0.2,
@@ -258,7 +260,8 @@ def test_data_and_base_flows_run_on_a_prefect_server(tmp_path, monkeypatch):
     params = str(Path("params/tiny_ci.yaml").resolve())
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    sizes = ["data.math_per_task=4", "data.code_per_task=5", "data.reasoning_per_task=4",
+    sizes = ["data.families.math.per_task=4", "data.families.code.per_task=5",
+             "data.families.reasoning.per_task=4", "data.families.instruction=null",
              "base.max_steps=2", "base.eval_every=2", "base.eval_per_family=2",
              f"tracking.metrics_dir={tmp_path / 'metrics'}"]
     with prefect_test_harness(server_startup_timeout=120):

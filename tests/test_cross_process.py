@@ -15,18 +15,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from brorl.data.code import TEMPLATES, generated_problem
+from brorl.families import verify_batch
+from brorl.families.code import TEMPLATES, generated_problem
 from brorl.types import Problem
-from brorl.verifiers import VerifyConfig, verify_batch, zygote
+from brorl.verifiers import VerifyConfig, zygote
 from tests.hostile_programs import PROGRAMS
 
 ROOT = Path(__file__).resolve().parents[1]
 
 HOSTILE_PROCESS = """
 import json
-from brorl.data.code import generated_problem
+from brorl.families.code import generated_problem
 from brorl.verifiers import zygote
-from brorl.verifiers.code import CodeVerifier
+from brorl.families.code import CodeVerifier
 from brorl.verifiers.config import VerifyConfig
 from tests.hostile_programs import PROGRAMS
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,19 +11,17 @@ from brorl.data import (
     DataConfig,
     build_problems,
     dedupe,
-    generate_code,
-    generate_math,
-    load_code_jsonl,
-    load_math_jsonl,
     load_split,
     make_problem,
     make_splits,
     normalise_prompt,
-    reasoning_problems,
     save_splits,
     split_counts,
     split_problems,
 )
+from brorl.families.code import generate_code, load_code_jsonl
+from brorl.families.math import generate_math, load_math_jsonl
+from brorl.families.reasoning import reasoning_problems
 from brorl.params import DataParams, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,14 +107,14 @@ def test_reasoning_gym_items_keep_the_scorer_metadata():
         reasoning_problems("not_a_task", size=1, seed=0)
 
 
-NO_SOURCE = replace(DataConfig.from_params(DataParams()), math_per_task=0, code_per_task=0,
-                    reasoning_per_task=0)
-"""The schema's data settings with no generated source: each test names the ones it wants."""
+def _config(**families) -> DataConfig:
+    """The schema's data settings with only the named families' subsections."""
+    return DataConfig.from_params(DataParams(families=families))
 
 
 def _mixed():
-    return build_problems(replace(NO_SOURCE, math_per_task=40, code_per_task=10,
-                                  reasoning_per_task=40))
+    return build_problems(_config(math={"per_task": 40}, code={"per_task": 10},
+                                  reasoning={"per_task": 40}))
 
 
 def test_splits_are_deterministic_disjoint_and_cover_every_task():
@@ -161,9 +158,9 @@ def test_splits_round_trip_through_datasets_folder(tmp_path):
 
 def test_code_max_constant_bounds_the_generated_constants():
     # 400 draws per template from k in 1..2 and 4 names: every one of 7 x 2 x 4 = 56 prompts
-    problems = build_problems(replace(NO_SOURCE, code_per_task=400, code_max_constant=2))
+    problems = build_problems(_config(code={"per_task": 400, "max_constant": 2}))
     assert len(dedupe(problems)) == 56
-    assert len(dedupe(build_problems(replace(NO_SOURCE, code_per_task=400)))) == 7 * 9 * 4  # k <= 9
+    assert len(dedupe(build_problems(_config(code={"per_task": 400})))) == 7 * 9 * 4  # k <= 9
 
 
 def test_the_tiny_params_hold_100_test_instances_per_family():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from brorl.data.math import generate_math
+from brorl.families.math import generate_math
 from brorl.params import load_params
 from brorl.policy import load_policy
 from brorl.prompts import render_prompt, render_target

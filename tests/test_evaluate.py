@@ -12,8 +12,8 @@ import pytest
 
 from brorl.base import BaseConfig
 from brorl.data import make_problem
-from brorl.data.math import generate_math
 from brorl.evals import REPLICATE_STRIDE, EvalProtocol
+from brorl.families.math import generate_math
 from brorl.params import load_params
 from brorl.policy import build_policy, build_tokenizer
 from brorl.scoring import (

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from brorl.data.code import generated_problem
+from brorl.families.code import CodeVerifier, generated_problem
 from brorl.verifiers import sandbox, zygote
-from brorl.verifiers.code import CodeVerifier
 from brorl.verifiers.config import VerifyConfig
 from brorl.verifiers.sandbox import NOBODY, capabilities
 from tests.hostile_programs import ESCAPES, HACKS, HONEST, PROBES, PROGRAMS

@@ -196,8 +196,9 @@ def _other_value(section: BaseModel, name: str) -> BaseModel:
         inner = get_args(choices[0]) if choices else ()
         candidates = [value[:1], [c for c in inner if c not in value] + value,
                       [*value, "extra.jsonl"], [*value, 3]]  # 3: a list of steps
-    elif isinstance(value, dict):  # file names, or samples per split
-        candidates = [{**value, "extra": "params/extra.yaml"}, {**value, "test": 3}]
+    elif isinstance(value, dict):  # file names, samples per split, or families (one fewer)
+        candidates = [{**value, "extra": "params/extra.yaml"}, {**value, "test": 3},
+                      dict(list(value.items())[1:])]
     else:  # None
         candidates = [3, {"math": 2.0}, {"spell_backward": {}}]
     for candidate in candidates:

@@ -19,7 +19,7 @@ from brorl.train import parameter_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("data", "base", "prorl_warmup", "prorl", "brorl", "compare")
-FAMILIES = ("math", "code", "reasoning")
+FAMILIES = ("math", "code", "reasoning", "instruction")
 
 
 def _runs(clone: Path) -> list:

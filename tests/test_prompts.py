@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from brorl.prompts import ANSWER_FORMAT, extract_answer, last_boxed, render_prompt, render_target
+from brorl.families import family
+from brorl.families.answers import last_boxed
+from brorl.prompts import extract_answer, render_prompt, render_target
 from brorl.types import Problem
 
 MATH = Problem("m1", "math", "fractions", "What is 3/4 as a decimal?", answer="0.75")
@@ -33,7 +35,7 @@ def test_plain_prompt_is_the_short_template_without_instructions():
 
 def test_chat_prompt_appends_the_family_answer_format_and_is_deterministic():
     text = render_prompt(MATH, ChatTokenizer())
-    assert text == f"<|user|>What is 3/4 as a decimal?\n{ANSWER_FORMAT['math']}\n<|assistant|>"
+    assert text == f"<|user|>What is 3/4 as a decimal?\n{family('math').instruction}\n<|assistant|>"
     assert render_prompt(MATH, ChatTokenizer()) == text
 
 
@@ -86,4 +88,4 @@ def test_tiny_policy_tokenizer_gets_the_plain_prompt_unless_given_a_chat_templat
     assert render_prompt(REASONING, build_tokenizer()) == "Q: 2 + 3 =\nA: "
     text = render_prompt(REASONING, build_tokenizer(chat_template=CHAT_TEMPLATE))
     # the opt-in template writes "role: content\n" then "assistant: "
-    assert text == f"user: 2 + 3 =\n{ANSWER_FORMAT['reasoning']}\nassistant: "
+    assert text == f"user: 2 + 3 =\n{family('reasoning').instruction}\nassistant: "

@@ -99,7 +99,7 @@ def _rollout_tables(run_dir: Path) -> dict[str, list[dict]]:
 def test_two_ranks_generate_disjoint_shares_of_one_process_draws_and_keep_equal_weights(
         tmp_path):
     from brorl.data import save_splits
-    from brorl.data.math import generate_math
+    from brorl.families.math import generate_math
     from brorl.policy import build_policy, build_tokenizer, save_policy
 
     problems = generate_math(30, seed=0, tasks=("compare",))

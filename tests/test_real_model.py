@@ -25,9 +25,10 @@ import torch
 import yaml
 
 from brorl.data import load_split
+from brorl.families import family
 from brorl.model.sources import GGUF_ARCHITECTURES, GGUF_FILE_TYPES
 from brorl.policy import load_policy
-from brorl.prompts import ANSWER_FORMAT, CHAT_EXAMPLES, render_prompt
+from brorl.prompts import render_prompt
 from brorl.train.trainer import parameter_digest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,8 +97,8 @@ def test_rendered_prompt_is_the_checkpoints_chat_template_after_the_worked_examp
     _, tokenizer = load_policy(real["folder"])
     problem = load_split(real["ci"] / "data" / "problems", "test")[0]
     assert problem.metadata["chat_example"] is True
-    question, answer = CHAT_EXAMPLES[problem.family]
-    format_ = ANSWER_FORMAT[problem.family]
+    question, answer = family(problem.family).example
+    format_ = family(problem.family).instruction
     messages = [{"role": "user", "content": f"{question}\n{format_}"},
                 {"role": "assistant", "content": answer},
                 {"role": "user", "content": f"{problem.prompt}\n{format_}"}]
@@ -128,7 +129,8 @@ def test_hf_engine_at_temperature_zero_equals_transformers_generate_token_for_to
 def test_each_arm_is_rewarded_on_decoded_text_and_its_update_moves_the_weights(real):
     import pyarrow.parquet as pq
 
-    from brorl.verifiers import VerifyConfig, verify_batch
+    from brorl.families import verify_batch
+    from brorl.verifiers import VerifyConfig
 
     model, tokenizer = load_policy(real["folder"])
     start = parameter_digest(model)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from brorl.families import verify_batch
 from brorl.types import Problem
-from brorl.verifiers import VerifyConfig, verify_batch, zygote
+from brorl.verifiers import VerifyConfig, zygote
 from brorl.verifiers.sandbox import (
     MISSING,
     NOBODY,

@@ -48,7 +48,8 @@ def stage_params() -> ExperimentParams:
     checkout, as params/tiny.yaml's."""
     return ExperimentParams(
         data=DataParams(path="outputs/data/problems", seed=0, validation_fraction=0.2,
-                        test_fraction=0.2, math_per_task=4, code_per_task=5, reasoning_per_task=4),
+                        test_fraction=0.2, families={"math": {"per_task": 4}, "code": {"per_task": 5},
+                                                         "reasoning": {"per_task": 4}}),
         model=ModelParams(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                           intermediate_size=128, max_position_embeddings=256, seed=0,
                           path="outputs/model/checkpoint"),

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from brorl.data.math import generate_math
+from brorl.families.math import generate_math
 from brorl.params import load_params
 from brorl.policy import load_policy
 from brorl.scoring import evaluate_policy

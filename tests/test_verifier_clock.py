@@ -22,8 +22,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from brorl.families import verify_batch
 from brorl.types import Problem
-from brorl.verifiers import VerifyConfig, clock, verify_batch
+from brorl.verifiers import VerifyConfig, clock
 from brorl.verifiers.config import SandboxLimits
 from brorl.verifiers.sandbox import run_tests
 from brorl.verifiers.workers import map_with_deadline

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import reasoning_gym
 
+from brorl.families import verify_batch
 from brorl.types import Problem
-from brorl.verifiers import Verdict, VerifyConfig, verify_batch
+from brorl.verifiers import Verdict, VerifyConfig
 from brorl.verifiers.workers import judge_answers, map_with_deadline
 from tests.process_tree import stat_fields
 
@@ -105,7 +106,7 @@ def test_reasoning_scorers_are_built_once_per_task(monkeypatch):
     """Two verify calls over two tasks build each task's scorer once, with the same verdicts."""
     import reasoning_gym
 
-    from brorl.verifiers import reasoning
+    from brorl.families import reasoning
 
     built, real = [], reasoning_gym.get_score_answer_fn
 
@@ -230,7 +231,7 @@ def test_answers_are_judged_once_per_distinct_pair_and_none_without_a_worker(mon
 
 
 def test_math_check_that_hangs_gives_timeout(monkeypatch, tmp_path):
-    import brorl.verifiers.math as math_verifier
+    import brorl.families.math as math_verifier
 
     math_verifier._warm_up()  # the parent's own warm-up runs the real check, once per process
     ended = tmp_path / "ended"  # written by the check if its 30 s sleep ever ends
@@ -244,7 +245,7 @@ def test_math_check_that_hangs_gives_timeout(monkeypatch, tmp_path):
 
 def test_repeated_pairs_are_judged_once(monkeypatch):
     """N rollouts of one prompt often repeat: each distinct (problem, response) is verified once."""
-    import brorl.verifiers as verifiers
+    import brorl.families as verifiers
 
     seen: list[int] = []
     real = verifiers._verify_family
@@ -303,8 +304,11 @@ def test_math_answers_reach_sympys_eval_based_parser_only_as_number_literals(mon
 
 
 def test_reasoning_tasks_whose_scorer_evaluates_text_are_refused():
-    from brorl.data.reasoning import DEFAULT_REASONING_TASKS, reasoning_problems
-    from brorl.verifiers.reasoning import evaluating_call
+    from brorl.families.reasoning import (
+        DEFAULT_REASONING_TASKS,
+        evaluating_call,
+        reasoning_problems,
+    )
 
     assert evaluating_call("countdown") == "CountdownDataset.score_answer calls parse_expr"
     assert evaluating_call("bitwise_arithmetic").endswith("verify_solution calls eval")  # a helper

@@ -19,9 +19,9 @@ import torch
 # a missing or broken vLLM must fail this module, not skip the weight-sync proof silently
 import vllm  # noqa: E402, F401
 
-from brorl.data.math import generate_math  # noqa: E402
 from brorl.engines.base import SamplingConfig, score_rollouts  # noqa: E402
 from brorl.engines.hf import HfEngine  # noqa: E402
+from brorl.families.math import generate_math  # noqa: E402
 from brorl.params import load_params  # noqa: E402
 from brorl.policy import build_policy, build_tokenizer, save_policy  # noqa: E402
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig  # noqa: E402

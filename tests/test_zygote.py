@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from brorl.families import verify_batch
 from brorl.types import Problem
-from brorl.verifiers import Verdict, VerifyConfig, verify_batch, zygote
+from brorl.verifiers import Verdict, VerifyConfig, zygote
 from brorl.verifiers.sandbox import capabilities, run_code, run_tests
 from tests.process_tree import descendants, settled, stat_fields
 

@@ -2,7 +2,9 @@
 
 Every family's problems become the same Arrow table (one row per `Problem`): `tests` is a list of
 strings and `metadata` a JSON string, because metadata differs from task to task and Arrow wants
-one schema per column. Splits are saved together with `DatasetDict.save_to_disk`.
+one schema per column. Splits are saved together with `DatasetDict.save_to_disk`. `datasets` is
+imported by the functions that store and read, so that the family modules, which make their
+problems here, stay light enough for the params to validate their sections (`brorl.families`).
 
 Deliberately ignored: streaming and sharding (the datasets here fit in memory), hub uploads.
 Paper: BroRL Table 1 / ProRL (arXiv 2505.24864) App. E (the three families Math, Code, Reasoning
@@ -17,10 +19,12 @@ import random
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datasets import Dataset, DatasetDict, load_from_disk
+from brorl.types import Problem
 
-from brorl.types import FAMILIES, Family, Problem
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 def normalise_prompt(prompt: str) -> str:
@@ -34,11 +38,12 @@ def problem_id(family: str, task: str, prompt: str) -> str:
     return f"{family}/{task}/{digest}"
 
 
-def make_problem(family: Family, task: str, prompt: str, *, answer: str = "",
+def make_problem(family: str, task: str, prompt: str, *, answer: str = "",
                  tests: Iterable[str] = (), metadata: dict | None = None) -> Problem:
     """A `Problem` with its id derived from the prompt and metadata checked to be JSON-safe."""
-    if family not in FAMILIES:
-        raise ValueError(f"family {family!r} is not one of {FAMILIES}; pick one of those.")
+    if not family.isidentifier():
+        raise ValueError(f"family {family!r} is no name; a family's name is an identifier "
+                         "(`brorl.families`).")
     if not prompt.strip():
         raise ValueError(f"{family}/{task}: empty prompt; every problem needs a prompt.")
     try:
@@ -50,7 +55,7 @@ def make_problem(family: Family, task: str, prompt: str, *, answer: str = "",
                    answer=str(answer), tests=tuple(tests), metadata=meta)
 
 
-def draw_per_task(family: Family, tasks: Iterable[str], known: Iterable[str], per_task: int,
+def draw_per_task(family: str, tasks: Iterable[str], known: Iterable[str], per_task: int,
                   seed: int, draw: Callable[[str, random.Random], Problem]) -> list[Problem]:
     """`per_task` problems `draw(task, rng)` of each task, each task with its own generator
     seeded by `family/task/seed` (a task's draws do not depend on the others); a ValueError
@@ -74,6 +79,8 @@ def jsonl_rows(path: Path) -> Iterator[tuple[dict, str]]:
 
 def problems_to_dataset(problems: list[Problem]) -> Dataset:
     """One Arrow table, columns id, family, task, prompt, answer, tests (list), metadata (JSON)."""
+    from datasets import Dataset
+
     return Dataset.from_dict({
         "id": [p.id for p in problems],
         "family": [p.family for p in problems],
@@ -97,6 +104,8 @@ def dataset_to_problems(table: Dataset) -> list[Problem]:
 
 def save_splits(splits: dict[str, list[Problem]], path: str | Path) -> Path:
     """Save named splits (e.g. train/validation/test) as one `DatasetDict` folder at `path`."""
+    from datasets import DatasetDict
+
     path = Path(path)
     DatasetDict({name: problems_to_dataset(ps) for name, ps in splits.items()}).save_to_disk(path)
     return path
@@ -104,6 +113,8 @@ def save_splits(splits: dict[str, list[Problem]], path: str | Path) -> Path:
 
 def load_split(path: str | Path, split: str) -> list[Problem]:
     """Load one split saved by `save_splits`; the error lists the splits that exist."""
+    from datasets import load_from_disk
+
     tables = load_from_disk(str(path))
     if split not in tables:
         raise KeyError(f"{path}: no split {split!r}; it has {sorted(tables)}.")

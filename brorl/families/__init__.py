@@ -96,10 +96,10 @@ def load(name: str, module: str | None = None) -> ProblemFamily:
     try:
         found = getattr(importlib.import_module(path), "FAMILY", None)
     except ImportError as err:
-        raise ValueError(f"data.families.{name}: cannot import {path!r} ({err}); give an "
-                         "importable module.") from None
+        raise ValueError(f"family {name!r}: cannot import {path!r} ({err}); give an importable "
+                         f"module in data.families.{name}.module.") from None
     if not isinstance(found, ProblemFamily) or found.name != name:
-        raise ValueError(f"data.families.{name}: module {path!r} defines no FAMILY named "
+        raise ValueError(f"family {name!r}: module {path!r} defines no FAMILY named "
                          f"{name!r}; define `FAMILY = ProblemFamily(name={name!r}, ...)` there.")
     _REGISTRY[name] = found
     return found

@@ -9,42 +9,41 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from brorl import legacy
 from brorl.params.section import Section
 
 
+def _paper_families() -> dict[str, Any]:
+    from brorl.families import PAPER
+
+    return {name: {} for name in PAPER}
+
+
 class DataParams(Section):
-    """Problem data for the three families (BroRL Table 1; ProRL (arXiv 2505.24864) §3.1):
-    sources, sizes and splits."""
+    """Problem data (BroRL Table 1; ProRL (arXiv 2505.24864) §3.1): which families, each one's
+    sources and sizes, and the splits."""
 
     seed: int = 0
     """Seed of the generators, of reasoning-gym and of the split shuffle."""
-    math_per_task: NonNegativeInt = 600
-    """Generated math draws per task (compare, arithmetic, fractions, linear_equation); 0 leaves
-    them out.
-    Draws may repeat; splitting dedupes by prompt."""
-    math_max_operand: PositiveInt = 9
-    """Largest operand of the generated math tasks (9: one-digit facts a tiny model can learn)."""
-    code_per_task: NonNegativeInt = 600
-    """Generated code draws per template (7 one-line function templates); 0 leaves them out."""
-    code_max_constant: PositiveInt = 9
-    """Largest constant k of the generated code templates (k in 1..this). Distinct problems are
-    7 templates x k values x 4 function names: 9 gives 252 (49 in a 20% test split), 20 gives 560
-    (112 in test), enough for 100 held-out code instances. Our choice."""
-    reasoning_per_task: NonNegativeInt = 600
-    """Reasoning-gym items per task; 0 leaves reasoning-gym out."""
-    reasoning_tasks: dict[str, dict[str, Any]] | None = None
-    """Reasoning-gym task name -> config. None: the CPU default set of
-    `brorl.data.reasoning.DEFAULT_REASONING_TASKS` (spell_backward, simple_equations,
-    basic_arithmetic at tiny sizes: short prompts and answers a tiny model partly learns)."""
-    math_jsonl: list[str] = []
-    """Local JSONL files of math problems (`problem` + `answer`, the DeepScaleR / MATH shape)."""
-    code_jsonl: list[str] = []
-    """Local JSONL files of code problems (statement, signature, tests or APPS `input_output`)."""
+    families: dict[str, Any] = Field(default_factory=_paper_families, validate_default=True)
+    """Family name -> its params subsection (`brorl.families`: each family's module defines the
+    subsection's fields and their defaults, e.g. `math: {per_task: 600, max_operand: 9}`); a
+    family left out has no problems. A family outside brorl names its module in the subsection
+    (`module: mypackage.myfamily`, docs/families.md); `name: null` in an overlay leaves a family
+    of the file it extends out. Default: the paper's three (math, code, reasoning) at their
+    defaults; params/tiny.yaml adds instruction following."""
     chat_example: bool = False
     """Mark every problem to be shown after its family's worked example (a user turn and the
-    assistant's reply in the answer format, `brorl.prompts.CHAT_EXAMPLES`) when the checkpoint
+    assistant's reply in the answer format, `ProblemFamily.example`) when the checkpoint
     has a chat template; the plain template of the tiny policy ignores it. For small instruct
     models that follow a shown format, not a described one. Our choice."""
     validation_fraction: float = Field(0.1, ge=0, lt=1)
@@ -53,6 +52,39 @@ class DataParams(Section):
     """Share of each task's deduplicated problems in the held-out test split (evaluation)."""
     path: str = "outputs/data/problems"
     """Folder of the saved `datasets.DatasetDict` (train / validation / test), repo-relative."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_keys(cls, data: Any) -> Any:
+        return legacy.data_keys(data) if isinstance(data, dict) else data
+
+    @field_validator("families", mode="before")
+    @classmethod
+    def _check_families(cls, value: Any) -> dict[str, Any]:
+        """Each subsection validated by its family's own schema (the family module is imported,
+        which registers a family from outside brorl)."""
+        from brorl.families import load  # here: brorl.families' own base class is a Section
+        if not isinstance(value, dict) or not any(v is not None for v in value.values()):
+            raise ValueError("families must map at least one family name to its subsection, e.g. "
+                             "{math: {}, code: {}}.")
+        out = {}
+        for name, section in value.items():
+            if section is None:  # an overlay's `name: null` leaves a family out
+                continue
+            if isinstance(section, Section):  # validated already (a model's own families)
+                section = section.model_dump(exclude_unset=True)
+            if not isinstance(section, dict):
+                raise ValueError(f"families.{name} must be a mapping of that family's fields "
+                                 f"({{}} for its defaults, null to leave it out), not "
+                                 f"{section!r}.")
+            found = load(name, section.get("module"))
+            try:
+                out[name] = found.params.model_validate(section)
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"{name}.{where}: {first['msg']}") from None
+        return out
 
     @model_validator(mode="after")
     def _check_fractions(self) -> DataParams:
@@ -158,7 +190,7 @@ class BaseParams(Section):
     micro_batches: PositiveInt = 3
     """Length-sorted micro-batches per step, losses weighted by response tokens: the same
     gradient as one padded batch, with less padding (3 about matches the three families)."""
-    family_shares: dict[Literal["math", "code", "reasoning"], float] | None = None
+    family_shares: dict[str, float] | None = None
     """Relative share of each family in the batches (a missing family: 1); None: equal shares."""
     reached_share: float = Field(0.25, gt=0, le=1)
     """Multiplier of a family's share while its validation pass@1 is at or above

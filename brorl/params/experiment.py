@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from brorl.params.data import BaseParams, DataParams, ModelParams
 from brorl.params.rl import FilterParams, GenerateParams, UpdateParams, VerifyParams
@@ -27,7 +27,7 @@ class ExperimentParams(Section):
     name: str = "experiment"
     """Short experiment name, used in run names and output folders."""
     simulate: SimulateParams = SimulateParams()
-    data: DataParams = DataParams()
+    data: DataParams = Field(default_factory=DataParams)
     model: ModelParams = ModelParams()
     base: BaseParams = BaseParams()
     update: UpdateParams = UpdateParams()

@@ -32,8 +32,6 @@ BYTES_PER_TOKEN = 48
 PROMPT_TOKENS = 256
 """Tokens assumed per prompt (the CPU default's prompts are 12-60 characters)."""
 BYTES_PER_PROBLEM = 2048
-MATH_TASKS, CODE_TASKS = 4, 7
-"""Generated tasks per family (`brorl.data.math`, `brorl.data.code` templates)."""
 
 
 def available_bytes() -> int | None:
@@ -56,16 +54,14 @@ def estimates(params: ExperimentParams) -> list[tuple[str, int, str]]:
     u, g, f, d, t = params.update, params.generate, params.filter, params.data, params.train
     rollouts = u.prompts_per_step * u.rollouts_per_prompt * math.ceil(f.oversample)
     per_rollout = BYTES_PER_ROLLOUT + BYTES_PER_TOKEN * (PROMPT_TOKENS + g.max_response_tokens)
-    reasoning_tasks = len(d.reasoning_tasks) if d.reasoning_tasks is not None else 3
-    problems = (d.math_per_task * MATH_TASKS + d.code_per_task * CODE_TASKS
-                + d.reasoning_per_task * reasoning_tasks)
-    evaluated = t.eval_per_family * 3 * t.eval_samples * len(t.eval_splits)
+    problems = sum(section.size() for section in d.families.values())
+    evaluated = t.eval_per_family * len(d.families) * t.eval_samples * len(t.eval_splits)
     return [
         ("update.prompts_per_step x update.rollouts_per_prompt",
          rollouts * per_rollout,
          f"{rollouts:,} rollouts per step x ~{per_rollout:,} B (record + "
          f"{PROMPT_TOKENS + g.max_response_tokens} tokens)"),
-        ("data.math_per_task, code_per_task, reasoning_per_task",
+        ("data.families' per_task",
          problems * BYTES_PER_PROBLEM, f"{problems:,} problems x ~{BYTES_PER_PROBLEM:,} B"),
         ("train.eval_per_family x train.eval_samples",
          evaluated * per_rollout,

@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats as sps
 
+from brorl.families import ordered
 from brorl.stats import holm, seed_test, tost_power
 from brorl.study import power
 from brorl.study.plan import run_params
 from brorl.study.results import RunResult, instance_order, table, values_of
-from brorl.types import FAMILIES
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -98,7 +98,7 @@ def describe(rows: list[dict[str, Any]], ids: list[str], families: list[str],
     overall pass@k at k = 1, 2, 4, ... the rows' samples."""
     x = table([values_of(r, "score") for r in rows], ids)
     out: dict[str, Any] = {"score": {}, "pass_at": {}}
-    for family in FAMILIES:
+    for family in ordered({f for f in families if f is not None}):
         cols = [j for j, f in enumerate(families) if f == family]
         if cols:
             out["score"][family] = seed_interval(x[:, cols].mean(axis=1).tolist(), confidence)
@@ -289,7 +289,7 @@ def analyse(params: ExperimentParams, results: list[RunResult],
         "name": params.name, "budget_rollouts": study.budget_rollouts,
         "equal_steps": study.equal_steps,
         "instances": {e: len(i) for e, i in ids.items()},
-        "instances_per_family": {e: {f: fs.count(f) for f in FAMILIES if f in fs}
+        "instances_per_family": {e: {f: fs.count(f) for f in ordered({f for f in fs if f})}
                                  for e, fs in families.items()},
         "max_response_tokens": params.generate.max_response_tokens,
         "evaluation": {"samples": dict(study.eval_split_samples),

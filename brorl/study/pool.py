@@ -85,8 +85,8 @@ def count_solves(engine, tokenizer, problems: Sequence[Problem], n: int, *, temp
     """`[len(problems)]` correct rollouts of n each, sampled by `engine` in chunks of prompts
     (each chunk its own seed, seed + chunk index) and judged by the family verifiers."""
     from brorl.engines import SamplingConfig
+    from brorl.families import verify_batch
     from brorl.prompts import render_prompt
-    from brorl.verifiers import verify_batch
 
     per_chunk = max(1, chunk_rollouts // n)
     solves = np.zeros(len(problems), dtype=int)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brorl.evals import read_evals, read_start
+from brorl.families import ordered
 from brorl.files import atomic_write_text
 from brorl.reporting import markdown_table, p_value, percent, points
 from brorl.study import figures, probe
@@ -36,7 +37,6 @@ from brorl.study.results import RunResult
 from brorl.study.start import start_path
 from brorl.study.warmup import plateau_test, read_warmup
 from brorl.timings import split_timings, write_timings
-from brorl.types import FAMILIES
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -178,7 +178,7 @@ def _points_of(r: dict[str, Any], endpoint: str) -> list[tuple[str, dict[str, An
 
 
 def scores_table(r: dict[str, Any], endpoint: str) -> str:
-    fams = [f for f in FAMILIES if f in r["start"][endpoint]["score"]]
+    fams = ordered(set(r["start"][endpoint]["score"]) - {"overall"})
     ks = list(r["start"][endpoint]["pass_at"])
     top = ks[-1] if ks else None
     rows = [[label, *(_pts(x["score"][f]) for f in fams), _pts(x["score"]["overall"]),

@@ -64,9 +64,13 @@ class Probes:
 
 def has_reference(problem: Problem) -> bool:
     """Whether `render_target` can write the problem's known-correct response."""
-    if problem.family == "code":
-        return bool(problem.metadata.get("solution"))
-    return bool(problem.answer)
+    from brorl.prompts import render_target
+
+    try:
+        render_target(problem)
+    except ValueError:
+        return False
+    return True
 
 
 def build_probes(problems: Sequence[Problem], tokenizer) -> Probes:

@@ -58,6 +58,7 @@ from brorl.algorithm.filtering import InformativeCollector
 from brorl.algorithm.schedule import mini_batch_bounds, reset_plan
 from brorl.engines import SamplingConfig, build_engine
 from brorl.engines.base import ChunkCallback
+from brorl.families import verify_batch
 from brorl.policy import load_policy
 from brorl.prompts import render_prompt
 from brorl.train import checkpoint as ckpt
@@ -70,7 +71,7 @@ from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, read_run_record
 from brorl.train.verification import RewardFn
 from brorl.types import Problem, RolloutBatch
-from brorl.verifiers import Verdict, verify_batch
+from brorl.verifiers import Verdict
 
 
 def init_distributed() -> tuple[int, int]:

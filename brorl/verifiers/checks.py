@@ -19,7 +19,7 @@ A candidate that fakes the channel can only send values; to pass it must send th
 
 Deliberately ignored: tests of any other shape (arbitrary statements would have to run beside
 the candidate, where it can fake them): `parse_test` refuses them with the accepted forms, and
-`brorl.data.code` refuses them when data is loaded. Paper: ProRL (arXiv 2505.24864) App. E
+`brorl.families.code` refuses them when data is loaded. Paper: ProRL (arXiv 2505.24864) App. E
 (Code: fraction of test cases passed).
 """
 

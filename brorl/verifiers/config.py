@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from brorl.params import VerifyParams
+    from brorl.params.rl import VerifyParams
 
 
 @dataclass(frozen=True)
