@@ -20,7 +20,8 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from brorl.types import FAMILIES, Family, Problem
+from brorl.families import BUILTIN
+from brorl.types import FAMILIES, Family, Problem  # noqa: F401 - brorl.data re-exports FAMILIES
 
 
 def normalise_prompt(prompt: str) -> str:
@@ -37,8 +38,8 @@ def problem_id(family: str, task: str, prompt: str) -> str:
 def make_problem(family: Family, task: str, prompt: str, *, answer: str = "",
                  tests: Iterable[str] = (), metadata: dict | None = None) -> Problem:
     """A `Problem` with its id derived from the prompt and metadata checked to be JSON-safe."""
-    if family not in FAMILIES:
-        raise ValueError(f"family {family!r} is not one of {FAMILIES}; pick one of those.")
+    if family not in BUILTIN:
+        raise ValueError(f"family {family!r} is not one of {BUILTIN}; pick one of those.")
     if not prompt.strip():
         raise ValueError(f"{family}/{task}: empty prompt; every problem needs a prompt.")
     try:
