@@ -6,8 +6,8 @@ response, refrain from the use of any commas."; the response is judged by IFEval
 (Google's `instruction_following_eval`, as packaged by if-verifiable 0.1.2: its `ifeval`
 subpackage is that code unchanged). A task is one constraint kind (`KINDS`) or several joined
 by `+` ("no_comma+max_words"); IFEval's own conflict table refuses impossible combinations.
-The metadata holds IFEval's `instruction_id_list` and `kwargs`, plus the topic the ideal
-response (`target`) is written from.
+The metadata holds IFEval's `instruction_id_list` and `kwargs`, plus the `kinds` and the `topic`
+the ideal response (`target`) is written from.
 
 Reward is binary: 1 only when every constraint is followed (IFEval's prompt-level strict
 accuracy, the `pass_at_1` headline), and only for a non-trivial response: not empty, at most
@@ -28,11 +28,13 @@ tiny model writes them). Paper: ProRL (arXiv 2505.24864) §3.1 (instruction foll
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from pydantic import Field, NonNegativeInt, field_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
 
 from brorl.families import FamilyParams, ProblemFamily
 from brorl.types import Problem
@@ -98,9 +100,9 @@ class InstructionParams(FamilyParams):
     tasks: tuple[str, ...] = DEFAULT_TASKS
     """Tasks: each a constraint kind of `KINDS` or kinds joined by "+" (all of them at once).
     The default: single constraints a weak policy sometimes meets (`DEFAULT_TASKS`)."""
-    max_words: tuple[int, ...] = Field((20, 30, 40), min_length=1)
+    max_words: tuple[PositiveInt, ...] = Field((20, 30, 40), min_length=1)
     """The N of "less than N words", drawn per problem (IFEval draws 100-500: too long here)."""
-    min_words: tuple[int, ...] = Field((8, 12, 16), min_length=1)
+    min_words: tuple[PositiveInt, ...] = Field((8, 12, 16), min_length=1)
     """The N of "at least N words", drawn per problem."""
 
     @field_validator("tasks")
@@ -142,8 +144,8 @@ def _draw(section: InstructionParams, task: str, rng: random.Random) -> Problem:
     texts = [_checker(i, kw)[1] for i, kw in zip(ids, kwargs)]
     problem = make_problem("instruction", task, " ".join([request, *texts]), metadata={
         "instruction_id_list": ids, "kwargs": kwargs, "kinds": kinds, "topic": topic})
-    if "max_words" in kinds and (n := _words(target(problem))) >= kwargs[kinds.index("max_words")][
-            "num_words"]:
+    limit = kwargs[kinds.index("max_words")]["num_words"] if "max_words" in kinds else None
+    if limit is not None and (n := _words(target(problem))) >= limit:
         raise ValueError(f"data.families.instruction: task {task!r} needs {n} words, more than "
                          "max_words allows; raise max_words or combine fewer kinds with it.")
     return problem
@@ -197,13 +199,14 @@ def target(problem: Problem) -> str:
     if kw := args.get("keyword_frequency"):
         sentences.append("i say " + " and ".join([kw["keyword"]] * kw["frequency"]))
     if kw := args.get("placeholders"):
-        sentences.append("send it to " + " at ".join(["[name]", "[place]"][:kw["num_placeholders"]]))
+        slots = ["[name]", "[place]"][:kw["num_placeholders"]]
+        sentences.append("send it to " + " at ".join(slots))
     if kw := args.get("highlights"):
         sentences.append("it is " + " and ".join(f"*{m}*" for m in MARKS[:kw["num_highlights"]]))
     if "lowercase" in args or "uppercase" in args:
         sentences.append(FILLER[1])  # langdetect misreads some single short sentences
     paragraphs = args.get("paragraphs", {}).get("num_paragraphs", 1)
-    fillers = iter(FILLER * 8)
+    fillers = itertools.cycle(FILLER)
     sentences += [next(fillers) for _ in range(paragraphs - len(sentences))]
     text = _compose(sentences, paragraphs, args)
     while "min_words" in args and _words(text) < args["min_words"]["num_words"]:
@@ -278,7 +281,7 @@ def _contains(words: list[str], part: list[str]) -> bool:
     return bool(part) and f" {' '.join(part)} " in f" {' '.join(words)} "
 
 
-def _checker(instruction_id: str, kwargs: dict):
+def _checker(instruction_id: str, kwargs: dict) -> tuple[Any, str]:
     """IFEval's checker for `instruction_id` built with `kwargs`, and its description."""
     from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
 
