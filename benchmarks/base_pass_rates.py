@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> None:
 
     from brorl.data import DataConfig, make_splits
     from brorl.evals import sample_per_family
+    from brorl.families import verify_batch
     from brorl.params import load_params
     from brorl.policy import load_policy
     from brorl.prompts import render_prompt
     from brorl.scoring import sample_responses
-    from brorl.verifiers import verify_batch
 
     params = load_params(ROOT / args.params, [f"data.{f}_per_task={args.per_task}"
                                               for f in ("math", "code", "reasoning")])

@@ -80,7 +80,7 @@ def trl_dataset(config: Any, data: Path, steps: int, tokenizer: Any) -> tuple[An
 
 def trl_reward(config: Any, problems: dict, clock: StepClock) -> Callable[..., list[float]]:
     """TRL reward function calling brorl's verifier exactly as `Trainer.verify` does."""
-    from brorl.verifiers import verify_batch
+    from brorl.families import verify_batch
 
     verify = functools.partial(verify_batch, config=config.verify)
 

@@ -42,8 +42,9 @@ from pathlib import Path
 
 import reasoning_gym
 
+from brorl.families import verify_batch
 from brorl.types import Problem
-from brorl.verifiers import VerifyConfig, verify_batch
+from brorl.verifiers import VerifyConfig
 from brorl.verifiers.workers import default_workers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # brorl and benchmarks.record
