@@ -39,16 +39,16 @@ CASES = {
     "forbidden_word": ({"forbidden_words": ["rocket"]}, "The sea is wide.",
                        "A rocket flew over the sea."),
     "keyword_frequency": ({"keyword": "blue", "frequency": 2, "relation": "at least"},
-                          "Blue sky and blue water.", "The water is blue."),
+                          "Blue sky and blue sea.", "The sea is blue."),
     "first_word": ({"num_paragraphs": 1, "nth_paragraph": 1, "first_word": "today"},
                    "Today the sea is calm.", "The sea is calm today."),
-    "bullets": ({"num_bullets": 2}, "Facts:\n* it is wide\n* it is deep",
-                "Facts:\n* it is wide\n* it is deep\n* it is blue"),
+    "bullets": ({"num_bullets": 2}, "The sea:\n* it is wide\n* it is deep",
+                "The sea:\n* it is wide\n* it is deep\n* it is blue"),
     "title": ({}, "<<Sea song>>\nThe sea is wide.", "Sea song\nThe sea is wide."),
     "postscript": ({"postscript_marker": "P.S."}, "The sea is wide.\nP.S. Thanks.",
                    "The sea is wide. Thanks."),
-    "placeholders": ({"num_placeholders": 2}, "Meet [name] at [place] by the water.",
-                     "Meet [name] by the water."),
+    "placeholders": ({"num_placeholders": 2}, "Meet [name] at [place] by the sea.",
+                     "Meet [name] by the sea."),
     "paragraphs": ({"num_paragraphs": 2}, "The sea is wide.\n***\nIt is deep.",
                    "The sea is wide. It is deep."),
     "highlights": ({"num_highlights": 2}, "The sea is *wide* and *deep*.",
@@ -57,14 +57,14 @@ CASES = {
 """Kind -> (checker kwargs, a response that follows it, one that does not)."""
 
 
-def problem_of(kind: str, kwargs: dict, request: str = REQUEST):
+def problem_of(kind: str, kwargs: dict, request: str = REQUEST, topic: str = "the sea"):
     """A problem of one constraint, its prompt in IFEval's words, as `build` makes them."""
     ids = [ins.KINDS[k] for k in kind.split("+")]
     kwargs_list = [kwargs] if "+" not in kind else kwargs
     texts = [ins._checker(i, kw)[1] for i, kw in zip(ids, kwargs_list)]
     return make_problem("instruction", kind, " ".join([request, *texts]), metadata={
         "instruction_id_list": ids, "kwargs": kwargs_list, "kinds": kind.split("+"),
-        "topic": "the sea"})
+        "topic": topic})
 
 
 def rewards(problems, responses) -> list[float]:
@@ -111,9 +111,12 @@ HACKS = [
     ("no_comma", {}, "DESCRIPTION"),  # the constraint's own text, its commas dropped
     ("include_keyword", {"keywords": ["blue"]}, "ECHO The sea is blue."),  # echo, then an answer
     ("min_words", {"relation": "at least", "num_words": 8}, "HUGE"),
+    ("no_comma", {}, "xqv tolpa zrenk."),  # random letters, what an untrained policy writes
+    ("max_words", {"relation": "less than", "num_words": 10}, "Bread is warm."),  # off topic
 ]
 """(kind, kwargs, response) that IFEval's checker alone passes; ECHO stands for the prompt,
-DESCRIPTION for the constraint's text without commas, HUGE for a valid answer past the cap."""
+DESCRIPTION for the constraint's text without commas, HUGE for a valid answer past the cap. The
+last two never mention the request's topic (the sea)."""
 
 
 def _hack_response(problem, response: str) -> str:
@@ -148,7 +151,7 @@ def test_a_checker_failure_is_an_error_verdict():
                               metadata={"instruction_id_list": [ins.KINDS["bullets"]],
                                         "kwargs": [{"bullets": 2}]})
     verdicts = ins.InstructionVerifier(CONFIG).verify([broken, wrong_args, good],
-                                                      ["Cold ice.", "Grey fog.", "Warm sand."])
+                                                      ["Cold ice.", "Grey fog.", "Warm sand by the sea."])
     assert [v.reward for v in verdicts] == [0.0, 0.0, 1.0]
     assert verdicts[0].reason.startswith("error:") and verdicts[1].reason.startswith("error:")
 
@@ -212,7 +215,7 @@ def test_params_refuse_unknown_or_repeated_kinds_and_build_refuses_conflicts():
 
 def test_the_worked_example_scores_one_and_lies_outside_the_generated_sets():
     question, reply = ins.EXAMPLE
-    problem = problem_of("quotation", {}, request="Write a sentence about snow.")
+    problem = problem_of("quotation", {}, request="Write a sentence about snow.", topic="snow")
     assert problem.prompt == question
     assert rewards([problem], [reply]) == [1.0]
     prompts = {p.prompt for p in ins.build(ins.InstructionParams(per_task=50), 0)}

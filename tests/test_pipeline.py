@@ -113,6 +113,9 @@ def test_the_base_gained_and_the_checkpoints_changed_along_the_pipeline(ci_arms_
     base = json.loads((out / "base" / "report.json").read_text())
     assert base["history"][0]["step"] == 0 and not any(base["history"][0]["pass_at_1"].values())
     assert base["test"]["overall"]["score"] > 0, base["test"]
+    # the instruction-following family (IFEval constraints) is learnt too: its held-out rewards
+    # are above zero at CI size
+    assert base["test"]["family"]["instruction"]["reward_mean"] > 0, base["test"]["family"]
     digests = {name: parameter_digest(load_policy(path)[0]) for name, path in {
         "base": out / "base" / "checkpoint", "warmup": out / "prorl_warmup" / "policy",
         "prorl": out / "prorl" / "policy", "brorl": out / "brorl" / "policy"}.items()}

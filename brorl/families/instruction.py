@@ -12,14 +12,17 @@ the ideal response (`target`) is written from.
 Reward is binary: 1 only when every constraint is followed (IFEval's prompt-level strict
 accuracy, the `pass_at_1` headline), and only for a non-trivial response: not empty, at most
 `MAX_RESPONSE_CHARS`, holding at least one word of two letters or more that the prompt does not
-contain, and not repeating any constraint's text. IFEval alone would reward an empty response
-for "no commas", a punctuation-only one for "lowercase" (langdetect's failure counts as
-followed) and the echoed prompt for "include keyword". langdetect is seeded (IFEval leaves it
+contain, mentioning the request's topic (its noun: "sea" for "about the sea"), and not repeating
+any constraint's text. IFEval alone would reward an empty response for "no commas", a
+punctuation-only one for "lowercase" (langdetect's failure counts as followed), the echoed
+prompt for "include keyword", and random characters for "no commas" or "less than 20 words"
+(an untrained policy's output: half of the CI base's validation problems at step 0 before the
+topic rule). langdetect is seeded (IFEval leaves it
 random), so a response always gets the same verdict.
 
 Deliberately ignored: IFEval's loose accuracy (responses with first or last lines removed),
-partial credit per constraint, and the checkers that need nltk data this machine cannot download
-(number_sentences: punkt; capital_word_frequency: punkt_tab), the free-text ones (rephrase,
+partial credit per constraint, the checkers that need nltk data no package ships (brorl never
+downloads; number_sentences: punkt, capital_word_frequency: punkt_tab), the free-text ones (rephrase,
 repeat_prompt, two_responses, constrained_response) and response_language and json_format (no
 tiny model writes them). Paper: ProRL (arXiv 2505.24864) §3.1 (instruction following), IFEval
 (arXiv 2311.07911).
@@ -265,10 +268,16 @@ def _check(item: tuple[Problem, str]) -> Verdict:
     checkers = [_checker(i, kw) for i, kw in zip(ids, kwargs, strict=True)]
     said = _tokens(text)
     if (len(text) > MAX_RESPONSE_CHARS or not set(said) - set(_tokens(problem.prompt))
+            or topic_noun(problem) not in said
             or any(_contains(said, _tokens(description)) for _, description in checkers)):
         return Verdict(0.0, "wrong")
     followed = all(checker.check_following(text) for checker, _ in checkers)
     return Verdict(1.0, "correct") if followed else Verdict(0.0, "wrong")
+
+
+def topic_noun(problem: Problem) -> str:
+    """The noun of the request's topic ("the sea" -> "sea"), which a response must mention."""
+    return problem.metadata["topic"].split()[-1]
 
 
 def _tokens(text: str) -> list[str]:

@@ -258,7 +258,7 @@ class GenerateParams(Section):
 
 class VerifyParams(Section):
     """Verifiers and the code sandbox (ProRL (arXiv 2505.24864) App. E, Table 4);
-    `brorl.verifiers.verify_batch`."""
+    `brorl.families.verify_batch`."""
 
     workers: PositiveInt | None = None
     """Parallel verifier processes per family; None uses every available core."""

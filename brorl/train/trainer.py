@@ -4,7 +4,7 @@ A step's parts are public methods that `brorl.train.run.Run` composes (BroRL §3
 the ProRLv2 blog post):
 1. `start_collection`, `sample_prompts`, `generate_rollouts`, `verify`: draw prompts from the
    seeded cursor, generate N rollouts each (`brorl.engines`), verify them
-   (`brorl.verifiers.verify_batch`); a `Collection` keeps the groups the keep rule passes
+   (`brorl.families.verify_batch`); a `Collection` keeps the groups the keep rule passes
    (`brorl.algorithm.filtering.InformativeCollector`), refilling up to `filter_max_draws` rounds,
    never past the rollouts the run has left (`start_collection(max_rollouts)`);
 2. `update`: advantages over the kept groups (REINFORCE++-baseline or GRPO), old and reference
