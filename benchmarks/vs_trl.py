@@ -12,7 +12,7 @@ wall seconds) and the mean seconds per step of
   `generate.max_concurrent_rollouts`); TRL `_generate` (prompt tokenisation, one `model.generate`
   over all P x N rows, decoding);
 - verification: brorl `time/verify`; TRL `_calculate_rewards`. Both call the same function,
-  `brorl.verifiers.verify_batch` with the trainer's workers, time limit and sandbox limits;
+  `brorl.families.verify_batch` with the trainer's workers, time limit and sandbox limits;
 - scoring (old and reference log-probs): brorl `update/score_seconds`; TRL the calls of
   `_get_per_token_logps_and_entropies` made inside `_generate_and_score_completions`;
 - update (PPO forward, backward, clipping, optimizer): brorl `time/ppo_update` minus
