@@ -166,8 +166,9 @@ def check_study(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the study's arguments, load the params and check the files the mode reads (the
     study's plan, `brorl.study.plan`, is light); on failure print one `error:` line and exit
     with code 2."""
+    from brorl.model.checks import check_checkpoint
     from brorl.params import ParamsError, load_params
-    from brorl.preflight import InputError, check_checkpoint, check_inputs, check_split
+    from brorl.preflight import InputError, check_inputs, check_split
     from brorl.study.frozen import check as frozen
     from brorl.study.plan import find_run, plan_runs, run_params, warmup_dir, warmup_params
     from brorl.study.progress import will_resume
