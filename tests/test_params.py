@@ -12,13 +12,15 @@ from typing import get_args
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from brorl.algorithm.losses import LossConfig
 from brorl.base import BaseConfig
 from brorl.data import DataConfig
+from brorl.engines.base import EngineConfig
 from brorl.evals import EvalProtocol
 from brorl.model import ModelConfig
 from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
-from brorl.train.config import EngineConfig, LossConfig, TrainerConfig
+from brorl.train.config import TrainerConfig
 from brorl.train.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,8 +2,8 @@
 
 `TrainerConfig.from_params` builds it from the `update`, `filter`, `generate`, `verify` and
 `train` sections (`LossConfig.from_params` from `update`, `EngineConfig.from_params` from
-`generate`: the records the loss and the rollout engine take); the trainer never sees the pydantic
-schema. No field has a default: the defaults live in `brorl.params` only, so a field this
+`generate`: the records the loss and the rollout engine take, each beside its consumer in
+`brorl.algorithm.losses` and `brorl.engines.base`); the trainer never sees the pydantic schema. No field has a default: the defaults live in `brorl.params` only, so a field this
 conversion forgets fails with a TypeError instead of taking a stale copy. Field meanings and their
 sources in the paper are documented on the params fields.
 """
@@ -13,20 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from brorl.params.loading import same_named
+from brorl.algorithm.losses import LossConfig
+from brorl.devices import resolve_dtype
+from brorl.engines.base import EngineConfig
 from brorl.verifiers.config import VerifyConfig
 
 if TYPE_CHECKING:
-    from brorl.params import ExperimentParams, UpdateParams
-
-
-def resolve_dtype(name: str) -> str:
-    """A params dtype with `auto` resolved: bfloat16 where CUDA is present, else float32."""
-    if name != "auto":
-        return name
-    import torch
-
-    return "bfloat16" if torch.cuda.is_available() else "float32"
+    from brorl.params import ExperimentParams
 
 
 AUTO_MICRO_TOKENS = {"cuda": 16384, "cpu": 4096}
@@ -42,62 +35,6 @@ def resolve_micro_tokens(value: int | str | None) -> int | None:
     import torch
 
     return AUTO_MICRO_TOKENS["cuda" if torch.cuda.is_available() else "cpu"]
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Arguments of `brorl.algorithm.losses.policy_loss` besides the tensors."""
-
-    clip_eps_low: float
-    clip_eps_high: float
-    tis_mode: Literal["none", "truncate", "icepop"]
-    tis_cap: float
-    tis_min: float
-    kl_coef: float
-    kl_estimator: Literal["k1", "k2", "k3"]
-    kl_input_clamp: float
-    kl_output_clamp: float
-    entropy_coef: float
-
-    @classmethod
-    def from_params(cls, update: UpdateParams) -> LossConfig:
-        """The loss options of the `update` section (same names)."""
-        return same_named(cls, update)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Arguments of `brorl.engines.build_engine` (and `VllmEngine`) that the params set: the
-    `generate` section's engine settings and the run's seed (`train.seed`, vLLM's own seed)."""
-
-    kind: Literal["hf", "vllm"]
-    """generate.engine."""
-    max_concurrent_rollouts: int | Literal["auto"]
-    """generate.max_concurrent_rollouts: most rollouts decoded at once (`auto`: sized by the
-    engine)."""
-    compile: Literal["auto", "on", "off"]
-    """generate.compile: the hf engine's compiled decode step."""
-    stop_check_tokens: int
-    """generate.stop_check_tokens: hf decode steps between host stop checks."""
-    dtype: str
-    """generate.dtype (`auto` resolved): the vLLM engine's dtype."""
-    gpu_memory_utilization: float
-    """generate.gpu_memory_utilization: vLLM's share of GPU memory."""
-    cpu_kv_cache_gib: int
-    """generate.cpu_kv_cache_gib: vLLM's KV cache on CPU (GiB)."""
-    enforce_eager: bool
-    """generate.enforce_eager: vLLM without graph capture."""
-    seed: int
-    """train.seed."""
-
-    @classmethod
-    def from_params(cls, params: ExperimentParams) -> EngineConfig:
-        g = params.generate
-        return cls(kind=g.engine, max_concurrent_rollouts=g.max_concurrent_rollouts,
-                   compile=g.compile, stop_check_tokens=g.stop_check_tokens,
-                   dtype=resolve_dtype(g.dtype), gpu_memory_utilization=g.gpu_memory_utilization,
-                   cpu_kv_cache_gib=g.cpu_kv_cache_gib, enforce_eager=g.enforce_eager,
-                   seed=params.train.seed)
 
 
 @dataclass(frozen=True)
