@@ -18,20 +18,14 @@ KL in the reward (NeMo-RL `use_kl_in_reward: false`), an entropy bonus by defaul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
     from brorl.params import UpdateParams
-
-KLEstimator = Literal["k1", "k2", "k3"]
-"""k1 = log(pi/ref); k2 = 0.5 log(pi/ref)^2 (the ProRLv2 blog post);
-k3 = ref/pi - 1 - log(ref/pi)."""
-TISMode = Literal["none", "truncate", "icepop"]
-"""none; truncate: w = min(ratio, cap); icepop: w = ratio inside [tis_min, cap], else 0."""
-
+    from brorl.params.rl import KLEstimator, TISMode
 
 @dataclass(frozen=True)
 class LossConfig:

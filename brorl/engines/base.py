@@ -25,6 +25,7 @@ from brorl.types import RolloutBatch
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
+    from brorl.params.rl import CompileSetting, EngineKind
 
 _MASK64 = (1 << 64) - 1
 
@@ -39,12 +40,12 @@ class EngineConfig:
     """Arguments of `brorl.engines.build_engine` (and `VllmEngine`) that the params set: the
     `generate` section's engine settings and the run's seed (`train.seed`, vLLM's own seed)."""
 
-    kind: Literal["hf", "vllm"]
+    kind: EngineKind
     """generate.engine."""
     max_concurrent_rollouts: int | Literal["auto"]
     """generate.max_concurrent_rollouts: most rollouts decoded at once (`auto`: sized by the
     engine)."""
-    compile: Literal["auto", "on", "off"]
+    compile: CompileSetting
     """generate.compile: the hf engine's compiled decode step."""
     stop_check_tokens: int
     """generate.stop_check_tokens: hf decode steps between host stop checks."""

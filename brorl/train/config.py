@@ -20,6 +20,8 @@ from brorl.verifiers.config import VerifyConfig
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
+    from brorl.params.rl import AdvantageEstimator, Allocation, KeepRule
+    from brorl.params.run import ZeroStage
 
 
 AUTO_MICRO_TOKENS = {"cuda": 16384, "cpu": 4096}
@@ -56,7 +58,7 @@ class TrainerConfig:
     """update.rollouts_per_prompt: N."""
     train_subset: int | None
     """update.train_subset: M, rollouts per group trained (max reward variance); None: all N."""
-    allocation: Literal["fixed", "adaptive"]
+    allocation: Allocation
     """update.allocation: N per prompt, or a first round then the rest where it teaches most."""
     first_round: int
     """update.first_round_rollouts: n0 of the adaptive allocation."""
@@ -73,7 +75,7 @@ class TrainerConfig:
     """train.micro_batch_rollouts: rollouts per forward/backward."""
     max_tokens_per_micro_batch: int | None
     """update.max_tokens_per_micro_batch resolved (`resolve_micro_tokens`); None: row-padded."""
-    advantage_estimator: Literal["reinforce_pp_baseline", "grpo"]
+    advantage_estimator: AdvantageEstimator
     """update.advantage_estimator."""
     loss: LossConfig
     """The loss options of the `update` section (`LossConfig.from_params`)."""
@@ -84,7 +86,7 @@ class TrainerConfig:
     # dynamic sampling
     filter_enabled: bool
     """filter.enabled: drop the groups `keep_rule` fails and refill."""
-    keep_rule: Literal["binary", "any_difference"]
+    keep_rule: KeepRule
     """filter.keep_rule: 0 < #correct < N (the paper) or rewards not all equal."""
     filter_max_draws: int
     """filter.max_draws: most generate + verify rounds per step."""
@@ -107,7 +109,7 @@ class TrainerConfig:
     verify: VerifyConfig
     """How the rollouts are judged (`VerifyConfig.from_params` of the `verify` section)."""
     # optimisation (DeepSpeed)
-    zero_stage: Literal[0, 1, 2]
+    zero_stage: ZeroStage
     """train.zero_stage: DeepSpeed ZeRO stage."""
     dtype: Literal["float32", "bfloat16"]
     """train.dtype: training precision."""
