@@ -25,6 +25,7 @@ from prefect.utilities.annotations import quote
 from brorl.evals import read_start
 from brorl.params import load_params
 from brorl.train import Run, Timed
+from brorl.train.run import P, Stage, T
 from flows import device_slot, prefect_settings
 from tasks import train as t
 
@@ -41,10 +42,10 @@ class PrefectDriver:
     def __init__(self, tracker: t.Tracker) -> None:
         self.tracker = tracker
 
-    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]:
+    def stage(self, run: Run, method: Stage[P, T], *args: P.args) -> Timed[T]:
         # quote(): Prefect would otherwise walk every argument (the run, its batches of problems
         # and rollouts) looking for futures, about 0.15 s per step
-        return t.STAGES[name](quote(run), *(quote(a) for a in args))
+        return t.STAGES[method](quote(run), *(quote(a) for a in args))
 
     def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
         return iteration(step, body)

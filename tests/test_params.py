@@ -20,8 +20,7 @@ from brorl.evals import EvalProtocol
 from brorl.model import ModelConfig
 from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
-from brorl.train.config import TrainerConfig
-from brorl.train.run import RunConfig
+from brorl.train.config import RunConfig, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = sorted((ROOT / "params").glob("pipeline*.yaml"))

@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOMES = {"TrainerConfig": "config", "Direct": "run",
-          "Driver": "run", "Timed": "run", "Run": "run", "RunConfig": "run",
+          "Driver": "run", "Timed": "run", "Run": "run", "RunConfig": "config",
           "RunState": "state", "Collected": "collection", "Trainer": "trainer",
           "draw_seed": "trainer", "init_distributed": "trainer", "parameter_digest": "trainer"}
 """Each public name's module: loaded when the name is first used, so `python -m brorl.train`
@@ -26,8 +26,8 @@ __all__ = ["Collected", "Direct", "Driver", "Run", "RunConfig", "RunState", "Tim
 
 if TYPE_CHECKING:
     from brorl.train.collection import Collected
-    from brorl.train.config import TrainerConfig
-    from brorl.train.run import Direct, Driver, Run, RunConfig
+    from brorl.train.config import RunConfig, TrainerConfig
+    from brorl.train.run import Direct, Driver, Run
     from brorl.train.state import RunState
     from brorl.train.trainer import Trainer, draw_seed, init_distributed, parameter_digest
     from brorl.types import Timed

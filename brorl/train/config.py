@@ -1,21 +1,26 @@
-"""The trainer's settings as one frozen record of plain values, and its one conversion from params.
+"""The trainer's settings (`TrainerConfig`) and the run's policy (`RunConfig`: length, budgets,
+schedules, evaluation) as frozen records of plain values, each with its one conversion from params.
 
-`TrainerConfig.from_params` builds it from the `update`, `filter`, `generate`, `verify` and
-`train` sections (`LossConfig.from_params` from `update`, `EngineConfig.from_params` from
+`TrainerConfig.from_params` builds the trainer's from the `update`, `filter`, `generate`, `verify`
+and `train` sections (`LossConfig.from_params` from `update`, `EngineConfig.from_params` from
 `generate`: the records the loss and the rollout engine take, each beside its consumer in
-`brorl.algorithm.losses` and `brorl.engines.base`); the trainer never sees the pydantic schema. No field has a default: the defaults live in `brorl.params` only, so a field this
-conversion forgets fails with a TypeError instead of taking a stale copy. Field meanings and their
+`brorl.algorithm.losses` and `brorl.engines.base`); the trainer never sees the pydantic schema.
+No field has a default: the defaults live in `brorl.params` only, so a field this conversion
+forgets fails with a TypeError instead of taking a stale copy. Field meanings and their
 sources in the paper are documented on the params fields.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from brorl.algorithm.losses import LossConfig
 from brorl.devices import resolve_dtype
 from brorl.engines.base import EngineConfig
+from brorl.evals import EvalProtocol
+from brorl.train.diagnostics import DiagnosticsConfig
 from brorl.verifiers.config import VerifyConfig
 
 if TYPE_CHECKING:
@@ -125,7 +130,7 @@ class TrainerConfig:
     """train.peak_tflops: the device's peak for `perf/mfu` (None: its data sheet's, if known)."""
     warmup_steps: int
     """train.warmup_steps: linear LR warm-up (optimizer steps)."""
-    # checkpoints (their schedule is the run's: `brorl.train.run.RunConfig`)
+    # checkpoints (their schedule is the run's: `RunConfig`)
     keep_checkpoints: int
     """train.keep_checkpoints: checkpoints kept on disk."""
 
@@ -171,3 +176,41 @@ class TrainerConfig:
                 f"train_subset = {m}: the rollouts trained per group must be 2..N-1 with N = "
                 f"{self.rollouts_per_prompt}, or None for all N (update.train_subset)."
             )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run's policy: length, budgets, schedules, evaluation, where outputs go."""
+
+    name: str
+    run_dir: str
+    data_path: str
+    steps: int
+    max_rollouts: int | None
+    min_steps: int | None
+    max_seconds: float | None
+    plateau_patience: int | None
+    eval_every: int
+    checkpoint_every: int
+    save_rollouts: bool
+    eval_splits: tuple[str, ...]
+    eval_protocol: EvalProtocol
+    diagnostics: DiagnosticsConfig
+    root: str
+    """The checkout, which the paths in the run's files are relative to."""
+    eval_steps: tuple[int, ...]
+    """Steps evaluated besides every `eval_every`-th (`train.eval_steps`)."""
+
+    @classmethod
+    def from_params(cls, params: ExperimentParams, root: Path) -> RunConfig:
+        """The `train` section's run policy; `run_dir` resolved against `root`."""
+        t = params.train
+        return cls(
+            name=params.name, run_dir=str(root / t.run_dir), root=str(root),
+            data_path=params.data.path, steps=t.steps, max_rollouts=t.max_rollouts,
+            min_steps=t.min_steps, max_seconds=t.max_seconds,
+            plateau_patience=t.plateau_patience, eval_every=t.eval_every,
+            eval_steps=tuple(t.eval_steps),
+            checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
+            eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
+            diagnostics=DiagnosticsConfig.from_params(params))
