@@ -27,14 +27,13 @@ from tasks import compare as c
 def compare(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Train (optionally) and compare the arms of `compare.arms`."""
     params = load_params(params_path, overrides or [])
-    dumped = params.model_dump(mode="json")
-    arms = c.resolve_arms(dumped)
+    arms = c.resolve_arms(params)
     run_id = None
     if params.compare.train_arms:
-        run_id = c.create_mlflow_run(dumped)
-        for name, arm in arms.items():
-            train_arm(arm, arm["name"], parent_run_id=run_id)
+        run_id = c.create_mlflow_run(params)
+        for arm in arms.values():
+            train_arm(arm, arm.name, parent_run_id=run_id)
     metrics_path = f"{params.tracking.metrics_dir}/{params.compare_label}.json"
     result = c.report(arms, params.compare.report_dir, metrics_path, params.compare.baseline)
-    result["mlflow_run_id"] = c.log_report(dumped, result, run_id)
+    result["mlflow_run_id"] = c.log_report(params, result, run_id)
     return result

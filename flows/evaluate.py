@@ -26,5 +26,4 @@ def evaluate(params_path: str, overrides: list[str] | None = None,
              checkpoint: str | None = None) -> dict[str, Any]:
     """Score `checkpoint` (default: the params' run) on the test split; record it in MLflow."""
     params = load_params(params_path, overrides or [])
-    dumped = params.model_dump(mode="json")
-    return e.record(dumped, e.evaluate_checkpoint(dumped, checkpoint))
+    return e.record(params, e.evaluate_checkpoint(params, checkpoint))

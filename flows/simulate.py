@@ -28,14 +28,13 @@ def simulate(params_path: str, overrides: list[str] | None = None) -> dict:
     params = load_params(params_path, overrides or [])
     sim = params.simulate
     seeds = [sim.seed + k for k in range(sim.num_seeds)]
-    merged = [simulate_run(sim, n, seeds) for n in sorted(set(sim.rollouts_per_prompt))]
+    merged = [simulate_run(params, n, seeds) for n in sorted(set(sim.rollouts_per_prompt))]
     where, root = params.tracking, find_root()
     out_dir = root / where.output_dir / "simulate"
     paths = write_report(merged, out_dir, root / where.plots_dir / "simulate",
                          root / where.metrics_dir / "simulate.json", sim.report_steps)
     uri = tracking.resolve_tracking_uri(params.tracking.tracking_uri)
-    run_id = log_to_mlflow(params.model_dump(mode="json"), sim, merged,
-                           [paths["figure"], paths["csv"], paths["json"], paths["table"]],
-                           params.tracking.experiment, uri)
+    run_id = log_to_mlflow(params, merged,
+                           [paths["figure"], paths["csv"], paths["json"], paths["table"]], uri)
     print(f"simulate: results in {out_dir}; MLflow run {run_id} at {uri}")
     return {**{k: str(v) for k, v in paths.items()}, "mlflow_run_id": run_id}

@@ -37,8 +37,8 @@ from tasks import study as s
 from tasks import train as t
 
 
-def _params(params_path: str, overrides: list[str] | None) -> dict[str, Any]:
-    return load_params(params_path, overrides or []).model_dump(mode="json")
+def _params(params_path: str, overrides: list[str] | None) -> ExperimentParams:
+    return load_params(params_path, overrides or [])
 
 
 @flow(name="study-warmup")
@@ -53,8 +53,7 @@ def study_warmup(params_path: str, overrides: list[str] | None = None) -> dict[s
         run = t.open_run(wp)
         tracker = t.start_tracking(run, wp, s.parent_run(params))
         with prefect_settings():
-            record = train_to_plateau(run, ExperimentParams.model_validate(params).study,
-                                      PrefectDriver(tracker))
+            record = train_to_plateau(run, params.study, PrefectDriver(tracker))
         t.finish_run(run, tracker, wp)
     write_plateau(run.run_dir, record)
     return record
@@ -85,7 +84,7 @@ def study_run(params_path: str, run: str, overrides: list[str] | None = None,
     params = _params(params_path, overrides)
     prepared = s.prepare_run(params, run, started)
     with device_slot():  # a deployment's run: one training per device
-        summary = train_arm(prepared["params"], prepared["params"]["name"],
+        summary = train_arm(prepared["params"], prepared["params"].name,
                             parent_run_id=s.parent_run(params), start=prepared["start"])
     s.finish_run(prepared, summary)
     return summary

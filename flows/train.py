@@ -17,13 +17,12 @@ if __name__ == "__main__":  # arguments and inputs checked before prefect and to
     main("train")
 
 from collections.abc import Callable
-from typing import Any
 
 from prefect import flow
 from prefect.utilities.annotations import quote
 
 from brorl.evals import read_start
-from brorl.params import load_params
+from brorl.params import ExperimentParams, load_params
 from brorl.train import Run, Timed
 from brorl.train.run import P, Stage, T
 from flows import device_slot, prefect_settings
@@ -55,7 +54,7 @@ class PrefectDriver:
 
 
 @flow(name="train-arm", flow_run_name="{name}")
-def train_arm(params: dict[str, Any], name: str, parent_run_id: str | None = None,
+def train_arm(params: ExperimentParams, name: str, parent_run_id: str | None = None,
               start: str | None = None) -> dict:
     """Train one arm from resolved params; returns the run summary. `start`: the file of its
     step-0 evaluation already scored (`brorl.evals.read_start`, `brorl.train.Run.train`)."""
@@ -76,4 +75,4 @@ def train(params_path: str, overrides: list[str] | None = None) -> dict:
     """Load params and train the arm they describe."""
     params = load_params(params_path, overrides or [])
     with device_slot():  # a deployment's run: one training per device
-        return train_arm(params.model_dump(mode="json"), params.name)
+        return train_arm(params, params.name)

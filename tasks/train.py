@@ -32,16 +32,16 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 @task(name="open-run", **_TASK)
-def open_run(params: dict[str, Any]) -> Run:
+def open_run(params: ExperimentParams) -> Run:
     """Build (or resume, from the newest checkpoint) the run of `params`."""
-    return Run.open(ExperimentParams.model_validate(params), find_root())
+    return Run.open(params, find_root())
 
 
 @task(name="start-mlflow-run", **_TASK)
-def start_tracking(run: Run, params: dict[str, Any], parent_run_id: str | None = None) -> Tracker:
+def start_tracking(run: Run, params: ExperimentParams,
+                   parent_run_id: str | None = None) -> Tracker:
     """The run's MLflow run, new or reopened (`train_record.open_record`)."""
-    p = ExperimentParams.model_validate(params)
-    return train_record.open_record(run, p, parent_run_id, run_logger())
+    return train_record.open_record(run, params, parent_run_id, run_logger())
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -102,10 +102,9 @@ STAGES: dict[Callable[..., Timed[Any]], Task[..., Timed[Any]]] = {
 
 
 @task(name="finish-run", **_TASK)
-def finish_run(run: Run, tracker: Tracker, params: dict[str, Any]) -> dict[str, Any]:
+def finish_run(run: Run, tracker: Tracker, p: ExperimentParams) -> dict[str, Any]:
     """Final checkpoint and policy folder, summary, DVC metrics and plot files, the MLflow
     record closed (`train_record.close_record`)."""
-    p = ExperimentParams.model_validate(params)
     summary = run.finish()
     root = find_root()
     dvc_files(run.state, root / p.tracking.metrics_dir / f"{p.run_label}.json",

@@ -123,7 +123,7 @@ def install(point: str, run, step: int) -> None:
 
 
 def main(params_path: str, point: str, step: int) -> None:
-    params = load_params(params_path).model_dump(mode="json")
+    params = load_params(params_path)
     run = t.open_run.fn(params)
     tracker = t.start_tracking.fn(run, params)
     install(point, run, step)
