@@ -1,6 +1,6 @@
 """Flow `compare`: ProRL and BroRL from the same start at an equal budget, then the report.
 
-`python -m flows.compare --params params/compare.yaml`. Composition only: resolve the arms
+`brorl compare --params params/compare.yaml`. Composition only: resolve the arms
 (shared start and budget applied and checked), train each arm as a `train-arm` subflow when
 `compare.train_arms` (resuming earlier progress; their MLflow runs are children of the
 comparison's run), then write the report (Markdown, JSON, PNG; each arm tested against
@@ -8,11 +8,6 @@ comparison's run), then write the report (Markdown, JSON, PNG; each arm tested a
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("compare")
 
 from typing import Any
 

@@ -4,15 +4,10 @@ One task run per N with every seed, one after another (each uses both cores: the
 rows of one tensor, in cache-sized batches, on torch's threads), then the report task, then
 MLflow: a parent run with the resolved params and artifacts, a child run per N with per-step
 metrics.
-Run: `python -m flows.simulate --params params/simulate.yaml [-S simulate.steps=200]`.
+Run: `brorl simulate --params params/simulate.yaml [-S simulate.steps=200]`.
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("simulate")
 
 from prefect import flow
 

@@ -1,12 +1,12 @@
 """Flows of a study (docs/study.md): `study-warmup`, `study-pool`, `study-plan`, `study-start`,
 `study-run`, `study-report`.
 
-    python -m flows.study --params params/study.yaml --warmup        # train to a shown plateau
-    python -m flows.study --params params/study.yaml --pool          # the prompt pool
-    python -m flows.study --params params/study.yaml --plan          # the plan files
-    python -m flows.study --params params/study.yaml --start         # the shared step-0 scores
-    python -m flows.study --params params/study.yaml --run prorl_s0  # one run
-    python -m flows.study --params params/study.yaml --report        # the report
+    brorl study --params params/study.yaml --warmup        # train to a shown plateau
+    brorl study --params params/study.yaml --pool          # the prompt pool
+    brorl study --params params/study.yaml --plan          # the plan files
+    brorl study --params params/study.yaml --start         # the shared step-0 scores
+    brorl study --params params/study.yaml --run prorl_s0  # one run
+    brorl study --params params/study.yaml --report        # the report
 
 The stages of study/dvc.yaml call these; `make study` runs `dvc repro study/dvc.yaml:study_report`.
 Composition only. `study-warmup` trains the warm-up as the `train` flow trains an arm (each step
@@ -15,15 +15,10 @@ study's MLflow parent run. A `study-run` prints the study's progress, gets the r
 ready (resume an interrupted run, start over a changed one) and trains the run as the
 `train-arm` subflow, its step-0 evaluation the one `study-start` scored for all runs.
 `BRORL_STUDY_STARTED` (epoch seconds, set by `make study`) dates the progress line's elapsed time.
-The arguments are checked, and the mode's flow chosen, by `commands.entry.study_main`.
+The arguments are checked, and the mode's flow chosen, by `brorl study` (`commands/cli.py`).
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("study")
 
 from typing import Any
 

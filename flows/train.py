@@ -1,4 +1,4 @@
-"""Flow `train`: one RL run (`python -m flows.train --params params/prorl.yaml`).
+"""Flow `train`: one RL run (`brorl train --params params/prorl.yaml`).
 
 Composition only. The loop is the library's (`brorl.train.Run.train`, the same one `python -m
 brorl.train` runs: stop rules, evaluation and checkpoint schedules, resume); this flow drives it
@@ -10,11 +10,6 @@ A rerun resumes from the newest checkpoint into the same MLflow run.
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("train")
 
 from collections.abc import Callable
 
