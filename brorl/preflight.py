@@ -1,6 +1,6 @@
 """Checks of every file a stage reads, before the stage starts anything expensive.
 
-Each entry point (`python -m flows.NAME`, the `brorl` command, `python -m brorl.train`) validates
+Each entry point (the `brorl` command, `python -m brorl.train`) validates
 its params (`brorl.params.load_params`), then calls `check_inputs(params, stage)`: the problem
 splits the stage reads (the folder, the split, its columns, at least one row, Arrow files read
 to their end), the checkpoints it starts from (a `config.json` that parses, weights whose

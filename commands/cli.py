@@ -74,9 +74,10 @@ def _flow(name: str, function: str) -> Any:
     return getattr(module, function)
 
 
-def _run(flow: str, function: str, **arguments: Any) -> None:
+def _run(flow: str, function: str, **arguments: Any) -> Any:
     """Import `flows.<flow>` (prefect, mlflow, torch: after the checks) and run its flow
-    `function`; print the flow's summary as JSON."""
+    `function`; print the flow's summary as JSON and return it (`app(..., standalone_mode=False)`
+    hands it to a caller in the same process)."""
     from flows import prefect_settings
 
     # interrupts: SIGTERM leaves as Ctrl-C does, through the exit that stops the temporary
@@ -84,14 +85,15 @@ def _run(flow: str, function: str, **arguments: Any) -> None:
     with prefect_settings(), interrupts():  # prefect_settings: no heartbeat thread to join
         summary = _flow(flow, function)(**arguments)
     typer.echo(json.dumps(summary, indent=2, default=str))
+    return summary
 
 
 def _run_flow(name: str, params: str, overrides: list[str] | None, checks: dict | None = None,
-              **extra: Any) -> None:
+              **extra: Any) -> Any:
     """Check, then run flow `name`; `checks` are `check_inputs` keywords the flow does not take."""
     overrides = list(overrides or [])
     _check(params, overrides, name, **extra, **(checks or {}))
-    _run(name, name, params_path=params, overrides=overrides, **extra)
+    return _run(name, name, params_path=params, overrides=overrides, **extra)
 
 
 def _dvc_set(params: str, override: str) -> str:
@@ -142,33 +144,33 @@ def run(stages: Annotated[list[str] | None, typer.Argument(
 
 @app.command()
 def simulate(params: _params("params/simulate_ci.yaml"),
-             overrides: _sets("simulate.steps=200") = None) -> None:
+             overrides: _sets("simulate.steps=200") = None) -> Any:
     """The paper's token-level simulator sweep (BroRL §4.1)."""
-    _run_flow("simulate", params, overrides)
+    return _run_flow("simulate", params, overrides)
 
 
 @app.command()
 def data(params: _params("params/tiny_ci.yaml"),
-         overrides: _sets("data.math_per_task=50") = None) -> None:
+         overrides: _sets("data.math_per_task=50") = None) -> Any:
     """The problems (math, code, Reasoning Gym) split train / validation / test at
     `data.path`, as the DVC `data` stage builds them."""
-    _run_flow("data", params, overrides)
+    return _run_flow("data", params, overrides)
 
 
 @app.command()
 def model(params: _params("params/tiny_ci.yaml"),
-          overrides: _sets("model.hidden_size=64") = None) -> None:
+          overrides: _sets("model.hidden_size=64") = None) -> Any:
     """The starting checkpoint from the params' `model` source (a GGUF file, a local HF folder,
     or the tiny model built from config)."""
-    _run_flow("model", params, overrides)
+    return _run_flow("model", params, overrides)
 
 
 @app.command()
 def base(params: _params("params/tiny_ci.yaml"),
-         overrides: _sets("base.max_steps=50") = None) -> None:
+         overrides: _sets("base.max_steps=50") = None) -> Any:
     """The middling base checkpoint: the model stage's checkpoint warmed up on the data's
     train split (the `base` section)."""
-    _run_flow("base", params, overrides)
+    return _run_flow("base", params, overrides)
 
 
 @app.command()
@@ -176,25 +178,25 @@ def train(params: _params("params/prorl.yaml"),
           overrides: _sets("train.run_dir=outputs/mine") = None,
           allow_changed_params: Annotated[bool, typer.Option(
               help="resume a checkpoint written under other params (by default only the stop "
-                   "rules and schedules may change: brorl/run_files.py)")] = False) -> None:
+                   "rules and schedules may change: brorl/run_files.py)")] = False) -> Any:
     """One RL run (a ProRL or BroRL arm); resumes from its newest checkpoint."""
-    _run_flow("train", params, overrides, {"allow_changed_params": allow_changed_params})
+    return _run_flow("train", params, overrides, {"allow_changed_params": allow_changed_params})
 
 
 @app.command()
 def compare(params: _params("params/compare.yaml"),
-            overrides: _sets("compare.budget_rollouts=1024") = None) -> None:
+            overrides: _sets("compare.budget_rollouts=1024") = None) -> Any:
     """ProRL and BroRL from the same start at an equal budget, then the report."""
-    _run_flow("compare", params, overrides)
+    return _run_flow("compare", params, overrides)
 
 
 @app.command()
 def evaluate(params: _params("params/prorl.yaml"),
              overrides: _sets("train.eval_samples=2") = None,
              checkpoint: Annotated[str | None, typer.Option(
-                 help="checkpoint folder to evaluate (default: the params' own)")] = None) -> None:
+                 help="checkpoint folder to evaluate (default: the params' own)")] = None) -> Any:
     """Held-out evaluation of a checkpoint (pass@k per family)."""
-    _run_flow("evaluate", params, overrides, checkpoint=checkpoint)
+    return _run_flow("evaluate", params, overrides, checkpoint=checkpoint)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -225,7 +227,7 @@ def study(params: _params("params/study_ci.yaml"),
           report: Annotated[bool, typer.Option("--report", help="the study-report flow")] = False,
           run: Annotated[str | None, typer.Option(
               metavar="RUN", help="train one run (the study-run flow), e.g. prorl_s0")] = None,
-          ) -> None:
+          ) -> Any:
     """The flows of a study (docs/study.md): one mode of --warmup, --pool, --plan, --start,
     --run RUN, --report."""
     chosen = {"warmup": warmup, "pool": pool, "plan": plan, "start": start, "report": report,
@@ -238,10 +240,10 @@ def study(params: _params("params/study_ci.yaml"),
     check_study(params, overrides, modes[0], run)
     if run is not None:
         started = os.environ.get("BRORL_STUDY_STARTED")  # epoch seconds, set by `make study`
-        _run("study", "study_run", params_path=params, run=run, overrides=overrides,
+        return _run("study", "study_run", params_path=params, run=run, overrides=overrides,
              started=float(started) if started else None)
     else:
-        _run("study", f"study_{modes[0]}", params_path=params, overrides=overrides)
+        return _run("study", f"study_{modes[0]}", params_path=params, overrides=overrides)
 
 
 if __name__ == "__main__":  # `python -m commands.cli`, as scripts/brorl runs it
