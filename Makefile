@@ -12,7 +12,8 @@ STAMP := $(VENV)/.installed
 PYTHON ?= python3.11
 
 # Offline, no telemetry, caches under .cache/: brorl/environment.py, applied by every Python entry
-# point (the flows, commands.server and the dvc it runs, brorl.train, commands.mlflow_ui, the tests).
+# point (the brorl command, commands.server and the dvc it runs, brorl.train, commands.mlflow_ui,
+# the tests).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install run real study study-start study-freeze test test-all stability simulate serve server deploy worker status ui bench lock clean-venv
@@ -140,7 +141,7 @@ gpu-check:
 	$(GPU_PYTHON) benchmarks/gpu_check.py
 
 simulate: install
-	$(PY) -m flows.simulate --params params/simulate.yaml
+	$(VENV)/bin/brorl simulate --params params/simulate.yaml
 
 # Prefect server on 127.0.0.1:4200 (or PORT) in the background, the scheduled deployments of
 # commands/deploy.py in the foreground (their params and schedules checked first); Ctrl-C stops both. E.g. make serve SERVE_ARGS='--train-cron "0 3 * * *"'

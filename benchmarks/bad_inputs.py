@@ -2,8 +2,8 @@
 
 Each case (a corrupted copy of a tiny world of splits and a policy, a bad argument, a bad
 override, an unreachable PREFECT_API_URL, a read-only run folder) runs as the command a user
-types: `python -m flows.NAME ...`, the `brorl` script, `python -m brorl.train ...`, `python -m
-flows.study|deploy|server ...`, a fresh interpreter each time. The table gives each case's wall
+types: the `brorl` script (`brorl <stage> ...`, `brorl study ...`), `python -m brorl.train ...`,
+`python -m commands.deploy|server ...`, a fresh interpreter each time. The table gives each case's wall
 seconds from start to exit (the exit code and message checked as the test checks them), the bar
 (2 s) met or not, and beside it the naive order in the same run: a cold `python -c "import M"` of
 the modules the entry point's work needs (its flow module: prefect, mlflow, torch; for `python -m
@@ -44,7 +44,8 @@ def command_of(case: cases.Case, argv: list[str], folder: Path) -> list[str]:
     """What a user types for the case: the `brorl` script or `python -m MODULE`."""
     prefix = cases.read_only_prefix(folder / case.read_only) if case.read_only else []
     script = Path(sys.executable).parent / "brorl"
-    if case.entry == "cli" and script.exists():
+    argv = cases.entry_argv(case.entry, argv)
+    if cases.module_of(case.entry) == "commands.cli" and script.exists():
         return [*prefix, str(script), *argv]
     return [*prefix, sys.executable, "-m", cases.module_of(case.entry), *argv]
 
@@ -52,7 +53,7 @@ def command_of(case: cases.Case, argv: list[str], folder: Path) -> list[str]:
 def naive_modules(case: cases.Case, argv: list[str]) -> str:
     """The imports an entry point that checked after importing paid before any error."""
     if case.entry.startswith("flow:"):
-        return cases.module_of(case.entry)
+        return f"flows.{case.entry.removeprefix('flow:')}"
     if case.entry == "cli":
         flows = {"simulate", "train", "compare", "evaluate"}
         return f"flows.{argv[0]}" if argv and argv[0] in flows else "commands.cli"

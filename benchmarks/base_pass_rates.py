@@ -9,7 +9,7 @@ temperatures given. Prints and records (benchmarks/record.py) per family and tem
 tokens and the share cut at the length limit; then per task at the evaluation protocol.
 
 Usage: python benchmarks/base_pass_rates.py --params params/smollm2.yaml
-       (after `python -m flows.model --params params/smollm2.yaml` wrote the checkpoint)
+       (after `brorl model --params params/smollm2.yaml` wrote the checkpoint)
 Deliberately ignored: the test split (selection happens on validation only), pass@k beyond 1.
 """
 

@@ -11,7 +11,7 @@ warm-up policy) on the same data. Per step, the orchestration is the step's wall
 iteration plus observing it: MLflow logging in the flow) minus the seconds of brorl work measured
 inside the stage methods (`time/<stage>`); its share is that over the step's wall time.
 
-The fixed cost per DVC stage: `python -m flows.data` at CI size (a stage whose work is under a
+The fixed cost per DVC stage: `brorl data` at CI size (a stage whose work is under a
 second) against the same work called in-process and the stage's imports alone, with the shared
 server (as `make run` runs stages) and with none (a temporary server per process, as before).
 
@@ -96,7 +96,7 @@ def stage_costs(tmp: Path, api_url: str | None) -> dict[str, float]:
     started = time.perf_counter()
     subprocess.run(imports, cwd=ROOT, env=env, check=True, capture_output=True)
     import_s = time.perf_counter() - started
-    stage = [sys.executable, "-m", "flows.data", "--params", "params/tiny_ci.yaml",
+    stage = [sys.executable, "-m", "commands.cli", "data", "--params", "params/tiny_ci.yaml",
              *(a for s in sets for a in ("-S", s))]
     started = time.perf_counter()
     # without api_url the stage starts a temporary server: stopped with it on SIGTERM

@@ -23,8 +23,8 @@ Configurations (`commands/server.py` holds the server's settings and the databas
     pipeline      lean-sqlite on PostgreSQL (`commands.server.database`): what `make run` starts
 
 With `--stage N`, it also times a DVC stage process whose work is about a second, N times each way:
-the `data` flow at `params/tiny_ci.yaml` size (written to a temporary folder) as `python -m
-flows.data` runs it, with no server (a temporary one per process, as a stage run on its own) and
+the `data` flow at `params/tiny_ci.yaml` size (written to a temporary folder) as `brorl data`
+runs it, with no server (a temporary one per process, as a stage run on its own) and
 against the pipeline's server (as `make run` runs stages), heartbeats on and off. The process
 reports its imports, the time inside its tasks' functions (the work) and its interpreter teardown;
 fixed cost = wall - those three.
@@ -176,7 +176,7 @@ PROBE = """import atexit, contextlib, sys, time
 atexit.register(lambda: print("FINAL", time.time(), flush=True))
 started = time.perf_counter()
 import flows, flows.data, tasks.data
-from commands.entry import run_flow_cli
+from commands.cli import app
 imported = time.perf_counter()
 work = []
 def timed(fn):
@@ -190,7 +190,7 @@ def timed(fn):
 for task in (tasks.data.build_data, tasks.data.log_data):
     task.fn = timed(task.fn)
 with flows.prefect_settings() if sys.argv[1] == "quiet" else contextlib.nullcontext():
-    run_flow_cli("data", sys.argv[2:])
+    app(["data", *sys.argv[2:]], standalone_mode=False)
 print("PHASES", imported - started, sum(work), flush=True)
 """
 

@@ -60,13 +60,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # brorl and benchm
 from benchmarks.record import Table, announce, save  # noqa: E402
 from benchmarks.step_memory import check_model_args  # noqa: E402
 from brorl.engines import build_engine  # noqa: E402
-from brorl.engines.base import AUTO_ROWS, SamplingConfig  # noqa: E402
+from brorl.engines.base import (  # noqa: E402
+    AUTO_ROWS,
+    EngineConfig,  # noqa: E402
+    SamplingConfig,
+)
 from brorl.engines.decode import prompt_width  # noqa: E402
 from brorl.engines.hf import HfEngine  # noqa: E402
 from brorl.policy import build_policy, build_tokenizer, load_policy, load_tokenizer, save_policy  # noqa: E402
 from brorl.policy.prefix import left_pad  # noqa: E402
 from brorl.policy.tokens import encode_prompts, model_stop_ids, pad_id  # noqa: E402
-from brorl.train.config import EngineConfig  # noqa: E402
 
 SHAPES = {
     # name: (hidden, layers, heads, kv_heads, intermediate, vocab or None = tokenizer's)

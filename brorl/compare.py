@@ -59,7 +59,7 @@ class ArmResult(RunRecord):
 
     @classmethod
     def load(cls, name: str, run_dir: str | Path) -> ArmResult:
-        summary, rows = read_run(run_dir, f"train arm {name!r} first (python -m flows.train, or "
+        summary, rows = read_run(run_dir, f"train arm {name!r} first (brorl train, or "
                                           "the compare flow).")
         return cls(summary=summary, evals=rows, name=name)
 

@@ -45,3 +45,12 @@ def peak(name: str) -> DevicePeak | None:
 def memory_floor_s(bytes_read: float, memory_tbs: float) -> float:
     """Seconds to read `bytes_read` once at `memory_tbs`: the least a memory-bound step takes."""
     return bytes_read / (memory_tbs * 1e12)
+
+
+def resolve_dtype(name: str) -> str:
+    """A params dtype with `auto` resolved: bfloat16 where CUDA is present, else float32."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"

@@ -1,11 +1,11 @@
 """The process environment every entry point runs with: offline, no telemetry, project-local caches.
 
-The one home of these defaults. Nothing is set at import: each entry point (`python -m flows.NAME`,
-the `brorl` command, `python -m commands.server`, `python -m commands.deploy`, `python -m
-brorl.train`, `python -m commands.mlflow_ui`, the test suite's conftest) calls `apply_defaults()` first, before
+The one home of these defaults. Nothing is set at import: each entry point (the `brorl` command,
+`python -m commands.server`, `python -m commands.deploy`, `python -m brorl.train`, `python -m
+commands.mlflow_ui`, the test suite's conftest) calls `apply_defaults()` first, before
 prefect, mlflow, transformers or vLLM load; a variable already set wins. Child processes (the
 Prefect and MLflow servers, `dvc repro` and its stages) inherit them, so `make run`, `dvc repro`
-and `python -m flows.NAME` run alike. Creating folders is left to what writes into them. The caches
+and `brorl <stage>` run alike. Creating folders is left to what writes into them. The caches
 live in the `.cache` folder of the checkout the command runs in (`brorl.checkout`), not of the
 one the code is installed from.
 

@@ -186,12 +186,12 @@ def read_start(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: score the start first (the study's "
-                                "study_start stage, python -m flows.study --start).")
+                                "study_start stage, brorl study --start).")
     start = json.loads(path.read_text())
     if not {"protocol", "rows"} <= set(start) <= {"protocol", "rows", "replicates"} or any(
             r["step"] != 0 for r in start["rows"]):
         raise ValueError(f"{path}: not a start evaluation (protocol and step-0 rows); score it "
-                         "again (python -m flows.study --start).")
+                         "again (brorl study --start).")
     return start
 
 

@@ -1,6 +1,6 @@
 """Checks of every file a stage reads, before the stage starts anything expensive.
 
-Each entry point (`python -m flows.NAME`, the `brorl` command, `python -m brorl.train`) validates
+Each entry point (the `brorl` command, `python -m brorl.train`) validates
 its params (`brorl.params.load_params`), then calls `check_inputs(params, stage)`: the problem
 splits the stage reads (the folder, the split, its columns, at least one row, Arrow files read
 to their end), the checkpoints it starts from (a `config.json` that parses, weights whose
@@ -13,8 +13,8 @@ A failure is one `InputError` line naming the file and the fix; the entry point 
 exits with code 2, before any Prefect server, model or MLflow run starts and before anything is
 written.
 
-Torch-free by design, like everything it imports (pyarrow reads the splits, `brorl.shapes`
-derives the shapes, `zipfile` reads the archives): a bad input is refused in about a second,
+Torch-free by design, like everything it imports (pyarrow reads the splits, `brorl.model.checks`
+the checkpoint folders, `zipfile` reads the archives): a bad input is refused in about a second,
 before the libraries of the expensive start load (tests/test_layering.py keeps it so).
 
 Deliberately ignored: checking that a checkpoint's tokenizer matches the data's alphabet (the
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from brorl import run_files
-from brorl.shapes import expected_shapes
+from brorl.model.checks import InputError, check_checkpoint, first_line
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -41,15 +41,6 @@ COLUMNS = ("id", "family", "task", "prompt", "answer", "tests", "metadata")
 """The columns of a saved split (`brorl.data.records.problems_to_dataset`)."""
 ARROW_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 """The end-of-stream marker closing an Arrow IPC stream (how `datasets` saves a split)."""
-
-
-class InputError(ValueError):
-    """A file a stage reads is missing or unusable; the message names it and the fix."""
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
 
 
 def check_split(folder: str | Path, split: str) -> int:
@@ -65,7 +56,7 @@ def check_split(folder: str | Path, split: str) -> int:
         files = state["_data_files"] if split in splits else []
         names = [str(entry["filename"]) for entry in files]
     except (ValueError, KeyError, TypeError, OSError) as err:
-        raise InputError(f"{folder}: the problem splits cannot be read ({_first_line(err)}); "
+        raise InputError(f"{folder}: the problem splits cannot be read ({first_line(err)}); "
                          f"{rebuild}.") from None
     if split not in splits:
         raise InputError(f"{folder}: no {split!r} split (it has {sorted(splits)}); {rebuild}.")
@@ -95,66 +86,9 @@ def _read_arrow(path: Path, rebuild: str) -> tuple[int, list[str]]:
             if f.read() != ARROW_END:
                 raise ValueError("no end-of-stream marker: the file is cut short")
     except (OSError, ValueError, pa.ArrowException) as err:
-        raise InputError(f"{path}: the Arrow data cannot be read ({_first_line(err)}); "
+        raise InputError(f"{path}: the Arrow data cannot be read ({first_line(err)}); "
                          f"{rebuild}.") from None
     return found
-
-
-def check_checkpoint(folder: str | Path, field: str) -> None:
-    """A Hugging Face checkpoint folder whose config, weights and tokenizer load; InputError
-    naming `field` (the params key that points here) otherwise."""
-    folder = Path(folder)
-    fix = f"point {field} at a folder written by the base stage or save_pretrained"
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise InputError(f"{field} = {folder}: not a checkpoint folder (no config.json); {fix}.")
-    try:
-        config = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise InputError(f"{config_path}: not valid JSON ({_first_line(err)}); {fix}.") from None
-    weights = folder / "model.safetensors"
-    if not weights.is_file():
-        raise InputError(f"{field} = {folder}: no model.safetensors (one safetensors file is "
-                         f"what brorl writes and reads); {fix}.")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if not (folder / name).is_file():
-            raise InputError(f"{field} = {folder}: no {name}; {fix}.")
-    found = _safetensors_shapes(weights, fix)
-    try:
-        expected = expected_shapes(config)
-    except (KeyError, TypeError, AttributeError) as err:
-        raise InputError(f"{config_path}: describes no model brorl can load (missing or bad "
-                         f"{_first_line(err)}); {fix}.") from None
-    missing = sorted(set(expected) - set(found))
-    if missing:
-        raise InputError(f"{weights}: no tensor {missing[0]} (and {len(missing) - 1} more) of the "
-                         f"model config.json describes; the weights belong to another model: {fix}.")
-    for name, shape in sorted(found.items()):
-        if name in expected and tuple(expected[name]) != tuple(shape):
-            raise InputError(f"{weights}: tensor {name} has shape {list(shape)}, config.json "
-                             f"implies {list(expected[name])}; the weights belong to another "
-                             f"model: {fix}.")
-
-
-def _safetensors_shapes(path: Path, fix: str) -> dict[str, list[int]]:
-    """Tensor name -> shape from the file's header (read once); InputError when it is not
-    safetensors or is shorter than its header says."""
-    try:
-        with path.open("rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            if header_len > path.stat().st_size:
-                raise ValueError(f"header length {header_len} beyond the file")
-            header = json.loads(f.read(header_len))
-        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-        shapes = {name: list(v["shape"]) for name, v in tensors.items()}
-        end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
-    except Exception as err:  # noqa: BLE001 - any failure to read is the file's
-        raise InputError(f"{path}: truncated or not a safetensors file ({_first_line(err)}); "
-                         f"{fix}.") from None
-    if path.stat().st_size < 8 + header_len + end:
-        raise InputError(f"{path}: truncated ({path.stat().st_size} bytes, its header describes "
-                         f"{8 + header_len + end}); {fix}.")
-    return shapes
 
 
 def check_resume(checkpoint_dir: str | Path, params: ExperimentParams | None = None, *,
@@ -184,7 +118,7 @@ def check_resume(checkpoint_dir: str | Path, params: ExperimentParams | None = N
         dict(state["sampler"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise InputError(f"{folder / run_files.STATE_FILE}: not a trainer state "
-                         f"({_first_line(err)}); {fix}.") from None
+                         f"({first_line(err)}); {fix}.") from None
     if params is not None and not allow_changed_params:
         _check_same_run(folder, params)
     check_checkpoint(folder / "policy", f"the resumed checkpoint {folder.name}'s policy")
@@ -228,7 +162,7 @@ def _check_archive(path: Path, fix: str) -> None:
                 if member.header_offset + member.compress_size > size:
                     raise zipfile.BadZipFile(f"member {member.filename} ends beyond the file")
     except (OSError, zipfile.BadZipFile, ValueError) as err:
-        raise InputError(f"{path}: truncated or not a checkpoint archive ({_first_line(err)}); "
+        raise InputError(f"{path}: truncated or not a checkpoint archive ({first_line(err)}); "
                          f"the run cannot resume from it; {fix}.") from None
 
 

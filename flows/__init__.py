@@ -84,7 +84,7 @@ def device_slot() -> Iterator[None]:
     """Hold this machine's training device (`device_limit_name`, a global concurrency limit of 1)
     for the block when the flow run belongs to a deployment (a worker or `serve` runs it): a
     second training that a worker starts on the same device waits here until the first ends,
-    instead of sharing the device. Outside a deployment (`dvc repro`, `python -m flows.train`)
+    instead of sharing the device. Outside a deployment (`dvc repro`, `brorl train`)
     nothing is held. A missing limit fails the run with the command that creates it."""
     from prefect.runtime import deployment
 

@@ -1,4 +1,4 @@
-"""Flow `base`: the middling base checkpoint (`python -m flows.base --params FILE`).
+"""Flow `base`: the middling base checkpoint (`brorl base --params FILE`).
 
 Composition only: load params, call the `base` task on the `data` stage's output (checkpoint
 at `base.path`, metrics at `<tracking.metrics_dir>/<base_label>.json` for DVC, `base.json` for
@@ -7,11 +7,6 @@ in one MLflow run, return the summary.
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("base")
 
 from typing import Any
 

@@ -1,6 +1,6 @@
 """Flow `compare`: ProRL and BroRL from the same start at an equal budget, then the report.
 
-`python -m flows.compare --params params/compare.yaml`. Composition only: resolve the arms
+`brorl compare --params params/compare.yaml`. Composition only: resolve the arms
 (shared start and budget applied and checked), train each arm as a `train-arm` subflow when
 `compare.train_arms` (resuming earlier progress; their MLflow runs are children of the
 comparison's run), then write the report (Markdown, JSON, PNG; each arm tested against
@@ -8,11 +8,6 @@ comparison's run), then write the report (Markdown, JSON, PNG; each arm tested a
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("compare")
 
 from typing import Any
 
@@ -27,14 +22,13 @@ from tasks import compare as c
 def compare(params_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Train (optionally) and compare the arms of `compare.arms`."""
     params = load_params(params_path, overrides or [])
-    dumped = params.model_dump(mode="json")
-    arms = c.resolve_arms(dumped)
+    arms = c.resolve_arms(params)
     run_id = None
     if params.compare.train_arms:
-        run_id = c.create_mlflow_run(dumped)
-        for name, arm in arms.items():
-            train_arm(arm, arm["name"], parent_run_id=run_id)
+        run_id = c.create_mlflow_run(params)
+        for arm in arms.values():
+            train_arm(arm, arm.name, parent_run_id=run_id)
     metrics_path = f"{params.tracking.metrics_dir}/{params.compare_label}.json"
     result = c.report(arms, params.compare.report_dir, metrics_path, params.compare.baseline)
-    result["mlflow_run_id"] = c.log_report(dumped, result, run_id)
+    result["mlflow_run_id"] = c.log_report(params, result, run_id)
     return result

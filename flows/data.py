@@ -1,4 +1,4 @@
-"""Flow `data`: build the problem splits of one experiment (`python -m flows.data --params FILE`).
+"""Flow `data`: build the problem splits of one experiment (`brorl data --params FILE`).
 
 Composition only: load params, call the `data` task (splits to `data.path`, counts to
 `<tracking.metrics_dir>/<data_label>.json` for DVC: `data.json` for `outputs/data/problems`),
@@ -6,11 +6,6 @@ record both in one MLflow run, return the summary.
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("data")
 
 from typing import Any
 

@@ -1,4 +1,4 @@
-"""Flow `evaluate`: a checkpoint's held-out pass@1 per family (`python -m flows.evaluate --params F`).
+"""Flow `evaluate`: a checkpoint's held-out pass@1 per family (`brorl evaluate --params F`).
 
 Composition only. The checkpoint is `checkpoint` (any local HF folder) or, by default, the run's
 final policy / newest checkpoint / starting point (`brorl.run_files.policy_to_evaluate`).
@@ -7,11 +7,6 @@ checkpoint).
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("evaluate")
 
 from typing import Any
 
@@ -26,5 +21,4 @@ def evaluate(params_path: str, overrides: list[str] | None = None,
              checkpoint: str | None = None) -> dict[str, Any]:
     """Score `checkpoint` (default: the params' run) on the test split; record it in MLflow."""
     params = load_params(params_path, overrides or [])
-    dumped = params.model_dump(mode="json")
-    return e.record(dumped, e.evaluate_checkpoint(dumped, checkpoint))
+    return e.record(params, e.evaluate_checkpoint(params, checkpoint))

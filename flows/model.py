@@ -1,4 +1,4 @@
-"""Flow `model`: the starting checkpoint (`python -m flows.model --params FILE`).
+"""Flow `model`: the starting checkpoint (`brorl model --params FILE`).
 
 Composition only: load params, call the `model` task (a Hugging Face folder at `model.path`
 converted from a GGUF file, built from config, or the card of a local HF folder; its headline at
@@ -7,11 +7,6 @@ summary.
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("model")
 
 from typing import Any
 

@@ -1,12 +1,12 @@
 """Flows of a study (docs/study.md): `study-warmup`, `study-pool`, `study-plan`, `study-start`,
 `study-run`, `study-report`.
 
-    python -m flows.study --params params/study.yaml --warmup        # train to a shown plateau
-    python -m flows.study --params params/study.yaml --pool          # the prompt pool
-    python -m flows.study --params params/study.yaml --plan          # the plan files
-    python -m flows.study --params params/study.yaml --start         # the shared step-0 scores
-    python -m flows.study --params params/study.yaml --run prorl_s0  # one run
-    python -m flows.study --params params/study.yaml --report        # the report
+    brorl study --params params/study.yaml --warmup        # train to a shown plateau
+    brorl study --params params/study.yaml --pool          # the prompt pool
+    brorl study --params params/study.yaml --plan          # the plan files
+    brorl study --params params/study.yaml --start         # the shared step-0 scores
+    brorl study --params params/study.yaml --run prorl_s0  # one run
+    brorl study --params params/study.yaml --report        # the report
 
 The stages of study/dvc.yaml call these; `make study` runs `dvc repro study/dvc.yaml:study_report`.
 Composition only. `study-warmup` trains the warm-up as the `train` flow trains an arm (each step
@@ -15,15 +15,10 @@ study's MLflow parent run. A `study-run` prints the study's progress, gets the r
 ready (resume an interrupted run, start over a changed one) and trains the run as the
 `train-arm` subflow, its step-0 evaluation the one `study-start` scored for all runs.
 `BRORL_STUDY_STARTED` (epoch seconds, set by `make study`) dates the progress line's elapsed time.
-The arguments are checked, and the mode's flow chosen, by `commands.entry.study_main`.
+The arguments are checked, and the mode's flow chosen, by `brorl study` (`commands/cli.py`).
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("study")
 
 from typing import Any
 
@@ -37,8 +32,8 @@ from tasks import study as s
 from tasks import train as t
 
 
-def _params(params_path: str, overrides: list[str] | None) -> dict[str, Any]:
-    return load_params(params_path, overrides or []).model_dump(mode="json")
+def _params(params_path: str, overrides: list[str] | None) -> ExperimentParams:
+    return load_params(params_path, overrides or [])
 
 
 @flow(name="study-warmup")
@@ -53,8 +48,7 @@ def study_warmup(params_path: str, overrides: list[str] | None = None) -> dict[s
         run = t.open_run(wp)
         tracker = t.start_tracking(run, wp, s.parent_run(params))
         with prefect_settings():
-            record = train_to_plateau(run, ExperimentParams.model_validate(params).study,
-                                      PrefectDriver(tracker))
+            record = train_to_plateau(run, params.study, PrefectDriver(tracker))
         t.finish_run(run, tracker, wp)
     write_plateau(run.run_dir, record)
     return record
@@ -85,7 +79,7 @@ def study_run(params_path: str, run: str, overrides: list[str] | None = None,
     params = _params(params_path, overrides)
     prepared = s.prepare_run(params, run, started)
     with device_slot():  # a deployment's run: one training per device
-        summary = train_arm(prepared["params"], prepared["params"]["name"],
+        summary = train_arm(prepared["params"], prepared["params"].name,
                             parent_run_id=s.parent_run(params), start=prepared["start"])
     s.finish_run(prepared, summary)
     return summary

@@ -1,4 +1,4 @@
-"""Flow `train`: one RL run (`python -m flows.train --params params/prorl.yaml`).
+"""Flow `train`: one RL run (`brorl train --params params/prorl.yaml`).
 
 Composition only. The loop is the library's (`brorl.train.Run.train`, the same one `python -m
 brorl.train` runs: stop rules, evaluation and checkpoint schedules, resume); this flow drives it
@@ -11,20 +11,15 @@ A rerun resumes from the newest checkpoint into the same MLflow run.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # arguments and inputs checked before prefect and torch load
-    from commands.entry import main
-
-    main("train")
-
 from collections.abc import Callable
-from typing import Any
 
 from prefect import flow
 from prefect.utilities.annotations import quote
 
 from brorl.evals import read_start
-from brorl.params import load_params
+from brorl.params import ExperimentParams, load_params
 from brorl.train import Run, Timed
+from brorl.train.run import P, Stage, T
 from flows import device_slot, prefect_settings
 from tasks import train as t
 
@@ -41,10 +36,10 @@ class PrefectDriver:
     def __init__(self, tracker: t.Tracker) -> None:
         self.tracker = tracker
 
-    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]:
+    def stage(self, run: Run, method: Stage[P, T], *args: P.args) -> Timed[T]:
         # quote(): Prefect would otherwise walk every argument (the run, its batches of problems
         # and rollouts) looking for futures, about 0.15 s per step
-        return t.STAGES[name](quote(run), *(quote(a) for a in args))
+        return t.STAGES[method](quote(run), *(quote(a) for a in args))
 
     def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
         return iteration(step, body)
@@ -54,7 +49,7 @@ class PrefectDriver:
 
 
 @flow(name="train-arm", flow_run_name="{name}")
-def train_arm(params: dict[str, Any], name: str, parent_run_id: str | None = None,
+def train_arm(params: ExperimentParams, name: str, parent_run_id: str | None = None,
               start: str | None = None) -> dict:
     """Train one arm from resolved params; returns the run summary. `start`: the file of its
     step-0 evaluation already scored (`brorl.evals.read_start`, `brorl.train.Run.train`)."""
@@ -75,4 +70,4 @@ def train(params_path: str, overrides: list[str] | None = None) -> dict:
     """Load params and train the arm they describe."""
     params = load_params(params_path, overrides or [])
     with device_slot():  # a deployment's run: one training per device
-        return train_arm(params.model_dump(mode="json"), params.name)
+        return train_arm(params, params.name)

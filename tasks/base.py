@@ -67,7 +67,7 @@ def train_base(params: ExperimentParams) -> dict[str, Any]:
 
 
 @task(name="base-mlflow", cache_policy=NO_CACHE, persist_result=False)
-def log_base(params: dict, result: dict, experiment: str, tracking_uri: str) -> str:
+def log_base(logged: dict, result: dict, experiment: str, tracking_uri: str) -> str:
     """One MLflow run: params, the validation curve per family (with the warm-up's seconds at
     each check), final metrics, the report and its timings."""
     report_path = Path(result["path"]).parent / "report.json"
@@ -80,7 +80,7 @@ def log_base(params: dict, result: dict, experiment: str, tracking_uri: str) -> 
     if [h["step"] for h in clock] == steps:
         series["base/check_seconds"] = [h["seconds"] for h in clock]
     with tracking.mlflow_run(experiment, tracking_uri, "base", {"stage": "base"}) as run_id:
-        tracking.log_params(tracking_uri, run_id, params)
+        tracking.log_params(tracking_uri, run_id, logged)
         tracking.log_metric_series(tracking_uri, run_id, steps, series)
         tracking.log_metric_series(tracking_uri, run_id, [steps[-1]],
                                    {k: [v] for k, v in result["metrics"].items()})

@@ -22,21 +22,20 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 @task(name="resolve-arms", **_TASK)
-def resolve_arms(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def resolve_arms(params: ExperimentParams) -> dict[str, ExperimentParams]:
     """Each arm's resolved params, with the comparison's shared start and budget applied
     (`brorl.params.compare_arms`: refused unless the arms start and are scored alike)."""
-    arms = compare_arms(ExperimentParams.model_validate(params), find_root())
-    return {name: p.model_dump(mode="json") for name, p in arms.items()}
+    return compare_arms(params, find_root())
 
 
 @task(name="report", **_TASK)
-def report(arm_params: dict[str, dict[str, Any]], report_dir: str,
+def report(arm_params: dict[str, ExperimentParams], report_dir: str,
            metrics_path: str | None = None, baseline: str = "prorl") -> dict[str, Any]:
     """The Markdown/JSON/PNG report from the arms' run folders, each arm tested against
     `baseline`; with `metrics_path`, its `headline` there too (the DVC stage's metrics)."""
     root = find_root()
-    arms = [ArmResult.load(name, root / p["train"]["run_dir"]) for name, p in arm_params.items()]
-    first = ExperimentParams.model_validate(next(iter(arm_params.values())))
+    arms = [ArmResult.load(name, root / p.train.run_dir) for name, p in arm_params.items()]
+    first = next(iter(arm_params.values()))
     out = build_report(arms, root / report_dir, baseline,  # the arms are scored alike
                        EvalProtocol.from_params(first).sampling())
     if metrics_path is not None:
@@ -47,13 +46,12 @@ def report(arm_params: dict[str, dict[str, Any]], report_dir: str,
 
 
 @task(name="compare-mlflow", **_TASK)
-def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | None = None) -> str:
+def log_report(p: ExperimentParams, result: dict[str, Any], run_id: str | None = None) -> str:
     """The comparison's MLflow run (the arms' parent when they were trained here): report attached."""
-    p = ExperimentParams.model_validate(params)
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
     client = MlflowClient(uri)
     if run_id is None:
-        run_id = create_mlflow_run(params)
+        run_id = create_mlflow_run(p)
     tracking.log_params(uri, run_id, p.model_dump(mode="json", include={"name", "compare"}))
     metrics = {k: [v] for k, v in report_metrics(result).items()}
     tracking.log_metric_series(uri, run_id, [0], metrics)
@@ -67,9 +65,8 @@ def log_report(params: dict[str, Any], result: dict[str, Any], run_id: str | Non
 
 
 @task(name="create-compare-run", **_TASK)
-def create_mlflow_run(params: dict[str, Any]) -> str:
+def create_mlflow_run(p: ExperimentParams) -> str:
     """A new MLflow run for the comparison (status RUNNING until the report is logged)."""
-    p = ExperimentParams.model_validate(params)
     uri = tracking.resolve_tracking_uri(p.tracking.tracking_uri)
     experiment_id = tracking.ensure_experiment(p.tracking.experiment, uri)
     tags = {"stage": "compare", "git_commit": tracking.git_commit(),

@@ -32,10 +32,10 @@ def build_data(params: ExperimentParams) -> dict[str, Any]:
 
 
 @task(name="data-mlflow", cache_policy=NO_CACHE, persist_result=False)
-def log_data(params: dict, result: dict, experiment: str, tracking_uri: str) -> str:
+def log_data(logged: dict, result: dict, experiment: str, tracking_uri: str) -> str:
     """One MLflow run: the data params and the split counts."""
     with tracking.mlflow_run(experiment, tracking_uri, "data", {"stage": "data"}) as run_id:
-        tracking.log_params(tracking_uri, run_id, params)
+        tracking.log_params(tracking_uri, run_id, logged)
         tracking.log_metric_series(tracking_uri, run_id, [0],
                                    {k: [float(v)] for k, v in result["counts"].items()})
         tracking.log_artifacts(tracking_uri, run_id, [Path(result["metrics_path"])])

@@ -22,10 +22,9 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 @task(name="evaluate-checkpoint", **_TASK)
-def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[str, Any]:
+def evaluate_checkpoint(p: ExperimentParams, checkpoint: str | None) -> dict[str, Any]:
     """Held-out pass@1 per task and family of `checkpoint` (HF folder) on the test split, under
     the run's evaluation protocol (the instances and sampling of its own evaluations)."""
-    p = ExperimentParams.model_validate(params)
     root = find_root()
     path = Path(checkpoint) if checkpoint else policy_to_evaluate(
         root / p.train.run_dir, root / p.train.checkpoint_dir, root / p.train.init_checkpoint)
@@ -38,9 +37,8 @@ def evaluate_checkpoint(params: dict[str, Any], checkpoint: str | None) -> dict[
 
 
 @task(name="evaluate-record", **_TASK)
-def record(params: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+def record(p: ExperimentParams, result: dict[str, Any]) -> dict[str, Any]:
     """Write `<tracking.output_dir>/evaluate/<name>.json` and one MLflow run with the scores."""
-    p = ExperimentParams.model_validate(params)
     root = find_root()
     out = root / p.tracking.output_dir / "evaluate" / f"{p.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

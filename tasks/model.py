@@ -36,12 +36,12 @@ def make_model(params: ExperimentParams) -> dict[str, Any]:
 
 
 @task(name="model-mlflow", cache_policy=NO_CACHE, persist_result=False)
-def log_model(params: dict, result: dict, experiment: str, tracking_uri: str) -> str:
+def log_model(logged: dict, result: dict, experiment: str, tracking_uri: str) -> str:
     """One MLflow run: the model params and its card."""
     card = result["card"]
     with tracking.mlflow_run(experiment, tracking_uri, "model", {"stage": "model",
                              "model_type": card["model_type"]}) as run_id:
-        tracking.log_params(tracking_uri, run_id, params)
+        tracking.log_params(tracking_uri, run_id, logged)
         tracking.log_metric_series(tracking_uri, run_id, [0], {
             "model/parameters": [float(card["parameters"])],
             "model/vocab_size": [float(card["vocab_size"])],

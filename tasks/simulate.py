@@ -15,15 +15,15 @@ from prefect.cache_policies import NO_CACHE
 
 import tracking
 from brorl.files import atomic_write_text
-from brorl.params import SimulateParams
+from brorl.params import ExperimentParams
 from brorl.theory import report
 from brorl.theory.simulator import METRICS, SimConfig, SimulationResult, simulate
 
 
 @task(name="simulate_run", cache_policy=NO_CACHE, persist_result=False)
-def simulate_run(params: SimulateParams, rollouts: int, seeds: list[int]) -> SimulationResult:
+def simulate_run(params: ExperimentParams, rollouts: int, seeds: list[int]) -> SimulationResult:
     """One N's simulator runs, every seed (brorl batches the seeds and uses torch's threads)."""
-    return simulate(SimConfig.from_params(params), rollouts, seeds)
+    return simulate(SimConfig.from_params(params.simulate), rollouts, seeds)
 
 
 @task(name="simulate_report", cache_policy=NO_CACHE, persist_result=False)
@@ -42,14 +42,14 @@ def write_report(merged: list[SimulationResult], out_dir: Path, plots_dir: Path,
 
 
 @task(name="simulate_log", cache_policy=NO_CACHE, persist_result=False)
-def log_to_mlflow(params: dict, simulate_params: SimulateParams, merged: list[SimulationResult],
-                  artifacts: list[Path], experiment: str, tracking_uri: str) -> str:
+def log_to_mlflow(params: ExperimentParams, merged: list[SimulationResult],
+                  artifacts: list[Path], tracking_uri: str) -> str:
     """Parent run with the resolved params and artifacts, one child run per N with its curves
     and the simulator settings of its runs (`SimConfig`)."""
-    config = SimConfig.from_params(simulate_params)
+    config, experiment = SimConfig.from_params(params.simulate), params.tracking.experiment
     tags = {"stage": "simulate"}
     with tracking.mlflow_run(experiment, tracking_uri, "simulate", tags) as parent:
-        tracking.log_params(tracking_uri, parent, params)
+        tracking.log_params(tracking_uri, parent, params.model_dump(mode="json"))
         tracking.log_artifacts(tracking_uri, parent, artifacts)
         for result in merged:
             with tracking.mlflow_run(experiment, tracking_uri, f"simulate N={result.rollouts}",

@@ -2,8 +2,9 @@
 
 The run (model, optimizer, rollout engine, counters) is a `Run` object passed to every task in
 this process: tasks are called directly inside the flow (`persist_result=False`, no cache), so
-nothing big is pickled or sent to the Prefect API. The stage tasks carry the names of the run's
-stage methods (`STAGES`); the flow's driver (`flows/train.py`) runs each stage through them.
+nothing big is pickled or sent to the Prefect API. Each stage task runs one stage method of the
+run (`STAGES`: `Run.verify` -> `verify`); the flow's driver (`flows/train.py`) runs each stage
+the loop hands it through its task.
 `verify` retries (a verifier crash is transient); `ppo_update` and `checkpoint` never do (a
 retry would apply an update twice). The run's MLflow record is `tracking/train_record.py`'s.
 """
@@ -11,9 +12,10 @@ retry would apply an update twice). The run's MLflow record is `tracking/train_r
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
@@ -30,16 +32,16 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 @task(name="open-run", **_TASK)
-def open_run(params: dict[str, Any]) -> Run:
+def open_run(params: ExperimentParams) -> Run:
     """Build (or resume, from the newest checkpoint) the run of `params`."""
-    return Run.open(ExperimentParams.model_validate(params), find_root())
+    return Run.open(params, find_root())
 
 
 @task(name="start-mlflow-run", **_TASK)
-def start_tracking(run: Run, params: dict[str, Any], parent_run_id: str | None = None) -> Tracker:
+def start_tracking(run: Run, params: ExperimentParams,
+                   parent_run_id: str | None = None) -> Tracker:
     """The run's MLflow run, new or reopened (`train_record.open_record`)."""
-    p = ExperimentParams.model_validate(params)
-    return train_record.open_record(run, p, parent_run_id, run_logger())
+    return train_record.open_record(run, params, parent_run_id, run_logger())
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -92,17 +94,17 @@ def checkpoint(run: Run) -> Timed:
     return run.checkpoint()
 
 
-STAGES = {"sample_prompts": sample_prompts, "generate_rollouts": generate_rollouts,
-          "verify": verify, "filter": filter_groups, "ppo_update": ppo_update,
-          "evaluate": evaluate, "checkpoint": checkpoint}
-"""Stage method name of `brorl.train.Run` -> its task."""
+STAGES: dict[Callable[..., Timed[Any]], Task[..., Timed[Any]]] = {
+    Run.sample_prompts: sample_prompts, Run.generate_rollouts: generate_rollouts,
+    Run.verify: verify, Run.filter: filter_groups, Run.ppo_update: ppo_update,
+    Run.evaluate: evaluate, Run.checkpoint: checkpoint}
+"""Stage method of `brorl.train.Run` -> its task."""
 
 
 @task(name="finish-run", **_TASK)
-def finish_run(run: Run, tracker: Tracker, params: dict[str, Any]) -> dict[str, Any]:
+def finish_run(run: Run, tracker: Tracker, p: ExperimentParams) -> dict[str, Any]:
     """Final checkpoint and policy folder, summary, DVC metrics and plot files, the MLflow
     record closed (`train_record.close_record`)."""
-    p = ExperimentParams.model_validate(params)
     summary = run.finish()
     root = find_root()
     dvc_files(run.state, root / p.tracking.metrics_dir / f"{p.run_label}.json",

@@ -17,7 +17,7 @@ RL = frozenset({"train", "update", "generate", "filter", "verify", "diagnostics"
 SECTIONS = {"simulate": {"simulate"}, "data": {"data"}, "model": {"model"}, "base": {"base"},
             "train": RL, "evaluate": RL, "serve": RL, "run": RL, "compare": {"compare"},
             "study": {"study"}}
-"""The params sections each `brorl` command and `python -m flows.NAME` runs."""
+"""The params sections each `brorl` command runs."""
 OPTION_SECTIONS = {
     ("brorl.train", "--params"): RL,
     ("commands.deploy", "--params"): RL,  # the default served flows: train and evaluate
@@ -36,6 +36,5 @@ OPTION_SECTIONS = {
 benchmarks/X.py`) reads; its `-S` overrides, where it has them, set keys of the same sections.
 Every option whose argparse dest ends in `params` is listed (tests/test_help_examples.py)."""
 COMMANDS = typer.main.get_command(cli.app).commands
-FLOWS = sorted(p.stem for p in (ROOT / "flows").glob("*.py")
-               if 'main("' in p.read_text() or "main(name)" in p.read_text())
-"""The flow modules `python -m flows.NAME` runs."""
+FLOWS = sorted(p.stem for p in (ROOT / "flows").glob("*.py") if p.name != "__init__.py")
+"""The flow modules, each run by the `brorl` command of its name."""

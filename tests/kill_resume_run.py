@@ -57,14 +57,14 @@ def install(point: str, run, step: int) -> None:
         return run.step_count + 1 == step
 
     if point == "before_first_checkpoint":
-        real_update = run.ppo_update
+        real_update = type(run).ppo_update  # the loop runs the class's stage method
 
-        def update(*args):
-            out = real_update(*args)
-            if run.step_count == step:
+        def update(self, *args):
+            out = real_update(self, *args)
+            if self.step_count == step:
                 die()
             return out
-        run.ppo_update = update
+        type(run).ppo_update = update
     elif point == "generate":
         engine, calls = run.trainer.rollout_engine, []
         real_chunk = engine._decode_chunk
@@ -123,7 +123,7 @@ def install(point: str, run, step: int) -> None:
 
 
 def main(params_path: str, point: str, step: int) -> None:
-    params = load_params(params_path).model_dump(mode="json")
+    params = load_params(params_path)
     run = t.open_run.fn(params)
     tracker = t.start_tracking.fn(run, params)
     install(point, run, step)

@@ -3,9 +3,9 @@ the session collects those tests, in a clone of its own, under a Prefect server)
 
     python tests/real_pipeline.py OUT.json
 
-runs the `data`, `model` and `compare` flows as their commands do (`python -m flows.<name>
---params params/smollm2*_ci.yaml`: checks, then the flow) in this process, from the working
-directory, and writes the model flow's card to OUT.json.
+runs the `data`, `model` and `compare` flows through their commands (`brorl <name> --params
+params/smollm2*_ci.yaml`: checks, then the flow) in this process, from the working directory,
+and writes the model flow's card to OUT.json.
 """
 
 from __future__ import annotations
@@ -14,13 +14,18 @@ import json
 import sys
 from pathlib import Path
 
-from commands.entry import run_flow_cli
+from commands.cli import app
+
+
+def brorl(*argv: str) -> dict:
+    """`brorl ARGV` in this process; the flow's summary."""
+    return app(list(argv), standalone_mode=False)
 
 
 def main(out: Path) -> None:
-    run_flow_cli("data", ["--params", "params/smollm2_ci.yaml"])
-    made = run_flow_cli("model", ["--params", "params/smollm2_ci.yaml"])
-    run_flow_cli("compare", ["--params", "params/smollm2_compare_ci.yaml"])
+    brorl("data", "--params", "params/smollm2_ci.yaml")
+    made = brorl("model", "--params", "params/smollm2_ci.yaml")
+    brorl("compare", "--params", "params/smollm2_compare_ci.yaml")
     out.write_text(json.dumps({"card": made["card"]}, indent=1))
 
 

@@ -8,8 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from brorl.algorithm.losses import importance_weights, kl_penalty, policy_loss, token_entropy
-from brorl.train.config import LossConfig
+from brorl.algorithm.losses import (
+    LossConfig,
+    importance_weights,
+    kl_penalty,
+    policy_loss,
+    token_entropy,
+)
 from tests.devices import DEVICES
 
 LN2 = math.log(2.0)

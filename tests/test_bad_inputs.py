@@ -1,11 +1,11 @@
 """Bad input gets one clear line before any work starts (issues 13 and 30).
 
 Each case feeds one malformed input (a params file, an override, a data split, a checkpoint, a
-run folder, a command-line argument, the environment) to one entry point: `python -m flows.NAME`
-(`commands.entry`), the `brorl` command, `python -m brorl.train`, `python -m flows.study`,
+run folder, a command-line argument, the environment) to one entry point: `brorl <stage>` (a
+flow's command, `brorl study`, and the others of the `brorl` command), `python -m brorl.train`,
 `python -m commands.deploy` and `python -m commands.server --pipeline`. Every case runs
 twice. In this process, with a tripwire in place of what would start the Prefect flow, server or model; and as a process of its
-own (`python -m MODULE` through a small harness), which must exit before torch, transformers,
+own (`python -m MODULE` through a small harness; `brorl` is `python -m commands.cli`), which must exit before torch, transformers,
 datasets, deepspeed, prefect, mlflow or dvc were imported: the order of work that makes an error
 answer in about a second (`benchmarks/bad_inputs.py` times every case as a cold process). Both
 assert the exit code (2, or 1 for an invalid schedule), that the output is one `error:` line naming
@@ -246,13 +246,21 @@ class Case:
         return self.names(case) if callable(self.names) else self.names
 
 
-ENTRY_MODULES = {"cli": "commands.cli", "train": "brorl.train", "study": "flows.study",
+ENTRY_MODULES = {"cli": "commands.cli", "train": "brorl.train", "study": "commands.cli",
                  "deploy": "commands.deploy", "server": "commands.server"}
-"""The module `python -m` runs for each entry (`flow:<name>`: flows.<name>)."""
+"""The module `python -m` runs for each entry (`flow:<name>`: the `brorl` command)."""
 
 
 def module_of(entry: str) -> str:
-    return f"flows.{entry.split(':', 1)[1]}" if entry.startswith("flow:") else ENTRY_MODULES[entry]
+    return "commands.cli" if entry.startswith("flow:") else ENTRY_MODULES[entry]
+
+
+def entry_argv(entry: str, argv: list[str]) -> list[str]:
+    """The entry's whole command line: a flow's case (`flow:<name>`) and the study's run through
+    the `brorl` command, named first."""
+    if entry.startswith("flow:") or entry == "study":
+        return [entry.removeprefix("flow:"), *argv]
+    return argv
 
 
 def api_down() -> dict[str, str]:
@@ -436,8 +444,8 @@ CASES: dict[str, Case] = {
     "study_unknown_run": Case("study", lambda c: ["--params", "params/study_ci.yaml",
                                                   "--run", "n3_s9"], "n3_s9"),
     "study_no_mode": Case("study", lambda c: ["--params", "params/study_ci.yaml"],
-                          "one of the arguments --warmup --pool --plan --start --report --run is required",
-                          usage=True),
+                          "brorl study takes one mode of --warmup, --pool, --plan, --start, "
+                          "--report, --run RUN (given: none)"),
     "study_bad_override": Case("study", lambda c: ["--params", "params/study_ci.yaml", "--plan",
                                                    "-S", "study.budget_rollouts=-1"],
                                "study.budget_rollouts"),
@@ -456,18 +464,13 @@ def run_entry(entry: str, argv: list[str], monkeypatch) -> int:
     def tripwire(*args, **kwargs):
         raise AssertionError(f"{entry} started work on bad input")
 
-    if entry.startswith("flow:"):
-        from commands import entry as entry_module
-
-        monkeypatch.setattr("flows.prefect_settings", tripwire)
-        return _code(lambda: entry_module.run_flow_cli(entry.split(":", 1)[1], argv))
-    if entry == "cli":
+    if entry in ("cli", "study") or entry.startswith("flow:"):
         from commands import cli
 
         monkeypatch.setattr(cli, "_flow", tripwire)
-        monkeypatch.setattr("flows.prefect_home", tripwire)
+        monkeypatch.setattr("flows.prefect_settings", tripwire)
         monkeypatch.setattr("commands.server.main", tripwire)
-        result = CliRunner().invoke(cli.app, argv)
+        result = CliRunner().invoke(cli.app, entry_argv(entry, argv))
         if result.exception and not isinstance(result.exception, SystemExit):
             raise result.exception
         print(result.output, end="")
@@ -477,11 +480,6 @@ def run_entry(entry: str, argv: list[str], monkeypatch) -> int:
 
         monkeypatch.setattr("brorl.train.run.Run.open", tripwire)
         return _code(lambda: train_main.main(argv))
-    if entry == "study":
-        from commands import entry as entry_module
-
-        monkeypatch.setattr("flows.prefect_settings", tripwire)
-        return _code(lambda: entry_module.study_main(argv))
     if entry == "deploy":
         from commands import deploy
 
@@ -571,7 +569,7 @@ def prepare(case: Case, world: Path, folder: Path) -> tuple[list[str], Path]:
     (folder / "bad.yaml").write_text("extends: " + str(ROOT / CI) + "\ntrain: {bogus: 1}\n")
     if "PREFECT_API_URL" not in case.env():  # a pipeline whose stage reads a broken params file
         (folder / "dvc.yaml").write_text(
-            "stages:\n  s:\n    cmd: scripts/python -m flows.train --params bad.yaml\n")
+            "stages:\n  s:\n    cmd: scripts/brorl train --params bad.yaml\n")
     return argv, folder
 
 
@@ -600,7 +598,8 @@ def as_processes(world, tmp_path_factory) -> dict[str, dict]:
         case = CASES[name]
         folder = root / name / "case"
         argv, cwd = prepare(case, world, folder)
-        job = {"module": module_of(case.entry), "argv": argv, "cwd": str(cwd), "env": case.env(),
+        job = {"module": module_of(case.entry), "argv": entry_argv(case.entry, argv),
+               "cwd": str(cwd), "env": case.env(),
                "log": str(root / name / "log"), "result": str(root / name / "result.json")}
         jobs.append(job)
         found[name] = {"folder": folder, "job": job, "before": snapshot(folder)}
@@ -683,7 +682,7 @@ def test_a_read_only_folder_is_refused_before_any_heavy_import(name, world, tmp_
     before = snapshot(folder)
     result = tmp_path / "result.json"
     command = [*read_only_prefix(folder / case.read_only), sys.executable, "-c", harness(ONE),
-               module_of(case.entry), str(result), *argv]
+               module_of(case.entry), str(result), *entry_argv(case.entry, argv)]
     done = subprocess.run(command, cwd=cwd, env={**PROCESS_ENV, **case.env()},
                           capture_output=True, text=True, timeout=300)
     (folder / case.read_only).chmod(0o755)  # where the folder was made read-only by its mode
@@ -695,14 +694,15 @@ def test_a_read_only_folder_is_refused_before_any_heavy_import(name, world, tmp_
 @pytest.mark.parametrize(
     ("command", "names"),
     [
-        ([sys.executable, "-m", "flows.train", "--params", CI, "-S", "update.base_lr=.inf"],
+        ([str(ROOT / "scripts" / "brorl"), "train", "--params", CI, "-S", "update.base_lr=.inf"],
          "update.base_lr: Input should be a finite number"),
         ([str(Path(sys.executable).parent / "brorl"), "train", "--params", CI, "-S",
           "update.rollouts_per_prompt=true"], "rollouts_per_prompt = True is a boolean"),
     ],
 )
 def test_the_typed_commands_print_one_line_exit_2_no_traceback(command, names):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the installed script: this checkout's flows/
+    # the installed script: this checkout's flows/; scripts/brorl: this interpreter
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BRORL_PYTHON": sys.executable}
     out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -710,11 +710,13 @@ def test_the_typed_commands_print_one_line_exit_2_no_traceback(command, names):
     assert "Traceback" not in out.stderr + out.stdout
 
 
-@pytest.mark.parametrize("module", ["flows.train", "commands.cli", "brorl.train",
-                                    "commands.deploy", "commands.server", "flows.evaluate"])
-def test_help_answers_before_any_heavy_import(module, tmp_path):
+@pytest.mark.parametrize("command", ["commands.cli train", "commands.cli", "brorl.train",
+                                     "commands.deploy", "commands.server", "commands.cli evaluate",
+                                     "commands.cli study"])
+def test_help_answers_before_any_heavy_import(command, tmp_path):
     out = tmp_path / "result.json"
-    done = subprocess.run([sys.executable, "-c", harness(ONE), module, str(out), "--help"],
+    module, *args = command.split()
+    done = subprocess.run([sys.executable, "-c", harness(ONE), module, str(out), *args, "--help"],
                           cwd=ROOT, env=PROCESS_ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "usage" in done.stdout.lower(), done.stdout + done.stderr
     assert json.loads(out.read_text()) == {"code": 0, "loaded": []}

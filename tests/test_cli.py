@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from commands import cli
@@ -19,7 +20,8 @@ runner = CliRunner()
 def test_help_lists_every_command():
     result = runner.invoke(cli.app, ["--help"])
     assert result.exit_code == 0
-    for command in ("run", "simulate", "train", "compare", "evaluate", "serve"):
+    for command in ("run", "simulate", "data", "model", "base", "train", "compare", "evaluate",
+                    "study", "serve"):
         assert f" {command} " in result.output, command
 
 
@@ -116,19 +118,30 @@ def test_serve_starts_server_then_deploy_with_the_schedule_options_passed_on(mon
     assert bad.exit_code == 2 and len(seen) == 1
 
 
-def test_dvc_stages_run_the_checkouts_venv_without_an_activated_environment(tmp_path):
-    """`dvc repro` / `dvc exp run` typed without activating .venv: every stage command starts with
-    scripts/python, which finds the checkout's .venv when PATH has none of its tools."""
-    import shutil
-
+@pytest.mark.parametrize("dvc_yaml", ["dvc.yaml", "study/dvc.yaml", "pipelines/smollm2/dvc.yaml"])
+def test_every_dvc_stage_runs_a_brorl_command(dvc_yaml):
+    """Each stage is `scripts/brorl <its flow> --params ...`, a command the `brorl` app has."""
     import yaml
 
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = yaml.safe_load((ROOT / dvc_yaml).read_text())["stages"]
     commands = [s.get("cmd") or s["do"]["cmd"] for s in stages.values()]
-    assert commands and all(c.startswith("scripts/python ") for c in commands), commands
+    assert commands and all(c.startswith("scripts/brorl ") for c in commands), commands
+    names = typer.main.get_command(cli.app).commands
+    assert all(c.split()[1] in names and " --params " in c for c in commands), commands
+
+
+def test_dvc_stages_run_the_checkouts_venv_without_an_activated_environment(tmp_path):
+    """`dvc repro` / `dvc exp run` typed without activating .venv: every stage command starts with
+    scripts/brorl, which runs the checkout's `brorl` command with scripts/python, which finds the
+    checkout's .venv when PATH has none of its tools."""
+    import shutil
+
     checkout = tmp_path / "checkout"
     (checkout / "scripts").mkdir(parents=True)
-    shutil.copy2(ROOT / "scripts" / "python", checkout / "scripts" / "python")
+    for script in ("python", "brorl"):
+        shutil.copy2(ROOT / "scripts" / script, checkout / "scripts" / script)
+    for package in ("brorl", "commands"):  # the checkout's code, found before any installed one
+        (checkout / package).symlink_to(ROOT / package, target_is_directory=True)
     (checkout / ".venv").symlink_to(sys.prefix, target_is_directory=True)
     bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no venv on PATH, no BRORL_PYTHON
     out = subprocess.run([str(checkout / "scripts" / "python"), "-c",
@@ -136,6 +149,10 @@ def test_dvc_stages_run_the_checkouts_venv_without_an_activated_environment(tmp_
                          env=bare, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert Path(out.stdout.strip()).resolve() == Path(sys.prefix).resolve()
+    out = subprocess.run([str(checkout / "scripts" / "brorl"), "study", "--help"], cwd=ROOT,
+                         env=bare, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("Usage: brorl study ") and "--run RUN" in out.stdout
 
 
 def test_run_reaches_dvc_for_real_repro_and_exp_run_at_ci_size(ci_pipeline, tmp_path):

@@ -24,9 +24,9 @@ How a command is checked:
   the sections the command runs (tests/command_sections.py; else it would run their defaults)
   and `brorl.params.load_params(FILE, overrides)` accepts the example's `-S` overrides, each of
   which sets a key of a section the command reads;
-- `python -m flows.NAME`: an existing flow, parsed by `commands.entry.parser(NAME)`
-  (`study_parser()` for the study); `brorl CMD`: parsed by the typer app; `brorl run STAGES`:
-  stages DVC finds;
+- `brorl CMD`: parsed by the typer app (its options stand for the fragments after it);
+  `brorl run STAGES`: stages DVC finds; `python -m flows.NAME` is refused (a flow module is not
+  a program: `brorl NAME` runs it);
 - `python -m brorl.X` / `commands.X`, `python benchmarks/X.py` and what `torchrun`, `deepspeed`
   and `accelerate launch` start (their own parsers read the launcher's options): the program's
   own argparse parser parses the example's arguments in a child process that stops the program
@@ -72,9 +72,9 @@ from benchmarks.docs import DOC as GENERATED
 from benchmarks.docs import HEADER, render
 from brorl.params import load_params
 from brorl.params.loading import read_yaml_tree
-from commands import cli, entry
+from commands import cli
 from tests.cli_probe import probe
-from tests.command_sections import COMMANDS, FLOWS, OPTION_SECTIONS, SECTIONS
+from tests.command_sections import COMMANDS, OPTION_SECTIONS, SECTIONS
 from tests.test_readme import FILES as README_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -318,13 +318,14 @@ class Page:
             return [], None  # the program named
         if words[:2] == ["python", "-m"] and len(words) > 2:
             if words[2].startswith("flows."):
-                return self.flow(words[2].removeprefix("flows."), words[3:], bare)
+                return [f"`python -m {words[2]}` runs nothing: a flow runs through `brorl "
+                        f"{words[2].removeprefix('flows.')} --params FILE`"], None
             if words[2] == "pytest":
                 return _pytest_problems(words[3:]), None
         if _probed(words):
             return self.program(words, bare)
         if words[0] == "brorl":
-            return self.brorl(words[1:], not example.fenced), None
+            return self.brorl(words[1:], not example.fenced)
         if words[0] == "dvc":
             return _dvc_problems(words[1:]), None
         if words[0] == "make":
@@ -336,20 +337,6 @@ class Page:
                 return (_pip_problems(words) if words[:2] == ["pip", "install"] else []), None
         return ["no check for this command form: add one to tests/test_doc_examples.py, or "
                 "its pattern and the reason it cannot be checked to ALLOWED"], None
-
-    def flow(self, name: str, args: list[str], bare: bool) -> tuple[list[str], Program | None]:
-        if name not in FLOWS:
-            return [f"no flow flows/{name}.py (the flows: {', '.join(FLOWS)})"], None
-        parser = entry.study_parser() if name == "study" else entry.parser(name)
-        program = Program(set(parser._option_string_actions),
-                          {"--params": (SECTIONS[name], SECTIONS[name] | {"tracking"})})
-        if bare:
-            return [], program
-        namespace, error = _argparse(parser.parse_args, args)
-        if error:
-            return [error], program
-        return self.params_problems(namespace.params, namespace.overrides,
-                                    *program.params_options["--params"]), program
 
     def program(self, words: list[str], bare: bool) -> tuple[list[str], Program | None]:
         found = self.probes(words, describe=bare)
@@ -379,26 +366,32 @@ class Page:
                                                  set(sections), set(reads))
         return problems, program
 
-    def brorl(self, args: list[str], bare: bool) -> list[str]:
-        if not args or args == ["--help"] or (bare and len(args) == 1 and args[0] in COMMANDS):
-            return []  # `brorl`, `brorl model`: the command named
+    def brorl(self, args: list[str], bare: bool) -> tuple[list[str], Program | None]:
+        if not args or args == ["--help"]:
+            return [], None  # `brorl`: the program named
         name = args[0]
         if name not in COMMANDS:
-            return [f"brorl has no command {name} (it has {', '.join(sorted(COMMANDS))})"]
+            return [f"brorl has no command {name} (it has {', '.join(sorted(COMMANDS))})"], None
+        command = COMMANDS[name]
+        reads = SECTIONS[name] | {"tracking"}
+        program = Program({o for p in command.params for o in [*p.opts, *p.secondary_opts]},
+                          {"--params": (SECTIONS[name], reads)})
+        if bare and len(args) == 1:
+            return [], program  # `brorl model`: the command named
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                context = COMMANDS[name].make_context(name, list(args[1:]))
+                context = command.make_context(name, list(args[1:]))
         except typer.Exit:
-            return []  # --help
+            return [], program  # --help
         except typer.TyperException as err:
-            return [f"brorl {name}: {getattr(err, 'format_message', err.__str__)()}"]
+            return [f"brorl {name}: {getattr(err, 'format_message', err.__str__)()}"], program
         given, problems = context.params, []
         for stage in given.get("stages") or []:
             problems += _dvc_target_problems(stage)
         if given.get("params"):
             problems += self.params_problems(given["params"], list(given.get("overrides") or []),
-                                             SECTIONS[name], SECTIONS[name] | {"tracking"})
-        return problems
+                                             SECTIONS[name], reads)
+        return problems, program
 
     def fragment(self, example: Example, program: Program) -> list[str]:
         words, problems = shlex.split(example.text), []
@@ -708,7 +701,7 @@ def test_every_example_of_the_page_holds(page, probes):
     assert problems == [], "\n" + "\n".join(problems)
 
 
-SYNTAX = ("python -m flows.NAME", "brorl run | ")
+SYNTAX = ("brorl <stage>", "brorl run | ")
 """How the README's inline code writes a command's shape, not an example: a placeholder NAME,
 the alternatives split by `|`."""
 
@@ -738,7 +731,7 @@ def test_every_waiver_and_allowed_form_is_still_used():
 
 BROKEN = '''# A page
 
-Train with `python -m flows.train --params params/simulate.yaml`.
+Train with `brorl train --params params/simulate.yaml`.
 
 Simulate with `brorl simulate --params params/prorl.yaml -S simulate.steps=2000`.
 
@@ -772,8 +765,8 @@ extends: smollm2.yaml
 name: mine
 ```
 
-Then `python -m flows.model --params params/mine.yaml -S model.seed=1` (or `brorl model
---params FILE`) and `python -m flows.study --params params/study.yaml --run <run>`; `make` and
+Then `brorl model --params params/mine.yaml -S model.seed=1` (or `brorl model --params
+FILE`) and `brorl study --params params/study.yaml --run <run>` (its `--report` too); `make` and
 `accelerate launch` name programs, `python benchmarks/diagnostics_cost.py --help` options.
 '''
 """A page whose examples hold, one of them on a params file the page itself defines."""

@@ -15,6 +15,7 @@ import torch
 
 from brorl.engines import build_engine
 from brorl.engines.base import (
+    EngineConfig,
     SamplingConfig,
     counter_uniform,
     sample_tokens,
@@ -24,7 +25,6 @@ from brorl.engines.base import (
 from brorl.engines.hf import HfEngine, decode_row_bytes, fitting_rows
 from brorl.params import ExperimentParams
 from brorl.policy import build_policy, build_tokenizer
-from brorl.train.config import EngineConfig
 from brorl.types import RolloutBatch
 from tests.devices import DEVICES
 from tests.tiny_models import ARCHITECTURES, tiny_model

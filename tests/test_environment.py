@@ -43,10 +43,10 @@ def test_importing_the_flows_changes_no_variable_and_creates_no_folder(tmp_path)
 
 
 def test_a_flow_entry_applies_the_defaults_before_its_checks(tmp_path):
-    """`python -m flows.data` in an empty environment: the project's offline defaults reach the
-    process (an error keeps it short: the params file is missing)."""
-    code = ("import os, runpy, sys\nsys.argv = ['flows.data', '--params', 'nope.yaml']\n"
-            "try:\n    runpy.run_module('flows.data', run_name='__main__')\n"
+    """`brorl data` in an empty environment: the project's offline defaults reach the process
+    (an error keeps it short: the params file is missing)."""
+    code = ("import os, runpy, sys\nsys.argv = ['brorl', 'data', '--params', 'nope.yaml']\n"
+            "try:\n    runpy.run_module('commands.cli', run_name='__main__')\n"
             "except SystemExit:\n    print(os.environ.get('HF_HUB_OFFLINE'), "
             "os.environ.get('PREFECT_HOME'))")
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}

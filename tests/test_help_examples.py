@@ -1,6 +1,6 @@
-"""Every example in the commands' `--help` works as typed: `brorl <command> --help` and `python -m
-flows.NAME --help` name a params file that exists, validates with the example's `-S` override,
-and holds the section the command runs (not the pipeline's arm for the simulator); the
+"""Every example in the commands' `--help` works as typed: `brorl <command> --help` names a params
+file that exists, validates with the example's `-S` override, and holds the section the command
+runs (not the pipeline's arm for the simulator); the
 override sets a key the command reads; each `brorl run TARGET` names a stage DVC can find. The
 other programs (`python -m brorl.train`, `commands.deploy`, `commands.server`,
 `commands.mlflow_ui`, each `python benchmarks/X.py` with a command line) are held to the same
@@ -20,7 +20,7 @@ import yaml
 
 from brorl.params import load_params
 from brorl.params.loading import read_yaml_tree
-from commands import cli, entry
+from commands import cli
 from tests.cli_probe import probe
 from tests.command_sections import COMMANDS, FLOWS, OPTION_SECTIONS, SECTIONS
 
@@ -28,10 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _help_texts(name: str) -> list[str]:
-    if name.startswith("flows."):
-        flow = name.removeprefix("flows.")
-        p = entry.study_parser() if flow == "study" else entry.parser(flow)
-        return [a.help or "" for a in p._actions] + [p.description or ""]
     command = COMMANDS[name]
     return [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]
 
@@ -44,24 +40,18 @@ def _examples(name: str) -> tuple[list[str], list[str], list[str]]:
 
 
 def _parses(name: str, args: list[str]) -> None:
-    if name.startswith("flows."):
-        flow = name.removeprefix("flows.")
-        if flow == "study":
-            entry.study_parser().parse_args([*args, "--plan"])
-        else:
-            entry.parser(flow).parse_args(args)
-    else:
-        COMMANDS[name].make_context(name, list(args))
+    COMMANDS[name].make_context(name, list(args))
 
 
-def test_every_flow_module_has_a_help_example():
-    assert set(FLOWS) == {*entry.EXAMPLES, "study"}
+def test_every_flow_module_has_its_brorl_command():
+    assert set(FLOWS) >= {"simulate", "train", "study"}
+    assert set(FLOWS) <= set(COMMANDS)
 
 
-@pytest.mark.parametrize("name", [*sorted(COMMANDS), *(f"flows.{f}" for f in FLOWS)])
+@pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_help_examples_parse_and_validate_as_typed(name):
     files, overrides, targets = _examples(name)
-    command = name.removeprefix("flows.")
+    command = name
     for target in targets:
         _parses(command, target.split())
         for one in target.split():
@@ -79,8 +69,7 @@ def test_help_examples_parse_and_validate_as_typed(name):
         assert section in SECTIONS[command], f"{name}: -S {override} sets no key {command} reads"
     assert overrides, f"{name} --help gives no example -S override"
     for file in files:
-        _parses(name if name.startswith("flows.") else command,
-                ["--params", file, *(a for o in overrides for a in ("-S", o))])
+        _parses(command, ["--params", file, *(a for o in overrides for a in ("-S", o))])
         load_params(ROOT / file, overrides)
 
 DVC_SET = re.compile(r"-S '?((params/[\w.-]+\.yaml):\+?([\w.]+=[^'`\s]+))")
@@ -99,7 +88,7 @@ def test_dvc_exp_run_examples_mark_keys_their_file_lacks(monkeypatch):
 PROGRAMS = ["brorl.train", "commands.deploy", "commands.server", "commands.mlflow_ui",
             *(f"benchmarks/{p.name}" for p in sorted((ROOT / "benchmarks").glob("*.py"))
               if 'if __name__ == "__main__"' in p.read_text())]
-"""The programs with a command line besides `brorl` and the flows."""
+"""The programs with a command line besides `brorl`."""
 OVERRIDE = re.compile(r"e\.g\. (?:-S )?([\w.]+=[^\s),;]+)")
 
 

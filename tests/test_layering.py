@@ -4,9 +4,9 @@ flows': a logger comes in from them).
 
 Two checks. Reading: every .py file under brorl/, tracking/, tasks/ and flows/ is parsed with
 `ast` and every import node anywhere in it (module level, inside functions, classes, `if
-TYPE_CHECKING:`) is resolved to an absolute module name, relative imports included; a flow
-module's `if __name__ == "__main__":` block may import `commands.entry.main`, nothing else.
-Loading: every brorl module is imported in a fresh interpreter, which then must hold none of the
+TYPE_CHECKING:`) is resolved to an absolute module name, relative imports included, with no
+exception; and no flow module has an `if __name__ == "__main__":` block (the one command line is
+`brorl <stage>`, commands/cli.py, which imports the flow after its checks). Loading: every brorl module is imported in a fresh interpreter, which then must hold none of the
 orchestration libraries.
 tests/ and benchmarks/ may import anything. Imports spelt as strings (`importlib.import_module`)
 are not read; the loading check catches those that run at import time.
@@ -32,9 +32,7 @@ FORBIDDEN: Mapping[str, frozenset[str]] = {
     "tasks": frozenset({"flows", "commands"}),
     "flows": frozenset({"commands"}),
 }
-"""Top-level package -> the top-level names its modules must never import. The one exception: a
-flow module's `if __name__ == "__main__":` block of exactly `from commands.entry import main`
-and `main("NAME")` (`main_guard_lines`), which runs only under `python -m flows.NAME`."""
+"""Top-level package -> the top-level names its modules must never import, anywhere."""
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -66,32 +64,20 @@ def imported_names(path: Path, root: Path) -> Iterator[tuple[int, str]]:
             yield from ((node.lineno, name) for name in _from_names(node, package))
 
 
-MAIN_GUARD = ("if __name__ == '__main__':\n    from commands.entry import main\n"
-              "    main({name!r})")
-"""The one block through which a flow module may import an entry point: `python -m flows.NAME`
-checks its arguments (`commands.entry.main`) before the module's own imports run."""
-
-
-def main_guard_lines(path: Path) -> set[int]:
-    """The line of the `from commands.entry import main` in `path`'s module-level
-    `if __name__ == "__main__":` block when that block is exactly MAIN_GUARD for the module's
-    own name, else nothing."""
-    for node in ast.parse(path.read_text(), filename=str(path)).body:
-        if isinstance(node, ast.If) and ast.unparse(node) == MAIN_GUARD.format(name=path.stem):
-            return {node.body[0].lineno}
-    return set()
+def main_blocks(path: Path) -> list[int]:
+    """The lines of the module-level `if __name__ == "__main__":` blocks of `path`."""
+    return [node.lineno for node in ast.parse(path.read_text(), filename=str(path)).body
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"]
 
 
 def violations(root: Path, forbidden: Mapping[str, frozenset[str]] = FORBIDDEN) -> list[str]:
-    """`path:line imports name` for each import that breaks `forbidden`, in file order; a flow
-    module's MAIN_GUARD is allowed."""
+    """`path:line imports name` for each import that breaks `forbidden`, in file order."""
     found = []
     for package, names in forbidden.items():
         for path in sorted((root / package).rglob("*.py")):
-            allowed = main_guard_lines(path) if package == "flows" else set()
             for line, name in imported_names(path, root):
                 top = name.split(".")[0]
-                if (top in names or name.startswith(".")) and line not in allowed:
+                if top in names or name.startswith("."):
                     found.append(f"{path.relative_to(root)}:{line} imports {name}")
     return found
 
@@ -115,11 +101,12 @@ def test_no_module_imports_upward_not_even_inside_a_function():
     assert violations(ROOT) == []
 
 
-def test_every_flow_module_opens_with_the_entry_guard():
-    """`python -m flows.NAME` checks its arguments first: each flow module has MAIN_GUARD."""
-    flows = [p for p in sorted((ROOT / "flows").glob("*.py")) if p.name != "__init__.py"]
+def test_no_flow_module_is_a_program():
+    """A flow runs through `brorl <stage>` only: no flow module has a `__main__` block (through
+    which it would import an entry point, or run unchecked arguments)."""
+    flows = sorted((ROOT / "flows").glob("*.py"))
     assert {p.stem for p in flows} >= {"simulate", "train", "compare", "study"}
-    assert [p.name for p in flows if not main_guard_lines(p)] == []
+    assert [p.name for p in flows if main_blocks(p)] == []
 
 
 PLANTED = yaml.safe_load((Path(__file__).parent / "planted_trees.yaml").read_text())
@@ -151,8 +138,10 @@ def test_the_checker_finds_imports_inside_functions_classes_and_relative_ones(tm
         "flows/late.py:2 imports commands.entry",
         "flows/more.py:2 imports commands.entry",
         "flows/more.py:4 imports commands",
-        "flows/other.py:2 imports commands.entry",
+        "flows/train.py:2 imports commands.entry",
     ]
+    assert [p.name for p in sorted((tmp_path / "flows").glob("*.py")) if main_blocks(p)] == [
+        "more.py", "train.py"]
     assert list(imported_names(tmp_path / "brorl/sub/__init__.py", tmp_path)) == [
         (1, "brorl"), (1, "brorl.ok"), (2, "brorl.ok")]
     assert list(imported_names(tmp_path / "brorl/ok.py", tmp_path))[1:] == [
@@ -234,8 +223,8 @@ def test_the_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path: P
 HEAVY_LIBRARIES = frozenset({"torch", "transformers", "deepspeed", "vllm", "datasets", "prefect",
                              "mlflow", "dvc"})
 """What a bad input must never wait for (tests/test_bad_inputs.py, benchmarks/bad_inputs.py)."""
-LIGHT = ("brorl.preflight", "brorl.run_files", "brorl.files", "brorl.shapes", "brorl.environment",
-         "brorl.params", "commands.entry", "commands.cli")
+LIGHT = ("brorl.preflight", "brorl.model.checks", "brorl.run_files", "brorl.files", "brorl.shapes",
+         "brorl.environment", "brorl.params", "commands.entry", "commands.cli")
 """Modules (with their submodules) that the checks of every entry point run on: nowhere in them,
 not even inside a function, an import of a heavy library or of a project module that loads one."""
 ENTRY_POINTS = ("brorl.train", "brorl.train.__main__", "flows", "commands", "commands.entry",

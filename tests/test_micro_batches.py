@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from brorl.algorithm.losses import LossConfig
 from brorl.engines.base import assemble_batch
 from brorl.params import UpdateParams
-from brorl.train.config import LossConfig
 from brorl.train.micro import PREFILL_SHARE, cost, plan
 from brorl.train.perf import TRAIN_FACTOR, ModelShape, forward_flops, perf_metrics, plan_totals
 from brorl.train.ppo import accumulate_mini_batch, micro_batches, score_batch

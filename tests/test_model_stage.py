@@ -124,7 +124,7 @@ def test_an_hf_folder_without_tokenizer_is_refused(tmp_path):
 def test_the_model_flow_refuses_a_bad_source_in_one_line_before_starting(tmp_path):
     params = tmp_path / "p.yaml"
     params.write_text(f"name: bad\nmodel: {{source: gguf, gguf_file: {tmp_path / 'none.gguf'}}}\n")
-    done = subprocess.run([sys.executable, "-m", "flows.model", "--params", str(params)],
+    done = subprocess.run([sys.executable, "-m", "commands.cli", "model", "--params", str(params)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()

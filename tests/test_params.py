@@ -12,14 +12,15 @@ from typing import get_args
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from brorl.algorithm.losses import LossConfig
 from brorl.base import BaseConfig
 from brorl.data import DataConfig
+from brorl.engines.base import EngineConfig
 from brorl.evals import EvalProtocol
 from brorl.model import ModelConfig
 from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig
-from brorl.train.config import EngineConfig, LossConfig, TrainerConfig
-from brorl.train.run import RunConfig
+from brorl.train.config import RunConfig, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = sorted((ROOT / "params").glob("pipeline*.yaml"))

@@ -94,7 +94,7 @@ def test_a_missing_checkpoint_is_one_line_naming_it_and_the_command_that_makes_i
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr
-    assert str(missing) in lines[0] and "python -m flows.model --params" in lines[0]
+    assert str(missing) in lines[0] and "brorl model --params" in lines[0]
     assert not out.exists()
 
 
@@ -103,7 +103,7 @@ def test_a_missing_data_folder_names_the_data_stage(easy_base, tmp_path, capsys)
     code = main(["--params", str(TINY_CI), "-S", f"data.path={missing}",
                  "--checkpoint", str(easy_base), "--out", str(tmp_path / "probe.json")])
     err = capsys.readouterr().err
-    assert code == 2 and str(missing) in err and "python -m flows.data --params" in err
+    assert code == 2 and str(missing) in err and "brorl data --params" in err
     assert not (tmp_path / "probe.json").exists()
 
 

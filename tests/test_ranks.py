@@ -41,17 +41,19 @@ def _steps(folder: Path) -> dict:
         "verify.workers=1"])
     run = Run.open(params, ROOT, resume=False, reward_fn=_reward)
     draws: list[list[str]] = []
-    generate = run.generate_rollouts
 
-    def recording(problems, collection):
-        share = generate(problems, collection)
-        draws.append([p.id for p in share.value.problems])
-        return share
+    class Recording(Direct):
+        """Runs in place, noting the problems of each share the rank generates."""
 
-    run.generate_rollouts = recording  # the stage Direct runs
+        def stage(self, run, method, *args):
+            out = super().stage(run, method, *args)
+            if method is Run.generate_rollouts:
+                draws.append([p.id for p in out.value.problems])
+            return out
+
     digests, kept = [], []
     for _ in range(STEPS):
-        metrics = run.step(Direct())
+        metrics = run.step(Recording())
         digests.append(parameter_digest(run.trainer.model))
         kept.append(metrics["filter/groups_kept"])
     torch.save({k: v.detach().clone() for k, v in run.trainer.model.state_dict().items()},

@@ -238,8 +238,8 @@ def test_vllm_engine_on_the_real_model_matches_the_trainers_logprobs(real):
     from dataclasses import replace
 
     from brorl.engines import SamplingConfig, build_engine, score_rollouts
+    from brorl.engines.base import EngineConfig
     from brorl.params import ExperimentParams
-    from brorl.train.config import EngineConfig
 
     model, tokenizer = load_policy(real["folder"])
     problems = load_split(real["ci"] / "data" / "problems", "test")[:2]

@@ -111,8 +111,8 @@ def test_the_script_and_python_m_check_the_files_of_the_checkout_they_run_in(clo
     expected = str(b / "outputs/root_probe/problems")
     train = "params/root_probe_train.yaml"
     assert checked_data([str(SCRIPT), "train", "--params", train], b) == expected
-    for module in ("flows.train", "brorl.train"):
-        assert checked_data([sys.executable, "-m", module, "--params", f"../{train}"],
+    for program in (["commands.cli", "train"], ["brorl.train"]):
+        assert checked_data([sys.executable, "-m", *program, "--params", f"../{train}"],
                             b / "docs") == expected
 
 

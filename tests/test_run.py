@@ -420,12 +420,12 @@ def test_a_finished_run_writes_the_record_a_continuing_run_reads(tmp_path, monke
     assert summary["step_offset"] == 7 and summary["steps"] == 2
 
 
-def test_direct_driver_runs_the_named_stage_method_in_place():
+def test_direct_driver_runs_the_given_stage_method_in_place():
     class Stub:
         def evaluate(self, x):
             return Timed(x * 2, 0.0)
 
-    assert Direct().stage(Stub(), "evaluate", 21).value == 42
+    assert Direct().stage(Stub(), Stub.evaluate, 21).value == 42
 
 
 def _overrides(easy_data: Path, easy_base: Path, out: Path) -> list[str]:

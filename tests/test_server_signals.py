@@ -159,7 +159,7 @@ def _temporary_prefect_health(pids: set[int]) -> str | None:
 
 def test_a_flow_run_alone_stops_its_temporary_prefect_server_on_sigterm(tmp_path):
     # the simulator at paper size runs long enough to be stopped mid-flow; its outputs go to tmp
-    command = [sys.executable, "-m", "flows.simulate", "--params", "params/simulate.yaml",
+    command = [sys.executable, "-m", "commands.cli", "simulate", "--params", "params/simulate.yaml",
                "-S", f"tracking.output_dir={tmp_path / 'out'}",
                "-S", f"tracking.metrics_dir={tmp_path / 'metrics'}",
                "-S", f"tracking.plots_dir={tmp_path / 'plots'}",

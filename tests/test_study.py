@@ -699,19 +699,19 @@ def test_plain_dvc_repro_never_starts_the_study(ci_pipeline, tmp_path):
 
 
 HEAVY = ("torch", "transformers", "datasets", "deepspeed", "vllm", "prefect", "mlflow", "dvc")
-"""What `python -m flows.study` must not import before it has checked its arguments."""
+"""What `brorl study` must not import before it has checked its arguments."""
 
 
 @pytest.mark.parametrize(("argv", "names"), [
-    ([], "one of the arguments --warmup --pool --plan --start --report --run is required"),
+    ([], "brorl study takes one mode of --warmup, --pool, --plan, --start, --report, --run RUN"),
     (["--run", "n3_s9"], "n3_s9"),
     (["--plan", "-S", "study.budget_rollouts=-1"], "study.budget_rollouts"),
 ])
-def test_python_m_flows_study_answers_bad_arguments_before_any_heavy_import(argv, names):
+def test_brorl_study_answers_bad_arguments_before_any_heavy_import(argv, names):
     """As a process: exit code 2, the error named, no traceback, and (by `-X importtime`, which
     lists every module the process imported) none of HEAVY loaded."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "flows.study", "--params",
-                           str(STUDY_CI), *argv], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "commands.cli", "study",
+                           "--params", str(STUDY_CI), *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}

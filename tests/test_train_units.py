@@ -8,12 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from brorl.algorithm.losses import LossConfig
 from brorl.engines import SamplingConfig
 from brorl.engines.hf import HfEngine
 from brorl.params import UpdateParams, load_params
 from brorl.policy import build_policy, build_tokenizer
 from brorl.train import checkpoint as ckpt
-from brorl.train.config import LossConfig, TrainerConfig
+from brorl.train.config import TrainerConfig
 from brorl.train.ppo import accumulate_mini_batch, response_logprobs, score_batch
 from brorl.train.rollouts import ScoredGroups, concat, response_mask
 from brorl.train.sampler import PromptSampler, SamplerState, continue_stream, run_record

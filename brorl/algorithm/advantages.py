@@ -18,14 +18,13 @@ and reward shaping (length penalties belong to the verifier stage).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-AdvantageEstimator = Literal["reinforce_pp_baseline", "grpo"]
-"""`reinforce_pp_baseline`: ProRLv2/BroRL (BroRL §3.1); `grpo`: ProRL v1 (ProRL (arXiv
-2505.24864) §2)."""
+if TYPE_CHECKING:
+    from brorl.params.rl import AdvantageEstimator
 
 
 @dataclass(frozen=True)

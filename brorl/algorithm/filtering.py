@@ -30,13 +30,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 
 import torch
 from torch import Tensor
 
-KeepRule = Literal["binary", "any_difference"]
-"""Which groups dynamic sampling keeps (see the module docstring)."""
+if TYPE_CHECKING:
+    from brorl.params.rl import KeepRule
 
 
 class GroupBatch(Protocol):

@@ -1,5 +1,5 @@
 """The ProRLv2 policy loss: clipped PPO with clip-higher, truncated importance sampling between the
-rollout engine and the trainer, a clamped KL penalty to a reference, token-level aggregation.
+rollout engine and the trainer, a clamped KL penalty to a reference, token-level aggregation. `LossConfig` is its settings, from the `update` section.
 
 Per token t of rollout m (shapes `[M, T]`, M = rollouts in this micro-batch):
     r = pi_theta / pi_old,   loss_pg = w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
@@ -17,19 +17,37 @@ KL in the reward (NeMo-RL `use_kl_in_reward: false`), an entropy bonus by defaul
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from brorl.train.config import LossConfig
+    from brorl.params import UpdateParams
+    from brorl.params.rl import KLEstimator, TISMode
 
-KLEstimator = Literal["k1", "k2", "k3"]
-"""k1 = log(pi/ref); k2 = 0.5 log(pi/ref)^2 (the ProRLv2 blog post);
-k3 = ref/pi - 1 - log(ref/pi)."""
-TISMode = Literal["none", "truncate", "icepop"]
-"""none; truncate: w = min(ratio, cap); icepop: w = ratio inside [tis_min, cap], else 0."""
+@dataclass(frozen=True)
+class LossConfig:
+    """Arguments of `brorl.algorithm.losses.policy_loss` besides the tensors."""
+
+    clip_eps_low: float
+    clip_eps_high: float
+    tis_mode: TISMode
+    tis_cap: float
+    tis_min: float
+    kl_coef: float
+    kl_estimator: KLEstimator
+    kl_input_clamp: float
+    kl_output_clamp: float
+    entropy_coef: float
+
+    @classmethod
+    def from_params(cls, update: UpdateParams) -> LossConfig:
+        """The loss options of the `update` section (same names)."""
+        from brorl.params.loading import same_named
+
+        return same_named(cls, update)
 
 
 def token_entropy(logits: Tensor) -> Tensor:
@@ -123,7 +141,7 @@ def policy_loss(
     micro-batch loop sums them without reading back) for one micro-batch; all tensors `[M, T]`.
 
     `config` holds the `update` section's loss options (clip band, TIS, KL, entropy:
-    `brorl.train.config.LossConfig`). `advantages` are per token (see
+    `LossConfig`). `advantages` are per token (see
     `advantages.token_advantages`); `normaliser` defaults to this micro-batch's valid-token
     count; pass the mini-batch's for gradient accumulation. `engine_logp` None skips TIS;
     `ref_logp` None skips the KL; `entropy` (from `token_entropy`) is logged and, with

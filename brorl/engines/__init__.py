@@ -7,17 +7,20 @@ only when it is chosen, never at `import brorl.engines`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from brorl.engines.base import RolloutEngine, SamplingConfig, sampling_logprobs, score_rollouts
+from brorl.engines.base import (
+    EngineConfig,
+    RolloutEngine,
+    SamplingConfig,
+    sampling_logprobs,
+    score_rollouts,
+)
 from brorl.engines.hf import HfEngine
 
-if TYPE_CHECKING:
-    from brorl.train.config import EngineConfig
-
 __all__ = [
+    "EngineConfig",
     "HfEngine",
     "RolloutEngine",
     "SamplingConfig",
@@ -39,7 +42,7 @@ def build_engine(
     """The engine `config.kind` for the policy: `hf` runs `model` itself; `vllm` loads
     `model_path` (an HF folder holding the same weights) and is kept in step with
     `sync_weights(model)`. `config` holds the `generate` section's settings
-    (`brorl.train.config.EngineConfig`); `max_model_len` is the model's context.
+    (`EngineConfig`); `max_model_len` is the model's context.
 
     `cpu_threads` (vLLM on CPU): bind vLLM's threads to cores 0..k-1 (default: vLLM's own, which
     pins to core 0 only). The hf engine uses torch's thread count (`OMP_NUM_THREADS`)."""

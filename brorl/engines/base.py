@@ -1,4 +1,5 @@
-"""The rollout-engine seam: the `RolloutEngine` Protocol, sampling settings, shared sampling math.
+"""The rollout-engine seam: the `RolloutEngine` Protocol, the engine's settings (`EngineConfig`,
+from the `generate` section), sampling settings, shared sampling math.
 
 An engine turns B prompts into B x N rollouts (a `RolloutBatch`, prompt-major) and accepts the
 trainer's weights after each update. The math here is shared by the in-process engine, the tests
@@ -15,11 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
+from brorl.devices import resolve_dtype
 from brorl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from brorl.params import ExperimentParams
+    from brorl.params.rl import CompileSetting, EngineKind
 
 _MASK64 = (1 << 64) - 1
 
@@ -27,6 +33,41 @@ AUTO_ROWS = 256
 """Rollouts decoded at once with `generate.max_concurrent_rollouts: auto` where no memory
 figure sizes them: the in-process engine off CUDA and vLLM's `max_num_seqs` (vLLM's own
 default)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Arguments of `brorl.engines.build_engine` (and `VllmEngine`) that the params set: the
+    `generate` section's engine settings and the run's seed (`train.seed`, vLLM's own seed)."""
+
+    kind: EngineKind
+    """generate.engine."""
+    max_concurrent_rollouts: int | Literal["auto"]
+    """generate.max_concurrent_rollouts: most rollouts decoded at once (`auto`: sized by the
+    engine)."""
+    compile: CompileSetting
+    """generate.compile: the hf engine's compiled decode step."""
+    stop_check_tokens: int
+    """generate.stop_check_tokens: hf decode steps between host stop checks."""
+    dtype: str
+    """generate.dtype (`auto` resolved): the vLLM engine's dtype."""
+    gpu_memory_utilization: float
+    """generate.gpu_memory_utilization: vLLM's share of GPU memory."""
+    cpu_kv_cache_gib: int
+    """generate.cpu_kv_cache_gib: vLLM's KV cache on CPU (GiB)."""
+    enforce_eager: bool
+    """generate.enforce_eager: vLLM without graph capture."""
+    seed: int
+    """train.seed."""
+
+    @classmethod
+    def from_params(cls, params: ExperimentParams) -> EngineConfig:
+        g = params.generate
+        return cls(kind=g.engine, max_concurrent_rollouts=g.max_concurrent_rollouts,
+                   compile=g.compile, stop_check_tokens=g.stop_check_tokens,
+                   dtype=resolve_dtype(g.dtype), gpu_memory_utilization=g.gpu_memory_utilization,
+                   cpu_kv_cache_gib=g.cpu_kv_cache_gib, enforce_eager=g.enforce_eager,
+                   seed=params.train.seed)
 
 
 @dataclass(frozen=True)

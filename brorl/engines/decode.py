@@ -39,12 +39,15 @@ Paper: BroRL §4.2.4 (one shared prefix per prompt, many concurrent rollouts).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from brorl.engines.base import SamplingConfig, counter_uniform, sample_tokens, sampling_logprobs
 from brorl.policy.prefix import Prefix, SharedPrefix, group_prefixes, left_pad
+
+if TYPE_CHECKING:
+    from brorl.params.rl import CompileSetting
 
 MIN_BUCKET_SHARE = 16
 """The smallest bucket of a chunk of C rows holds C / 16 of them (rounded up): at most five
@@ -53,9 +56,6 @@ halvings, so a compiled step stays within dynamo's default of 8 compiled version
 RECOMPILE_LIMIT = 64
 """Compiled versions dynamo may keep of the step (its default is 8): buckets times the
 policy and evaluation samplers' settings (temperature, top-p, response length, prompt width)."""
-
-CompileSetting = Literal["auto", "on", "off"]
-
 
 class Buffers:
     """Tensors kept across chunks and calls, one per name, handed out as their first rows.

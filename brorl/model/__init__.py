@@ -6,7 +6,8 @@ and used where it is), or the tiny Qwen2 built from config. Every later stage re
 the same way (`brorl.policy.load_policy`), whatever the source.
 
 `sources` holds what is checked before anything starts (paths, the GGUF header, the folder's
-files; no torch); `make` builds the folder (torch, transformers, gguf). `ModelConfig` is the
+files; no torch), `checks` whether a checkpoint folder loads (its weights' shapes against its
+config; no torch); `make` builds the folder (torch, transformers, gguf). `ModelConfig` is the
 stage's one conversion from the schema.
 
 Deliberately ignored: downloads (nothing loads from a hub), quantised training (the GGUF is

@@ -31,6 +31,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from brorl.files import atomic_write_text, checkout_relative
+from brorl.model.checks import check_checkpoint
 from brorl.model.sources import ModelConfig, check_source, gguf_path
 from brorl.policy import build_policy, build_tokenizer, load_tokenizer, save_policy
 from brorl.policy.tokens import model_stop_ids
@@ -100,10 +101,8 @@ def _from_gguf(path: Path) -> tuple[torch.nn.Module, Any]:
 
 def _validated_folder(folder: Path) -> tuple[torch.nn.Module, Any]:
     """An HF folder used as it is: its weights checked against its config (shapes, without
-    loading them: `brorl.preflight.check_checkpoint`), its model built on the meta device for
+    loading them: `brorl.model.checks.check_checkpoint`), its model built on the meta device for
     the card, its generation config and tokenizer."""
-    from brorl.preflight import check_checkpoint
-
     check_checkpoint(folder, "model.hf_folder")
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     with torch.device("meta"):

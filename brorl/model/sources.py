@@ -17,10 +17,11 @@ import importlib.util
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
     from brorl.params import ModelParams
+    from brorl.params.data import ModelSource
 
 GGUF_ARCHITECTURES = ("gemma2", "gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3",
                       "stablelm", "starcoder2")
@@ -51,7 +52,7 @@ class ModelSourceError(ValueError):
 class ModelConfig:
     """The model stage's settings (`brorl.params.ModelParams` documents each field)."""
 
-    source: Literal["tiny", "gguf", "hf"]
+    source: ModelSource
     gguf_file: str | None
     gguf_package: str | None
     hf_folder: str | None

@@ -21,6 +21,9 @@ from pydantic import (
 from brorl import legacy
 from brorl.params.section import Section
 
+ModelSource = Literal["tiny", "gguf", "hf"]
+"""Where the model stage's checkpoint comes from (`ModelParams.source`, `brorl.model`)."""
+
 
 def _paper_families() -> dict[str, Any]:
     from brorl.families import PAPER
@@ -102,7 +105,7 @@ class ModelParams(Section):
     folder at `path` converted from a GGUF file, a local HF folder used as it is, or the tiny
     Qwen2 built from config (the CPU stand-in for the paper's 1.5B, BroRL §4.2.1)."""
 
-    source: Literal["tiny", "gguf", "hf"] = "tiny"
+    source: ModelSource = "tiny"
     """`tiny`: a random Qwen2 of the sizes below, built from config; `gguf`: the GGUF file
     `gguf_file` (dequantised to float32 and saved with its tokenizer and chat template); `hf`: the
     local Hugging Face folder `hf_folder` (validated, not copied)."""

@@ -13,6 +13,25 @@ from pydantic import Field, PositiveInt, model_validator
 from brorl.algorithm.schedule import scaled_lr
 from brorl.params.section import Section
 
+Allocation = Literal["fixed", "adaptive"]
+"""How a draw spends its B x N rollouts (`UpdateParams.allocation`)."""
+AdvantageEstimator = Literal["reinforce_pp_baseline", "grpo"]
+"""`reinforce_pp_baseline`: ProRLv2/BroRL (BroRL §3.1); `grpo`: ProRL v1 (ProRL (arXiv
+2505.24864) §2); `brorl.algorithm.advantages`."""
+KLEstimator = Literal["k1", "k2", "k3"]
+"""k1 = log(pi/ref); k2 = 0.5 log(pi/ref)^2 (the ProRLv2 blog post);
+k3 = ref/pi - 1 - log(ref/pi) (`brorl.algorithm.losses.kl_penalty`)."""
+TISMode = Literal["none", "truncate", "icepop"]
+"""none; truncate: w = min(ratio, cap); icepop: w = ratio inside [tis_min, cap], else 0
+(`brorl.algorithm.losses`)."""
+KeepRule = Literal["binary", "any_difference"]
+"""Which groups dynamic sampling keeps (`FilterParams.keep_rule`, `brorl.algorithm.filtering`)."""
+EngineKind = Literal["hf", "vllm"]
+"""The rollout engine (`GenerateParams.engine`, `brorl.engines.build_engine`)."""
+CompileSetting = Literal["auto", "on", "off"]
+"""The hf engine's compiled decode step (`GenerateParams.compile`,
+`brorl.engines.decode.use_compile`)."""
+
 
 class UpdateParams(Section):
     """The RL update (BroRL §3.1, §4.2.1; the ProRLv2 blog post); the functions live in
@@ -35,7 +54,7 @@ class UpdateParams(Section):
     Xu et al. 2025, `brorl.algorithm.downsample`); advantages are computed on the M. The LR
     follows the rollouts trained: the sqrt rule and the mini-batch split use B * M
     (`trained_per_step`), so the update's cost stops growing with N. Not in the BroRL paper."""
-    allocation: Literal["fixed", "adaptive"] = "fixed"
+    allocation: Allocation = "fixed"
     """How a draw spends its B x N rollouts. `fixed`: N per prompt (the paper). `adaptive`: a
     first round of `first_round` per prompt, then the rest of the draw's B x N to the prompts
     whose groups it makes most informative (Knapsack RL's value, capped at
@@ -71,20 +90,20 @@ class UpdateParams(Section):
     clip_eps_high: float = Field(0.28, ge=0)
     """PPO clip above (clip-higher): ratio <= 1 + eps_high. ProRLv2: 0.28 (the ProRLv2 blog
     post)."""
-    advantage_estimator: Literal["reinforce_pp_baseline", "grpo"] = "reinforce_pp_baseline"
+    advantage_estimator: AdvantageEstimator = "reinforce_pp_baseline"
     """REINFORCE++-baseline (ProRLv2/BroRL, BroRL §3.1) or GRPO (ProRL v1, ProRL (arXiv
     2505.24864) §2)."""
     kl_coef: float = Field(1e-4, ge=0)
     """beta, weight of the KL to the reference (0: off). Stated neither in the BroRL paper nor
     in the ProRLv2 blog post; NeMo-RL's ProRLv2 example config uses 1e-4: our choice."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k2"
+    kl_estimator: KLEstimator = "k2"
     """KL estimator per token; ProRLv2 uses k2 = 0.5 log(pi/ref)^2 (the ProRLv2 blog post)."""
     kl_input_clamp: float = Field(20.0, gt=0)
     """Clamp of log(pi/ref) before the estimator. NeMo-RL's ProRLv2 example config: 20; the ProRLv2
     blog post: 10."""
     kl_output_clamp: float = Field(10.0, gt=0)
     """Clamp of the per-token KL estimate. NeMo-RL's ProRLv2 example config: 10."""
-    tis_mode: Literal["none", "truncate", "icepop"] = "truncate"
+    tis_mode: TISMode = "truncate"
     """Engine->trainer correction: truncated IS as the paper names it (BroRL §3.1); NeMo-RL's
     ProRLv2 example config uses `icepop`; `none` turns it off. Needs `generate.top_p: 1`
     (checked in `ExperimentParams`): the trainer scores log-probs without top-p."""
@@ -181,7 +200,7 @@ class FilterParams(Section):
     enabled: bool = True
     """Filter groups by `keep_rule` and refill (BroRL §3.1). False trains on every drawn group
     (the pass rates are still logged)."""
-    keep_rule: Literal["binary", "any_difference"] = "binary"
+    keep_rule: KeepRule = "binary"
     """`binary`: keep a group iff 0 < #correct < N, correct = reward >= `correct_reward` (the
     paper's rule, BroRL §3.1, Table 2). `any_difference`: keep a group whose rewards are not all
     equal, so partial credit (code, reasoning) keeps a group with no correct rollout: our
@@ -215,7 +234,7 @@ class GenerateParams(Section):
     """Rollout generation (BroRL §3.1, §4.2.4; ProRL (arXiv 2505.24864) §3.2): the engine and its
     sampling; B and N live in `update`."""
 
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: EngineKind = "hf"
     """`hf`: in-process transformers loop (`brorl.engines.hf`); `vllm`: vLLM's offline LLM kept
     alive across steps (`brorl.engines.vllm`). The paper's engine is not stated (its
     throughput argument, BroRL §4.2.4, cites SGLang's prefix caching); ProRL v1 evaluated with
@@ -233,7 +252,7 @@ class GenerateParams(Section):
     than the free memory holds; vllm: `max_num_seqs`), so memory does not grow with N. `auto`:
     hf on CUDA sizes the chunk from the free memory, hf off CUDA and vllm take 256 (vLLM's own
     `max_num_seqs` default)."""
-    compile: Literal["auto", "on", "off"] = "auto"
+    compile: CompileSetting = "auto"
     """hf: compile the fixed-shape decode step (`torch.compile(fullgraph=True)`; on CUDA
     captured as CUDA graphs, one per bucket of rows) or run it eagerly. `auto`: on on CUDA, off
     on CPU, where a cold compile takes 20-30 s per bucket and only the tiny model's step was

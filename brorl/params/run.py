@@ -17,6 +17,12 @@ def own_checkpoints(run_dir: str) -> str:
     return f"{run_dir.rstrip('/')}/checkpoints"
 
 
+ZeroStage = Literal[0, 1, 2]
+"""DeepSpeed ZeRO stage (`TrainParams.zero_stage`); stage 3 is not offered."""
+EvalSplit = Literal["validation", "test", "holdout"]
+"""A split an evaluation scores (`TrainParams.eval_splits`)."""
+
+
 class TrainParams(Section):
     """The RL run (`brorl.train.Trainer`): start point, length, DeepSpeed, checkpoints.
 
@@ -32,7 +38,7 @@ class TrainParams(Section):
     micro_batch_rollouts: PositiveInt = 64
     """Rollouts per forward/backward on each rank; a mini-batch is accumulated from these, so
     memory is bounded by this knob, not by B x N (gradient accumulation)."""
-    zero_stage: Literal[0, 1, 2] = 2
+    zero_stage: ZeroStage = 2
     """DeepSpeed ZeRO stage. Our choice: 2 (optimizer states and gradients partitioned). Stage 3
     is not offered: the rollout engine and the HF checkpoint need whole parameters."""
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
@@ -100,7 +106,7 @@ class TrainParams(Section):
     never stop early."""
     eval_every: PositiveInt = 5
     """Steps between held-out evaluations (also at step 0 and at the step that spends a budget)."""
-    eval_splits: list[Literal["validation", "test", "holdout"]] = Field(["test"], min_length=1)
+    eval_splits: list[EvalSplit] = Field(["test"], min_length=1)
     """Splits each evaluation scores (one record per split): `test` for reported results,
     `validation` for model selection and the plateau rule (never test: selection bias),
     `holdout` for a study's test split drawn from its pool's difficulty band
@@ -108,7 +114,7 @@ class TrainParams(Section):
     eval_steps: list[PositiveInt] = []
     """Steps evaluated besides every `eval_every`-th (e.g. a study's equal-steps point in a run
     whose `eval_every` is its whole length)."""
-    eval_split_samples: dict[Literal["validation", "test", "holdout"], PositiveInt] = {}
+    eval_split_samples: dict[EvalSplit, PositiveInt] = {}
     """Samples per instance of a split when not `eval_samples` (e.g. 64 on a study's hold-out
     split for pass@k up to k = 64, 8 on its full test split)."""
     eval_per_family: PositiveInt = 20

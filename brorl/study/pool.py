@@ -105,9 +105,8 @@ def solve_counter(params: ExperimentParams, policy: Path) -> Callable[..., np.nd
     """`count(problems, n, seed)`: `count_solves` for the policy at `policy` on the hf engine, at
     the training sampling (`generate`), judged by the `verify` section, correct at
     `filter.correct_reward`."""
-    from brorl.engines import build_engine
+    from brorl.engines import EngineConfig, build_engine
     from brorl.policy import load_policy
-    from brorl.train.config import EngineConfig
     from brorl.verifiers import VerifyConfig
 
     g = params.generate

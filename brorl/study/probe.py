@@ -163,10 +163,10 @@ def _missing(params: ExperimentParams, params_path: str, checkpoint: Path) -> st
     it; None when both are there."""
     if not (checkpoint / "config.json").is_file():
         return (f"no checkpoint at {checkpoint} (no config.json): make it with "
-                f"`python -m flows.model --params {params_path}`, or pass --checkpoint")
+                f"`brorl model --params {params_path}`, or pass --checkpoint")
     if not Path(params.data.path).is_dir():
         return (f"no data folder at {params.data.path}: make it with "
-                f"`python -m flows.data --params {params_path}`")
+                f"`brorl data --params {params_path}`")
     return None
 
 

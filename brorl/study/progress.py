@@ -119,8 +119,8 @@ def prepare_run_dir(folder: Path, run_id: str, digest: str) -> Preparation:
 def prepare_session(params: ExperimentParams, root: Path, run_id: str,
                     started: float | None) -> dict[str, Any]:
     """Run `run_id`'s folder made ready for a session (`prepare_run_dir`), and what the session
-    needs as plain values: `line` (the progress line before it), `params` (the run's resolved
-    params), `tags` (arm, seed, N, B), `action`, `cleared_mlflow_run`, `folder`, `start` (the
+    needs: `line` (the progress line before it), `params` (the run's resolved params, an
+    `ExperimentParams`), and as plain values `tags` (arm, seed, N, B), `action`, `cleared_mlflow_run`, `folder`, `start` (the
     shared start file) and `started` (monotonic seconds at the end of the preparation)."""
     run = find_run(params.study, run_id)
     line = progress_line(params.name, run, progress(params, root, run_id, started))
@@ -129,7 +129,7 @@ def prepare_session(params: ExperimentParams, root: Path, run_id: str,
     rp = run_params(params, run)
     tags = {"study": params.name, "arm": run.arm, "seed": str(run.seed),
             "N": str(rp.update.rollouts_per_prompt), "B": str(rp.update.prompts_per_step)}
-    return {"line": line, "params": rp.model_dump(mode="json"), "tags": tags,
+    return {"line": line, "params": rp, "tags": tags,
             "action": done.action, "cleared_mlflow_run": done.cleared_mlflow_run,
             "folder": str(folder), "start": str(root / start_path(params.study)),
             "started": time.monotonic()}

@@ -73,7 +73,7 @@ class RunResult(RunRecord):
     @classmethod
     def load(cls, run: StudyRun, folder: Path) -> RunResult:
         summary, rows = read_run(folder, f"study run {run.id} has not finished; run it (make "
-                                         "study, or python -m flows.study --run ID).")
+                                         "study, or brorl study --run ID).")
         holdout = tuple(read_evals(folder / "evals.jsonl", "holdout"))
         return cls(summary=summary, evals=rows, run=run, holdout=holdout)
 

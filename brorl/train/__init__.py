@@ -13,21 +13,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_HOMES = {"LossConfig": "config", "TrainerConfig": "config", "Direct": "run",
-          "Driver": "run", "Timed": "run", "Run": "run", "RunConfig": "run",
+_HOMES = {"TrainerConfig": "config", "Direct": "run",
+          "Driver": "run", "Timed": "run", "Run": "run", "RunConfig": "config",
           "RunState": "state", "Collected": "collection", "Trainer": "trainer",
           "draw_seed": "trainer", "init_distributed": "trainer", "parameter_digest": "trainer"}
 """Each public name's module: loaded when the name is first used, so `python -m brorl.train`
 checks its arguments and inputs before torch and DeepSpeed load (PEP 562)."""
 
-__all__ = ["Collected", "Direct", "Driver", "LossConfig", "Run", "RunConfig", "RunState", "Timed",
+__all__ = ["Collected", "Direct", "Driver", "Run", "RunConfig", "RunState", "Timed",
            "Trainer", "TrainerConfig", "draw_seed", "init_distributed", "parameter_digest"]
 """`sorted(_HOMES)`, spelled out so that linters see the lazy names as exported."""
 
 if TYPE_CHECKING:
     from brorl.train.collection import Collected
-    from brorl.train.config import LossConfig, TrainerConfig
-    from brorl.train.run import Direct, Driver, Run, RunConfig
+    from brorl.train.config import RunConfig, TrainerConfig
+    from brorl.train.run import Direct, Driver, Run
     from brorl.train.state import RunState
     from brorl.train.trainer import Trainer, draw_seed, init_distributed, parameter_digest
     from brorl.types import Timed

@@ -1,32 +1,32 @@
-"""The trainer's settings as one frozen record of plain values, and its one conversion from params.
+"""The trainer's settings (`TrainerConfig`) and the run's policy (`RunConfig`: length, budgets,
+schedules, evaluation) as frozen records of plain values, each with its one conversion from params.
 
-`TrainerConfig.from_params` builds it from the `update`, `filter`, `generate`, `verify` and
-`train` sections (`LossConfig.from_params` from `update`, `EngineConfig.from_params` from
-`generate`: the records the loss and the rollout engine take); the trainer never sees the pydantic
-schema. No field has a default: the defaults live in `brorl.params` only, so a field this
-conversion forgets fails with a TypeError instead of taking a stale copy. Field meanings and their
+`TrainerConfig.from_params` builds the trainer's from the `update`, `filter`, `generate`, `verify`
+and `train` sections (`LossConfig.from_params` from `update`, `EngineConfig.from_params` from
+`generate`: the records the loss and the rollout engine take, each beside its consumer in
+`brorl.algorithm.losses` and `brorl.engines.base`); the trainer never sees the pydantic schema.
+No field has a default: the defaults live in `brorl.params` only, so a field this conversion
+forgets fails with a TypeError instead of taking a stale copy. Field meanings and their
 sources in the paper are documented on the params fields.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from brorl.params.loading import same_named
+from brorl.algorithm.losses import LossConfig
+from brorl.devices import resolve_dtype
+from brorl.engines.base import EngineConfig
+from brorl.evals import EvalProtocol
+from brorl.train.diagnostics import DiagnosticsConfig
 from brorl.verifiers.config import VerifyConfig
 
 if TYPE_CHECKING:
-    from brorl.params import ExperimentParams, UpdateParams
-
-
-def resolve_dtype(name: str) -> str:
-    """A params dtype with `auto` resolved: bfloat16 where CUDA is present, else float32."""
-    if name != "auto":
-        return name
-    import torch
-
-    return "bfloat16" if torch.cuda.is_available() else "float32"
+    from brorl.params import ExperimentParams
+    from brorl.params.rl import AdvantageEstimator, Allocation, KeepRule
+    from brorl.params.run import ZeroStage
 
 
 AUTO_MICRO_TOKENS = {"cuda": 16384, "cpu": 4096}
@@ -42,62 +42,6 @@ def resolve_micro_tokens(value: int | str | None) -> int | None:
     import torch
 
     return AUTO_MICRO_TOKENS["cuda" if torch.cuda.is_available() else "cpu"]
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Arguments of `brorl.algorithm.losses.policy_loss` besides the tensors."""
-
-    clip_eps_low: float
-    clip_eps_high: float
-    tis_mode: Literal["none", "truncate", "icepop"]
-    tis_cap: float
-    tis_min: float
-    kl_coef: float
-    kl_estimator: Literal["k1", "k2", "k3"]
-    kl_input_clamp: float
-    kl_output_clamp: float
-    entropy_coef: float
-
-    @classmethod
-    def from_params(cls, update: UpdateParams) -> LossConfig:
-        """The loss options of the `update` section (same names)."""
-        return same_named(cls, update)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Arguments of `brorl.engines.build_engine` (and `VllmEngine`) that the params set: the
-    `generate` section's engine settings and the run's seed (`train.seed`, vLLM's own seed)."""
-
-    kind: Literal["hf", "vllm"]
-    """generate.engine."""
-    max_concurrent_rollouts: int | Literal["auto"]
-    """generate.max_concurrent_rollouts: most rollouts decoded at once (`auto`: sized by the
-    engine)."""
-    compile: Literal["auto", "on", "off"]
-    """generate.compile: the hf engine's compiled decode step."""
-    stop_check_tokens: int
-    """generate.stop_check_tokens: hf decode steps between host stop checks."""
-    dtype: str
-    """generate.dtype (`auto` resolved): the vLLM engine's dtype."""
-    gpu_memory_utilization: float
-    """generate.gpu_memory_utilization: vLLM's share of GPU memory."""
-    cpu_kv_cache_gib: int
-    """generate.cpu_kv_cache_gib: vLLM's KV cache on CPU (GiB)."""
-    enforce_eager: bool
-    """generate.enforce_eager: vLLM without graph capture."""
-    seed: int
-    """train.seed."""
-
-    @classmethod
-    def from_params(cls, params: ExperimentParams) -> EngineConfig:
-        g = params.generate
-        return cls(kind=g.engine, max_concurrent_rollouts=g.max_concurrent_rollouts,
-                   compile=g.compile, stop_check_tokens=g.stop_check_tokens,
-                   dtype=resolve_dtype(g.dtype), gpu_memory_utilization=g.gpu_memory_utilization,
-                   cpu_kv_cache_gib=g.cpu_kv_cache_gib, enforce_eager=g.enforce_eager,
-                   seed=params.train.seed)
 
 
 @dataclass(frozen=True)
@@ -119,7 +63,7 @@ class TrainerConfig:
     """update.rollouts_per_prompt: N."""
     train_subset: int | None
     """update.train_subset: M, rollouts per group trained (max reward variance); None: all N."""
-    allocation: Literal["fixed", "adaptive"]
+    allocation: Allocation
     """update.allocation: N per prompt, or a first round then the rest where it teaches most."""
     first_round: int
     """update.first_round_rollouts: n0 of the adaptive allocation."""
@@ -136,7 +80,7 @@ class TrainerConfig:
     """train.micro_batch_rollouts: rollouts per forward/backward."""
     max_tokens_per_micro_batch: int | None
     """update.max_tokens_per_micro_batch resolved (`resolve_micro_tokens`); None: row-padded."""
-    advantage_estimator: Literal["reinforce_pp_baseline", "grpo"]
+    advantage_estimator: AdvantageEstimator
     """update.advantage_estimator."""
     loss: LossConfig
     """The loss options of the `update` section (`LossConfig.from_params`)."""
@@ -147,7 +91,7 @@ class TrainerConfig:
     # dynamic sampling
     filter_enabled: bool
     """filter.enabled: drop the groups `keep_rule` fails and refill."""
-    keep_rule: Literal["binary", "any_difference"]
+    keep_rule: KeepRule
     """filter.keep_rule: 0 < #correct < N (the paper) or rewards not all equal."""
     filter_max_draws: int
     """filter.max_draws: most generate + verify rounds per step."""
@@ -170,7 +114,7 @@ class TrainerConfig:
     verify: VerifyConfig
     """How the rollouts are judged (`VerifyConfig.from_params` of the `verify` section)."""
     # optimisation (DeepSpeed)
-    zero_stage: Literal[0, 1, 2]
+    zero_stage: ZeroStage
     """train.zero_stage: DeepSpeed ZeRO stage."""
     dtype: Literal["float32", "bfloat16"]
     """train.dtype: training precision."""
@@ -186,7 +130,7 @@ class TrainerConfig:
     """train.peak_tflops: the device's peak for `perf/mfu` (None: its data sheet's, if known)."""
     warmup_steps: int
     """train.warmup_steps: linear LR warm-up (optimizer steps)."""
-    # checkpoints (their schedule is the run's: `brorl.train.run.RunConfig`)
+    # checkpoints (their schedule is the run's: `RunConfig`)
     keep_checkpoints: int
     """train.keep_checkpoints: checkpoints kept on disk."""
 
@@ -232,3 +176,41 @@ class TrainerConfig:
                 f"train_subset = {m}: the rollouts trained per group must be 2..N-1 with N = "
                 f"{self.rollouts_per_prompt}, or None for all N (update.train_subset)."
             )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run's policy: length, budgets, schedules, evaluation, where outputs go."""
+
+    name: str
+    run_dir: str
+    data_path: str
+    steps: int
+    max_rollouts: int | None
+    min_steps: int | None
+    max_seconds: float | None
+    plateau_patience: int | None
+    eval_every: int
+    checkpoint_every: int
+    save_rollouts: bool
+    eval_splits: tuple[str, ...]
+    eval_protocol: EvalProtocol
+    diagnostics: DiagnosticsConfig
+    root: str
+    """The checkout, which the paths in the run's files are relative to."""
+    eval_steps: tuple[int, ...]
+    """Steps evaluated besides every `eval_every`-th (`train.eval_steps`)."""
+
+    @classmethod
+    def from_params(cls, params: ExperimentParams, root: Path) -> RunConfig:
+        """The `train` section's run policy; `run_dir` resolved against `root`."""
+        t = params.train
+        return cls(
+            name=params.name, run_dir=str(root / t.run_dir), root=str(root),
+            data_path=params.data.path, steps=t.steps, max_rollouts=t.max_rollouts,
+            min_steps=t.min_steps, max_seconds=t.max_seconds,
+            plateau_patience=t.plateau_patience, eval_every=t.eval_every,
+            eval_steps=tuple(t.eval_steps),
+            checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
+            eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
+            diagnostics=DiagnosticsConfig.from_params(params))

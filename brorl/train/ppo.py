@@ -32,12 +32,12 @@ config), §4.2.1 (fixed mini-batch count).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from brorl.algorithm.losses import policy_loss, token_entropy
+from brorl.algorithm.losses import LossConfig, policy_loss, token_entropy
 from brorl.policy.prefix import (
     Prefix,
     attention_mask_4d,
@@ -48,9 +48,6 @@ from brorl.policy.prefix import (
 )
 from brorl.train.micro import MicroBatch, describe, plan
 from brorl.types import RolloutBatch
-
-if TYPE_CHECKING:
-    from brorl.train.config import LossConfig
 
 
 def prefill_prompts(model: torch.nn.Module, batch: RolloutBatch, prompts: list[int],

@@ -21,9 +21,10 @@ The run's folder holds no wall-clock figure or absolute path (same weights, same
 the seconds go to `<run_dir>.timings.json` beside it (`brorl.timings`), with every checkpoint.
 
 The loop is written once, here (`train`, `step`). Orchestration plugs in through a `Driver`:
-`stage(run, name, *args)` runs the stage method `run.<name>(*args)` (the Prefect driver runs it
-as a task of that name), `iteration(step, body)` runs one step (the Prefect driver makes it a
-subflow), `on_step(run, metrics)` observes a finished step (MLflow logging). `Direct` runs
+`stage(run, method, *args)` runs the stage method `method(run, *args)` (`Run.verify`, ...: the
+function itself, so the result has its type; the Prefect driver runs it as its task),
+`iteration(step, body)` runs one step (the Prefect driver makes it a subflow),
+`on_step(run, metrics)` observes a finished step (MLflow logging). `Direct` runs
 everything in place. Every stage method takes its inputs and returns its output with its own
 seconds (`Timed`), so the orchestration's share of a step is the step's wall time minus the
 stages' seconds.
@@ -43,15 +44,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from brorl.data import load_split
 from brorl.evals import (
     SELECTION_METRIC,
-    EvalProtocol,
     eval_metrics,
     evals_jsonl,
     row_split,
@@ -62,8 +61,8 @@ from brorl.run_files import record_params
 from brorl.timings import read_timings, write_timings
 from brorl.train import checkpoint as ckpt
 from brorl.train.collection import Collected, Collection
+from brorl.train.config import RunConfig, TrainerConfig
 from brorl.train.diagnostics import (
-    DiagnosticsConfig,
     Shrinkage,
     build_probes,
     first_order_split,
@@ -83,11 +82,16 @@ if TYPE_CHECKING:
 TRAIN_STAGES = ("sample_prompts", "generate_rollouts", "verify", "filter", "ppo_update")
 """The stages whose seconds are training time (`train/seconds`, the `max_seconds` budget)."""
 
+P = ParamSpec("P")
+T = TypeVar("T")
+Stage = Callable[Concatenate["Run", P], Timed[T]]
+"""A stage method of `Run` (`Run.verify`): the run and the stage's inputs in, its output out."""
+
 
 class Driver(Protocol):
     """How the loop's stages and steps are run (see the module docstring)."""
 
-    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]: ...
+    def stage(self, run: Run, method: Stage[P, T], *args: P.args) -> Timed[T]: ...
 
     def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]: ...
 
@@ -100,8 +104,8 @@ class Direct:
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         self.progress = progress
 
-    def stage(self, run: Run, name: str, *args: Any) -> Timed[Any]:
-        return getattr(run, name)(*args)
+    def stage(self, run: Run, method: Stage[P, T], *args: P.args) -> Timed[T]:
+        return method(run, *args)
 
     def iteration(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
         return body()
@@ -109,44 +113,6 @@ class Direct:
     def on_step(self, run: Run, metrics: dict[str, float]) -> None:
         if self.progress is not None and run.trainer.rank == 0:
             self.progress(step_line(run.config.name, run.step_count, metrics))
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """The run's policy: length, budgets, schedules, evaluation, where outputs go."""
-
-    name: str
-    run_dir: str
-    data_path: str
-    steps: int
-    max_rollouts: int | None
-    min_steps: int | None
-    max_seconds: float | None
-    plateau_patience: int | None
-    eval_every: int
-    checkpoint_every: int
-    save_rollouts: bool
-    eval_splits: tuple[str, ...]
-    eval_protocol: EvalProtocol
-    diagnostics: DiagnosticsConfig
-    root: str
-    """The checkout, which the paths in the run's files are relative to."""
-    eval_steps: tuple[int, ...]
-    """Steps evaluated besides every `eval_every`-th (`train.eval_steps`)."""
-
-    @classmethod
-    def from_params(cls, params: ExperimentParams, root: Path) -> RunConfig:
-        """The `train` section's run policy; `run_dir` resolved against `root`."""
-        t = params.train
-        return cls(
-            name=params.name, run_dir=str(root / t.run_dir), root=str(root),
-            data_path=params.data.path, steps=t.steps, max_rollouts=t.max_rollouts,
-            min_steps=t.min_steps, max_seconds=t.max_seconds,
-            plateau_patience=t.plateau_patience, eval_every=t.eval_every,
-            eval_steps=tuple(t.eval_steps),
-            checkpoint_every=t.checkpoint_every, save_rollouts=t.save_rollouts,
-            eval_splits=tuple(t.eval_splits), eval_protocol=EvalProtocol.from_params(params),
-            diagnostics=DiagnosticsConfig.from_params(params))
 
 
 class Run:
@@ -183,8 +149,6 @@ class Run:
         shrinkage probes are `diagnostics.probes_per_family` validation problems drawn by
         `diagnostics.seed`."""
         from dataclasses import replace
-
-        from brorl.train.config import TrainerConfig
 
         root = Path(root)
         config = TrainerConfig.from_params(params)
@@ -401,22 +365,22 @@ class Run:
         two a stage only on the steps it is due). Returns the step's metrics."""
         work: dict[str, float] = {}
 
-        def stage(name: str, *args: Any) -> Timed[Any]:
-            out = driver.stage(self, name, *args)
-            work[name] = work.get(name, 0.0) + out.seconds
+        def stage(method: Stage[P, T], *args: P.args) -> Timed[T]:
+            out = driver.stage(self, method, *args)
+            work[method.__name__] = work.get(method.__name__, 0.0) + out.seconds
             return out
 
         collection = self.trainer.start_collection(self.rollouts_left())
         done = False
         while not done:  # every rank, in step: the same prompts, each rank its share of them
-            problems = stage("sample_prompts", collection).value
-            share = stage("generate_rollouts", problems, collection)
-            groups = stage("verify", problems, share.value, collection)
+            problems = stage(Run.sample_prompts, collection).value
+            share = stage(Run.generate_rollouts, problems, collection)
+            groups = stage(Run.verify, problems, share.value, collection)
             verifier = share.value.verifier
             seconds = {"generate": share.seconds, "verify": groups.seconds,
                        "verify_work": verifier.work_seconds if verifier else 0.0}
-            done = stage("filter", collection, groups.value, seconds).value
-        metrics = stage("ppo_update", collection).value
+            done = stage(Run.filter, collection, groups.value, seconds).value
+        metrics = stage(Run.ppo_update, collection).value
         s = self.state
         s.rollouts += int(metrics["generate/rollouts"])
         if s.budget_step is None and self.budget_spent():
@@ -426,11 +390,11 @@ class Run:
         metrics.update({"train/seconds": train_seconds, "train/seconds_total": s.train_seconds,
                         "generate/rollouts_total": float(s.rollouts)})
         if self.eval_due():
-            metrics.update(stage("evaluate").value)
+            metrics.update(stage(Run.evaluate).value)
             s.eval_seconds += work["evaluate"]
         s.history.append(metrics)  # before the checkpoint, so a resume keeps it
         if self.checkpoint_due():  # a stage (a task in the flow) only when one is taken
-            stage("checkpoint")
+            stage(Run.checkpoint)
             s.checkpoint_seconds += work["checkpoint"]
         metrics.update({f"time/{name}": seconds for name, seconds in work.items()})
         return metrics
@@ -453,7 +417,7 @@ class Run:
                                      "under another policy, instances or sampling than this "
                                      "run's; score it again from this run's params.")
                 args = ([dict(row) for row in start["rows"]],)
-            first = driver.stage(self, "evaluate", *args)
+            first = driver.stage(self, Run.evaluate, *args)
             self.state.eval_seconds += first.seconds
             driver.on_step(self, {"train/step": 0.0, **first.value,
                                   "time/evaluate": first.seconds})
