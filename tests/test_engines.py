@@ -204,6 +204,13 @@ def test_invalid_settings_fail_with_a_fix(policy):
         HfEngine(model, tokenizer, max_concurrent_rollouts=0)
     with pytest.raises(ValueError, match="prompts \\[1\\] tokenize to no tokens"):
         HfEngine(model, tokenizer, max_concurrent_rollouts=2).generate(["a", ""], 2, SAMPLING)
+    with pytest.raises(ValueError, match="prompt_keys replace first_prompt"):
+        replace(SAMPLING, first_prompt=1, prompt_keys=(0,))
+    with pytest.raises(ValueError, match="prompt_keys must lie in"):
+        replace(SAMPLING, prompt_keys=(2 ** 40,))
+    with pytest.raises(ValueError, match="one key per prompt"):
+        HfEngine(model, tokenizer, max_concurrent_rollouts=2).generate(
+            ["a", "b"], 2, replace(SAMPLING, prompt_keys=(5,)))
 
 
 def test_importing_the_engines_does_not_import_vllm():
@@ -403,3 +410,22 @@ def test_a_slice_of_a_draw_samples_the_rollouts_the_whole_draw_gives_it(policy):
     assert part.texts == whole.texts[4:]
     shifted = engine.generate(PROMPTS[1:], 4, SAMPLING)  # counted from 0: other rollouts
     assert not torch.equal(shifted.response_ids[:, :t], part.response_ids)
+
+
+def test_a_keyed_prompt_samples_the_same_rollouts_whatever_shares_its_call(policy):
+    """With `prompt_keys`, a prompt's rollouts are those of its key: the same alone, among
+    others, in another order and in other chunks; keys 1..3 give what `first_prompt=1` gives
+    (the draw's own keys), another key other rollouts."""
+    model, tokenizer = policy
+    engine = HfEngine(model, tokenizer, max_concurrent_rollouts=5)
+    keys = (11, 2 ** 40 - 1, 7, 123456789)
+    whole = engine.generate(PROMPTS, 3, replace(SAMPLING, prompt_keys=keys))
+    for order in ([2], [3, 1], [1, 0, 3, 2]):
+        part = engine.generate([PROMPTS[i] for i in order], 3,
+                               replace(SAMPLING, prompt_keys=tuple(keys[i] for i in order)))
+        assert part.texts == tuple(whole.texts[3 * i + k] for i in order for k in range(3))
+    slice_ = engine.generate(PROMPTS[1:], 3, replace(SAMPLING, first_prompt=1))
+    keyed = engine.generate(PROMPTS[1:], 3, replace(SAMPLING, prompt_keys=(1, 2, 3)))
+    assert keyed.texts == slice_.texts and torch.equal(keyed.response_ids, slice_.response_ids)
+    other = engine.generate(PROMPTS[1:], 3, replace(SAMPLING, prompt_keys=(4, 5, 6)))
+    assert other.texts != keyed.texts

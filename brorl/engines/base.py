@@ -23,6 +23,10 @@ from brorl.types import RolloutBatch
 
 _MASK64 = (1 << 64) - 1
 
+PROMPT_KEYS = 1 << 40
+"""Bound of `SamplingConfig.prompt_keys`: the vLLM engine spaces a prompt's request seed by
+2^20 per key (`brorl.engines.vllm`), the hf engine's rollout ids `key * n + k` stay below 2^60."""
+
 AUTO_ROWS = 256
 """Rollouts decoded at once with `generate.max_concurrent_rollouts: auto` where no memory
 figure sizes them: the in-process engine off CUDA and vLLM's `max_num_seqs` (vLLM's own
@@ -42,6 +46,11 @@ class SamplingConfig:
     """Index of the call's first prompt in its draw: rollout k of the call's prompt b is sampled
     as rollout k of prompt `first_prompt + b`, so a rank that generates a slice of a draw's
     prompts gets the rollouts one process generating the whole draw would."""
+    prompt_keys: tuple[int, ...] | None = None
+    """Each prompt's own key in [0, 2^40) instead of its place in the draw (then `first_prompt`
+    stays 0): rollout k of the call's prompt b is sampled as rollout k of prompt
+    `prompt_keys[b]`, so a prompt keyed by what it is (an evaluation's instance) gets the same
+    rollouts whatever other prompts share the call and in whatever order."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -52,6 +61,36 @@ class SamplingConfig:
             raise ValueError(f"max_response_tokens {self.max_response_tokens} must be >= 1.")
         if self.first_prompt < 0:
             raise ValueError(f"first_prompt {self.first_prompt} must be >= 0 (a prompt index).")
+        if self.prompt_keys is not None and self.first_prompt:
+            raise ValueError(f"prompt_keys replace first_prompt ({self.first_prompt}); set one "
+                             "of them, not both.")
+        if self.prompt_keys is not None and not all(0 <= k < PROMPT_KEYS for k in self.prompt_keys):
+            raise ValueError(f"prompt_keys must lie in [0, 2^40), got min "
+                             f"{min(self.prompt_keys)}, max {max(self.prompt_keys)}; reduce "
+                             "them modulo 2^40.")
+
+    def prompt_key(self, b: int) -> int:
+        """The key rollout k of the call's prompt b is sampled under (as rollout k of it)."""
+        return self.first_prompt + b if self.prompt_keys is None else self.prompt_keys[b]
+
+    def rollout_ids(self, rows: torch.Tensor, n: int) -> torch.Tensor:
+        """`[R]` int64 ids in the draw of the call's rows `rows [R]` (prompt-major, `n` per
+        prompt): row b * n + k is rollout `prompt_key(b) * n + k` (`counter_uniform`'s id;
+        distinct for distinct keys, below 2^60 for n <= 2^20)."""
+        if self.prompt_keys is None:
+            return rows + n * self.first_prompt
+        keys = torch.tensor(self.prompt_keys, dtype=torch.int64, device=rows.device)
+        return keys[rows // n] * n + rows % n
+
+
+def check_call(prompts: int, n: int, sampling: SamplingConfig) -> None:
+    """Refuse an engine call without prompts, with n < 1, or whose `prompt_keys` do not key
+    each of its `prompts` once."""
+    if n < 1 or not prompts:
+        raise ValueError(f"need at least one prompt and n >= 1, got {prompts} prompts, n={n}.")
+    if sampling.prompt_keys is not None and len(sampling.prompt_keys) != prompts:
+        raise ValueError(f"{len(sampling.prompt_keys)} prompt_keys for {prompts} prompts; give "
+                         "one key per prompt.")
 
 
 def assemble_batch(prompt_ids: Sequence[tuple[int, ...]], n: int, tokens: torch.Tensor,
