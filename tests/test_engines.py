@@ -16,6 +16,8 @@ import torch
 from brorl.engines import build_engine
 from brorl.engines.base import (
     SamplingConfig,
+    _nucleus_among_top,
+    _nucleus_by_sort,
     counter_uniform,
     sample_tokens,
     sampling_logprobs,
@@ -79,6 +81,25 @@ def test_sampling_logprobs_applies_temperature_then_top_p():
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
     got = sampling_logprobs(logits, 1.0, 0.7).exp()
     assert torch.allclose(got, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+def test_the_nucleus_among_the_top_tokens_is_the_full_sorts_nucleus():
+    """The eager top-p's partial sort keeps exactly the tokens a sort of the whole vocabulary
+    keeps (fast against slow), and hands over to the sort when a row's nucleus reaches beyond
+    its candidates."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 5000, generator=gen) * 2
+    logits[:, :20] += torch.linspace(2, 14, 64)[:, None]  # from flat-ish rows to peaked ones
+    for temperature, top_p in ((0.6, 0.95), (1.0, 0.9), (1.2, 0.5)):
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        peaked = logp[32:]  # their nucleus lies among the 256 most probable tokens
+        fast = _nucleus_among_top(peaked, top_p)
+        assert fast is not None and torch.equal(fast, _nucleus_by_sort(peaked, top_p))
+        assert _nucleus_among_top(logp, top_p) is None  # the flat rows' nucleus is wider
+        # either way sampling_logprobs gives the full sort's distribution, bit for bit
+        slow = torch.log_softmax(logp.masked_fill(_nucleus_by_sort(logp, top_p), -math.inf), -1)
+        assert torch.equal(sampling_logprobs(logits, temperature, top_p), slow)
+        assert torch.equal(sampling_logprobs(logits[32:], temperature, top_p), slow[32:])
 
 
 def test_chunked_generation_equals_unchunked_for_a_seed(policy):

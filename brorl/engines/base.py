@@ -133,6 +133,17 @@ class RolloutEngine(Protocol):
         ...
 
 
+NUCLEUS_CANDIDATES = 256
+"""Most probable tokens among which the eager top-p looks for the nucleus first
+(`sampling_logprobs`): a partial sort of 256 instead of a sort of the whole vocabulary. Measured
+on this 2-core CPU (SmolLM2-135M, V = 49,152, 128 rows, temperature 0.6, top-p 0.95, one
+thread): the full sort and its inverse permutation took 39 s of an 87 s evaluation."""
+
+NUCLEUS_MARGIN = 1e-5
+"""How far above `top_p` the candidates' mass must reach for the nucleus to lie among them: it
+covers the float32 rounding of the full sort's running sums, so both ways keep the same tokens."""
+
+
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """Log-probabilities of the sampling distribution, `[..., V]` -> `[..., V]` float32.
 
@@ -140,19 +151,49 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) ->
     renormalised (the nucleus is the smallest prefix of tokens, by descending probability, whose
     mass reaches `top_p`; the token that crosses it is kept). Temperature 0 gives the raw model
     log-probabilities (greedy decoding scores its tokens under the unscaled model).
+
+    Eager, the nucleus is first sought among the `NUCLEUS_CANDIDATES` most probable tokens
+    (`_nucleus_among_top`) and the whole vocabulary is sorted only when it reaches beyond them
+    (one host sync per call); compiled (no data-dependent branch), the vocabulary is sorted.
+    Both keep the same tokens but where tokens of equal probability straddle the nucleus's edge
+    (which of them a sort puts first is arbitrary either way).
     """
     scaled = logits.float() / temperature if temperature > 0 else logits.float()
     logp = torch.log_softmax(scaled, dim=-1)
     if top_p >= 1.0 or temperature == 0:
         return logp
+    drop = None if torch.compiler.is_compiling() else _nucleus_among_top(logp, top_p)
+    if drop is None:
+        drop = _nucleus_by_sort(logp, top_p)
+    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+def _nucleus_by_sort(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`[..., V]` bool, True outside the top-p nucleus, from a sort of the whole vocabulary."""
     sorted_logp, order = logp.sort(dim=-1, descending=True)
     mass_before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()
     drop_sorted = mass_before >= top_p
     # back to vocabulary order through the inverse permutation (a gather), not a scatter:
     # inductor's AVX2 code for that scatter (torch 2.13, the pinned kernel path) reads past its
     # vectors and fails its own index check
-    drop = drop_sorted.gather(-1, order.argsort(dim=-1))
-    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    return drop_sorted.gather(-1, order.argsort(dim=-1))
+
+
+def _nucleus_among_top(logp: torch.Tensor, top_p: float,
+                       k: int = NUCLEUS_CANDIDATES) -> torch.Tensor | None:
+    """`[..., V]` bool, True outside the top-p nucleus, found among each row's `k` most probable
+    tokens (`topk`, sorted as the full sort's first k); None when a row's k most probable tokens
+    hold less than `top_p + NUCLEUS_MARGIN` (its nucleus may reach beyond them). The running
+    sums of the first k are those of the full sort, so the kept tokens are its kept tokens."""
+    if k >= logp.shape[-1]:
+        return None
+    top, index = logp.topk(k, dim=-1)
+    probs = top.exp()
+    mass = probs.cumsum(dim=-1)
+    if not bool((mass[..., -1] >= top_p + NUCLEUS_MARGIN).all()):
+        return None
+    keep = torch.zeros_like(logp, dtype=torch.bool).scatter_(-1, index, mass - probs < top_p)
+    return ~keep
 
 
 def _signed(value: int) -> int:
