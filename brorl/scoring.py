@@ -130,8 +130,8 @@ def sample_responses(engine: RolloutEngine, tokenizer, problems: Sequence[Proble
     prefilled once and shared by its n samples); temperature 0 is greedy.
 
     Counter-based: sample j of a problem is rollout j of its `instance_key` under `seed`, so the
-    same problem gets the same responses whatever else is sampled with it (and in any order,
-    chunking or thread count of the engine)."""
+    same problem gets the same responses whatever else is sampled with it, in whatever order
+    and however the engine chunks the call."""
     from brorl.engines import SamplingConfig  # transformers loads with the engine, not here
 
     sampling = SamplingConfig(temperature=temperature, top_p=top_p,
