@@ -4,9 +4,10 @@ Scores the model stage's checkpoint of a params file (`model.checkpoint`) on hel
 every family (the params' data settings, each family's generated count switched on, the
 VALIDATION split: choosing families on the test split would select on it), k samples per
 problem, at the evaluation protocol (temperature 0.6, top-p 0.95, BroRL App. D) and at the rollout
-temperatures given. Prints and records (benchmarks/record.py) per family and temperature: pass@1
-(avg@k), the share of problems solved at least once, the mean response length in the model's
-tokens and the share cut at the length limit; then per task at the evaluation protocol.
+temperatures given, sampled by the params' rollout engine as evaluations are. Prints and records
+(benchmarks/record.py) per family and temperature: pass@1 (avg@k), the share of problems solved
+at least once, the mean response length in the model's tokens and the share cut at the length
+limit; then per task at the evaluation protocol.
 
 Usage: python benchmarks/base_pass_rates.py --params params/smollm2.yaml
        (after `brorl model --params params/smollm2.yaml` wrote the checkpoint)
@@ -42,25 +43,22 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from brorl.data import DataConfig, make_splits
-    from brorl.evals import sample_per_family
+    from brorl.evals import policy_engine, sample_per_family
     from brorl.families import verify_batch
     from brorl.params import load_params
-    from brorl.policy import load_policy
-    from brorl.prompts import render_prompt
     from brorl.scoring import sample_responses
 
     params = load_params(ROOT / args.params, [f"data.{f}_per_task={args.per_task}"
                                               for f in ("math", "code", "reasoning")])
     problems = sample_per_family(make_splits(DataConfig.from_params(params.data))["validation"],
                                  args.per_family, params.train.eval_seed)
-    model, tokenizer = load_policy(ROOT / params.model.checkpoint)
-    prompts = [render_prompt(p, tokenizer) for p in problems]
+    engine, tokenizer = policy_engine(params, ROOT / params.model.checkpoint)
     limit = params.generate.max_response_tokens
     families, tasks = [], []
     for temperature in (float(t) for t in args.temperatures.split(",")):
         started = time.perf_counter()
         top_p = 0.95 if temperature == 0.6 else 1.0
-        responses = sample_responses(model, tokenizer, prompts, n=args.samples,
+        responses = sample_responses(engine, tokenizer, problems, n=args.samples,
                                      max_new_tokens=limit, temperature=temperature,
                                      top_p=top_p, seed=0)
         flat = [r for rs in responses for r in rs]

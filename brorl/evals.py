@@ -4,8 +4,10 @@ row per (step, split)), and its metrics.
 `EvalProtocol` is how a policy is evaluated, built once from the params (`from_params`): each
 family's `per_family` instances drawn by `seed` (`sample_per_family`: the same instances at every
 evaluation, and in every run with that seed), `samples` samples of each at `temperature` and
-`top_p`, at most `max_response_tokens` tokens, sampled under `seed`. The run's evaluations
-(`brorl.train.Run`) and the `evaluate` stage (`tasks/evaluate.py`) score through `score`.
+`top_p`, at most `max_response_tokens` tokens, sampled under `seed` by the run's rollout engine
+(`generate.engine`; an instance's samples are keyed by its id, `brorl.scoring.instance_key`). The
+run's evaluations (`brorl.train.Run`, through its trainer's engine) and the `evaluate` stage
+(`tasks/evaluate.py`, through `policy_engine`) score through `score`.
 
 `RunState.evals` holds these rows (`eval_record`): {"step", "split" ("test" | "validation" |
 "holdout"), "samples" (k),
@@ -44,6 +46,7 @@ from brorl.types import Problem
 from brorl.verifiers import VerifyConfig
 
 if TYPE_CHECKING:
+    from brorl.engines import RolloutEngine
     from brorl.params import ExperimentParams
 
 PREFIX = {"test": "eval", "validation": "val", "holdout": "holdout"}
@@ -160,19 +163,39 @@ class EvalProtocol:
             out["split_samples"] = dict(self.split_samples)
         return out
 
-    def score(self, model, tokenizer, problems: Sequence[Problem], *, split: str, step: int = 0,
-              seconds: float = 0.0, rollouts: int = 0, replicate: int = 0) -> dict[str, Any]:
-        """The eval row of a policy on `problems`: `samples_of(split)` samples of each instance
-        (avg@k, pass@k for k = 1, 2, 4, ... up to them) under one seed: `seed`, or for
-        `replicate` r > 0 (another draw of the same evaluation, e.g. a study's start scored
-        several times) `seed + r * REPLICATE_STRIDE` on the same instances."""
+    def score(self, engine: RolloutEngine, tokenizer, problems: Sequence[Problem], *, split: str,
+              step: int = 0, seconds: float = 0.0, rollouts: int = 0,
+              replicate: int = 0) -> dict[str, Any]:
+        """The eval row of the policy `engine` samples from (the run's rollout engine) on
+        `problems`: `samples_of(split)` samples of each instance (avg@k, pass@k for k = 1, 2, 4,
+        ... up to them) under one seed: `seed`, or for `replicate` r > 0 (another draw of the
+        same evaluation, e.g. a study's start scored several times) `seed + r *
+        REPLICATE_STRIDE` on the same instances. An instance's samples depend on that seed, its
+        id and the policy only (`brorl.scoring.sample_responses`): not on the step, the split or
+        the other instances, so every evaluation of a run, and every run of a study, draws an
+        instance's samples from the same random numbers (differences between checkpoints are
+        not differences between draws)."""
         n = self.samples_of(split)
         k_values = sorted({1, n, *(2 ** i for i in range(n.bit_length()) if 2 ** i <= n)})
         scores, rewards = evaluate_policy(
-            model, tokenizer, problems, n=n, k_values=k_values,
+            engine, tokenizer, problems, n=n, k_values=k_values,
             max_new_tokens=self.max_response_tokens, temperature=self.temperature,
             top_p=self.top_p, seed=self.seed + replicate * REPLICATE_STRIDE, verify=self.verify)
         return eval_record(step, split, seconds, rollouts, problems, scores, rewards)
+
+
+def policy_engine(params: ExperimentParams, path: str | Path) -> tuple[RolloutEngine, Any]:
+    """(the rollout engine of `params`' `generate` section over the policy saved at `path`, its
+    tokenizer): what a stage that evaluates a saved policy (`tasks/evaluate.py`) samples with,
+    the engine its run trained with."""
+    from brorl.engines import build_engine
+    from brorl.engines.base import EngineConfig
+    from brorl.policy import load_policy
+
+    model, tokenizer = load_policy(path)
+    engine = build_engine(EngineConfig.from_params(params), model=model, tokenizer=tokenizer,
+                          model_path=path, max_model_len=model.config.max_position_embeddings)
+    return engine, tokenizer
 
 
 REPLICATE_STRIDE = 1_000_003

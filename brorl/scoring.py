@@ -15,8 +15,10 @@ run evaluates (which instances, how many samples, the sampling) and the row it r
 - `instance_scores`: the same per instance (avg@k pass@1 and the headline score), the unit of the
   paired tests and of the bootstrap over instances.
   Paired tests over them live in `brorl.stats.paired_test`.
-- `evaluate_policy`: render with `brorl.prompts`, sample with plain transformers generation,
-  score with `brorl.families.verify_batch` (the same code as the RL reward).
+- `evaluate_policy`: render with `brorl.prompts`, sample through the run's rollout engine (the
+  rollouts' sampler, `brorl.engines`: each prompt prefilled once for its k samples, each
+  instance's samples keyed by its id, `instance_key`), score with
+  `brorl.families.verify_batch` (the same code as the RL reward).
 
 Deliberately ignored: per-benchmark context limits, RG's unknown "Avg" weighting (BroRL Table 5 does
 not say how it is formed).
@@ -24,17 +26,21 @@ not say how it is formed).
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from brorl.families import family, verify_batch
-from brorl.policy.tokens import decode_responses, model_stop_ids, pad_id
 from brorl.prompts import render_prompt
 from brorl.types import Problem
 from brorl.verifiers import VerifyConfig
+
+if TYPE_CHECKING:
+    from brorl.engines import RolloutEngine
+
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -102,42 +108,45 @@ def instance_scores(problems: Sequence[Problem], rewards: np.ndarray,
             "score": [float(per[family(p.family).headline][i]) for i, p in enumerate(problems)]}
 
 
-@torch.no_grad()
-def sample_responses(model, tokenizer, prompts: Sequence[str], *, n: int, max_new_tokens: int,
-                     temperature: float, top_p: float, seed: int,
-                     rows_per_call: int = 64) -> list[list[str]]:
-    """n responses per prompt `[B][n]` by transformers `generate`; temperature 0 is greedy.
-
-    Deterministic for a seed (the global RNG is forked, not disturbed). Prompts are encoded as
-    rendered (no special tokens added), responses stop at any of the model's stop ids and are
-    decoded without special tokens (`brorl.policy.tokens`).
-    """
-    flat = [p for p in prompts for _ in range(n)]
-    texts: list[str] = []
-    device = next(model.parameters()).device
-    stops = list(model_stop_ids(model, tokenizer))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for start in range(0, len(flat), rows_per_call):
-            enc = tokenizer(flat[start:start + rows_per_call], return_tensors="pt", padding=True,
-                            padding_side="left", add_special_tokens=False).to(device)
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                 temperature=temperature if temperature > 0 else None,
-                                 top_p=top_p if temperature > 0 else None, top_k=None,
-                                 pad_token_id=pad_id(tokenizer), eos_token_id=stops)
-            texts += decode_responses(tokenizer, out[:, enc["input_ids"].shape[1]:].tolist())
-    return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+INSTANCE_KEY_BITS = 40
+"""Bits of an instance's sampling key (`instance_key`): the engines' bound on prompt keys
+(`brorl.engines.base.PROMPT_KEYS`)."""
 
 
-def evaluate_policy(model, tokenizer, problems: Sequence[Problem], *, n: int,
+def instance_key(problem_id: str) -> int:
+    """An evaluation instance's sampling key: the first 40 bits of the SHA-256 of its id. Its k
+    samples are rollouts 0..k-1 of this key (`SamplingConfig.prompt_keys`), so they depend on the
+    instance, the seed and the policy only, not on the other instances of the evaluation."""
+    digest = hashlib.sha256(problem_id.encode()).digest()
+    return int.from_bytes(digest, "big") >> (256 - INSTANCE_KEY_BITS)
+
+
+def sample_responses(engine: RolloutEngine, tokenizer, problems: Sequence[Problem], *, n: int,
+                     max_new_tokens: int, temperature: float, top_p: float, seed: int
+                     ) -> list[list[str]]:
+    """n responses per problem `[B][n]` from one call of the rollout engine (each prompt
+    prefilled once and shared by its n samples); temperature 0 is greedy.
+
+    Counter-based: sample j of a problem is rollout j of its `instance_key` under `seed`, so the
+    same problem gets the same responses whatever else is sampled with it, in whatever order
+    and however the engine chunks the call."""
+    from brorl.engines import SamplingConfig  # transformers loads with the engine, not here
+
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p,
+                              max_response_tokens=max_new_tokens, seed=seed,
+                              prompt_keys=tuple(instance_key(p.id) for p in problems))
+    batch = engine.generate([render_prompt(p, tokenizer) for p in problems], n, sampling)
+    return [list(batch.texts[i * n:(i + 1) * n]) for i in range(len(problems))]
+
+
+def evaluate_policy(engine: RolloutEngine, tokenizer, problems: Sequence[Problem], *, n: int,
                     max_new_tokens: int, temperature: float, top_p: float, seed: int,
                     k_values: Sequence[int] = (1,), verify: VerifyConfig = VerifyConfig()
                     ) -> tuple[dict, np.ndarray]:
-    """Sample n responses per problem (at most `max_new_tokens` tokens, `temperature` 0 greedy,
-    nucleus `top_p`, one `seed`), judge them under `verify`, score them: (scores, rewards
-    `[B, n]`)."""
-    prompts = [render_prompt(p, tokenizer) for p in problems]
-    responses = sample_responses(model, tokenizer, prompts, n=n, max_new_tokens=max_new_tokens,
+    """Sample n responses per problem through `engine` (`sample_responses`: at most
+    `max_new_tokens` tokens, `temperature` 0 greedy, nucleus `top_p`, `seed`), judge them under
+    `verify`, score them: (scores, rewards `[B, n]`)."""
+    responses = sample_responses(engine, tokenizer, problems, n=n, max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_p=top_p, seed=seed)
     flat_problems = [p for p in problems for _ in range(n)]
     verdicts = verify_batch(flat_problems, [r for rs in responses for r in rs], verify)

@@ -13,9 +13,8 @@ from prefect.cache_policies import NO_CACHE
 import tracking
 from brorl.checkout import find_root
 from brorl.data import load_split
-from brorl.evals import EvalProtocol
+from brorl.evals import EvalProtocol, policy_engine
 from brorl.params import ExperimentParams
-from brorl.policy import load_policy
 from brorl.run_files import policy_to_evaluate
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -24,14 +23,15 @@ _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 @task(name="evaluate-checkpoint", **_TASK)
 def evaluate_checkpoint(p: ExperimentParams, checkpoint: str | None) -> dict[str, Any]:
     """Held-out pass@1 per task and family of `checkpoint` (HF folder) on the test split, under
-    the run's evaluation protocol (the instances and sampling of its own evaluations)."""
+    the run's evaluation protocol (the instances and sampling of its own evaluations, through
+    its rollout engine)."""
     root = find_root()
     path = Path(checkpoint) if checkpoint else policy_to_evaluate(
         root / p.train.run_dir, root / p.train.checkpoint_dir, root / p.train.init_checkpoint)
-    model, tokenizer = load_policy(path)
+    engine, tokenizer = policy_engine(p, path)
     protocol = EvalProtocol.from_params(p)
     problems = protocol.instances(load_split(root / p.data.path, "test"))
-    row = protocol.score(model, tokenizer, problems, split="test")
+    row = protocol.score(engine, tokenizer, problems, split="test")
     return {"checkpoint": str(path), **{k: row[k] for k in
                                         ("scores", "problem_ids", "families", "pass_at_1", "score")}}
 

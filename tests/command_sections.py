@@ -22,6 +22,7 @@ OPTION_SECTIONS = {
     ("brorl.train", "--params"): RL,
     ("commands.deploy", "--params"): RL,  # the default served flows: train and evaluate
     ("benchmarks/base_pass_rates.py", "--params"): {"model"},
+    ("benchmarks/eval_sampler.py", "--params"): {"data", "model", "train", "generate", "verify"},
     ("benchmarks/rollout_throughput.py", "--params"): {"model"},
     ("benchmarks/rollout_throughput.py", "--data-params"): {"data"},
     ("benchmarks/step_memory.py", "--params"): {"model"},

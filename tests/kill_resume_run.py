@@ -65,17 +65,25 @@ def install(point: str, run, step: int) -> None:
                 die()
             return out
         type(run).ppo_update = update
-    elif point == "generate":
-        engine, calls = run.trainer.rollout_engine, []
-        real_chunk = engine._decode_chunk
+    elif point == "generate":  # the engine's chunks of rollouts, not of an evaluation
+        engine, calls, rolling = run.trainer.rollout_engine, [], []
+        real_chunk, real_generate = engine._decode_chunk, run.trainer.generate_rollouts
+
+        def generate(*args, **kwargs):
+            rolling.append(1)
+            try:
+                return real_generate(*args, **kwargs)
+            finally:
+                rolling.pop()
 
         def chunk(*args, **kwargs):
-            if at_step():
+            if at_step() and rolling:
                 calls.append(1)
                 if len(calls) == 2:
                     die()
             return real_chunk(*args, **kwargs)
         engine._decode_chunk = chunk
+        run.trainer.generate_rollouts = generate
     elif point == "verify":
         real_reward = run.trainer.reward_fn
 

@@ -22,6 +22,7 @@ from brorl.base import (
     warm_up,
 )
 from brorl.data import make_problem, split_problems
+from brorl.engines import HfEngine
 from brorl.families.code import generate_code
 from brorl.families.math import generate_math
 from brorl.machine import conditions
@@ -121,8 +122,9 @@ def test_warm_up_keeps_the_weights_of_the_check_closest_to_the_band(monkeypatch,
     script = iter([(0.0, 0.0), (0.3, 0.1), (0.3, 0.9)])
     weights_at_check = []
 
-    def scripted(model, *args, **kwargs):
-        weights_at_check.append({k: v.clone() for k, v in model.state_dict().items()})
+    def scripted(engine, *args, **kwargs):
+        assert isinstance(engine, HfEngine) and engine.model is model  # the model it trains
+        weights_at_check.append({k: v.clone() for k, v in engine.model.state_dict().items()})
         math, code = next(script)
         return {"family": {"math": {"pass_at_1": math}, "code": {"pass_at_1": code}}}, None
 
@@ -174,7 +176,8 @@ def test_base_stage_at_ci_size_raises_held_out_pass_at_1(tmp_path, warm_up_confi
     test = splits["test"]
     tok = build_tokenizer()
     untrained = build_policy(vocab_size=len(tok), **TINY)
-    before, _ = evaluate_policy(untrained, tok, test, n=1, max_new_tokens=48, temperature=0.0,
+    engine = HfEngine(untrained, tok, max_concurrent_rollouts="auto")
+    before, _ = evaluate_policy(engine, tok, test, n=1, max_new_tokens=48, temperature=0.0,
                                 top_p=1.0, seed=0, verify=VerifyConfig(workers=2))
     # CI sizes and a greedy test; no band top or margin, no LR decay, no family shares
     save_policy(untrained, tok, tmp_path / "model")  # what the model stage writes

@@ -17,6 +17,8 @@ from brorl.engines import build_engine
 from brorl.engines.base import (
     EngineConfig,
     SamplingConfig,
+    _nucleus_among_top,
+    _nucleus_by_sort,
     counter_uniform,
     sample_tokens,
     sampling_logprobs,
@@ -79,6 +81,25 @@ def test_sampling_logprobs_applies_temperature_then_top_p():
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
     got = sampling_logprobs(logits, 1.0, 0.7).exp()
     assert torch.allclose(got, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+def test_the_nucleus_among_the_top_tokens_is_the_full_sorts_nucleus():
+    """The eager top-p's partial sort keeps exactly the tokens a sort of the whole vocabulary
+    keeps (fast against slow), and hands over to the sort when a row's nucleus reaches beyond
+    its candidates."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 5000, generator=gen) * 2
+    logits[:, :20] += torch.linspace(2, 14, 64)[:, None]  # from flat-ish rows to peaked ones
+    for temperature, top_p in ((0.6, 0.95), (1.0, 0.9), (1.2, 0.5)):
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        peaked = logp[32:]  # their nucleus lies among the 256 most probable tokens
+        fast = _nucleus_among_top(peaked, top_p)
+        assert fast is not None and torch.equal(fast, _nucleus_by_sort(peaked, top_p))
+        assert _nucleus_among_top(logp, top_p) is None  # the flat rows' nucleus is wider
+        # either way sampling_logprobs gives the full sort's distribution, bit for bit
+        slow = torch.log_softmax(logp.masked_fill(_nucleus_by_sort(logp, top_p), -math.inf), -1)
+        assert torch.equal(sampling_logprobs(logits, temperature, top_p), slow)
+        assert torch.equal(sampling_logprobs(logits[32:], temperature, top_p), slow[32:])
 
 
 def test_chunked_generation_equals_unchunked_for_a_seed(policy):
@@ -204,6 +225,13 @@ def test_invalid_settings_fail_with_a_fix(policy):
         HfEngine(model, tokenizer, max_concurrent_rollouts=0)
     with pytest.raises(ValueError, match="prompts \\[1\\] tokenize to no tokens"):
         HfEngine(model, tokenizer, max_concurrent_rollouts=2).generate(["a", ""], 2, SAMPLING)
+    with pytest.raises(ValueError, match="prompt_keys replace first_prompt"):
+        replace(SAMPLING, first_prompt=1, prompt_keys=(0,))
+    with pytest.raises(ValueError, match="prompt_keys must lie in"):
+        replace(SAMPLING, prompt_keys=(2 ** 40,))
+    with pytest.raises(ValueError, match="one key per prompt"):
+        HfEngine(model, tokenizer, max_concurrent_rollouts=2).generate(
+            ["a", "b"], 2, replace(SAMPLING, prompt_keys=(5,)))
 
 
 def test_importing_the_engines_does_not_import_vllm():
@@ -403,3 +431,22 @@ def test_a_slice_of_a_draw_samples_the_rollouts_the_whole_draw_gives_it(policy):
     assert part.texts == whole.texts[4:]
     shifted = engine.generate(PROMPTS[1:], 4, SAMPLING)  # counted from 0: other rollouts
     assert not torch.equal(shifted.response_ids[:, :t], part.response_ids)
+
+
+def test_a_keyed_prompt_samples_the_same_rollouts_whatever_shares_its_call(policy):
+    """With `prompt_keys`, a prompt's rollouts are those of its key: the same alone, among
+    others, in another order and in other chunks; keys 1..3 give what `first_prompt=1` gives
+    (the draw's own keys), another key other rollouts."""
+    model, tokenizer = policy
+    engine = HfEngine(model, tokenizer, max_concurrent_rollouts=5)
+    keys = (11, 2 ** 40 - 1, 7, 123456789)
+    whole = engine.generate(PROMPTS, 3, replace(SAMPLING, prompt_keys=keys))
+    for order in ([2], [3, 1], [1, 0, 3, 2]):
+        part = engine.generate([PROMPTS[i] for i in order], 3,
+                               replace(SAMPLING, prompt_keys=tuple(keys[i] for i in order)))
+        assert part.texts == tuple(whole.texts[3 * i + k] for i in order for k in range(3))
+    slice_ = engine.generate(PROMPTS[1:], 3, replace(SAMPLING, first_prompt=1))
+    keyed = engine.generate(PROMPTS[1:], 3, replace(SAMPLING, prompt_keys=(1, 2, 3)))
+    assert keyed.texts == slice_.texts and torch.equal(keyed.response_ids, slice_.response_ids)
+    other = engine.generate(PROMPTS[1:], 3, replace(SAMPLING, prompt_keys=(4, 5, 6)))
+    assert other.texts != keyed.texts

@@ -1,7 +1,9 @@
-"""Evaluation primitives: pass@k against brute force, scores by hand; what judges an evaluation."""
+"""Evaluation primitives: pass@k against brute force, scores by hand; what judges an evaluation;
+what samples it (the rollout engine, one call, counter-based seeds keyed by instance)."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from dataclasses import replace
@@ -12,14 +14,17 @@ import pytest
 
 from brorl.base import BaseConfig
 from brorl.data import make_problem
+from brorl.engines import HfEngine
 from brorl.evals import REPLICATE_STRIDE, EvalProtocol
 from brorl.families.math import generate_math
 from brorl.params import load_params
 from brorl.policy import build_policy, build_tokenizer
 from brorl.scoring import (
+    instance_key,
     instance_scores,
     pass_at_k,
     problem_scores,
+    sample_responses,
     score_rewards,
 )
 from brorl.train import TrainerConfig
@@ -96,6 +101,14 @@ def test_instance_scores_give_avg_at_k_and_each_familys_headline():
         instance_scores(problems[:2], rewards)
 
 
+def _engine(max_concurrent_rollouts: int | str = "auto") -> HfEngine:
+    """An hf rollout engine over a tiny random policy (its samples are varied text)."""
+    tokenizer = build_tokenizer()
+    model = build_policy(vocab_size=len(tokenizer), hidden_size=16, num_layers=1, num_heads=2,
+                         num_kv_heads=1, intermediate_size=32, max_position_embeddings=256)
+    return HfEngine(model, tokenizer, max_concurrent_rollouts=max_concurrent_rollouts)
+
+
 def test_every_evaluation_judges_under_the_runs_verify_section(monkeypatch):
     """The run's evaluations and the base stage's checks judge with the `verify` section's
     workers, time limit and sandbox limits, as the rewards do (not the schema's defaults)."""
@@ -114,42 +127,76 @@ def test_every_evaluation_judges_under_the_runs_verify_section(monkeypatch):
 
     monkeypatch.setattr(brorl.scoring, "verify_batch", judge)
     protocol = replace(EvalProtocol.from_params(params), samples=1, max_response_tokens=4)
-    tokenizer = build_tokenizer()
-    model = build_policy(vocab_size=len(tokenizer), hidden_size=16, num_layers=1, num_heads=2,
-                         num_kv_heads=1, intermediate_size=32, max_position_embeddings=256)
+    engine = _engine()
     problems = generate_math(2, seed=0)
-    row = protocol.score(model, tokenizer, problems, split="test")
+    row = protocol.score(engine, engine.tokenizer, problems, split="test")
     assert seen == [expected] and row["problem_ids"] == [p.id for p in problems]
 
 
-def test_a_split_takes_its_own_samples_and_a_replicate_its_own_sampling_seed(monkeypatch):
+def test_an_evaluation_samples_all_its_instances_in_one_engine_call():
+    """The protocol samples through the engine it is given: one call for every instance, k
+    rollouts each (one prefill per prompt), at the protocol's sampling, each prompt keyed by
+    its instance's id."""
+    params = load_params(ROOT / "params/tiny_ci.yaml", ["train.eval_samples=3"])
+    protocol = replace(EvalProtocol.from_params(params), max_response_tokens=5)
+    engine, calls = _engine(), []
+    real = engine.generate
+    engine.generate = lambda prompts, n, sampling, **kw: calls.append(
+        (len(prompts), n, sampling)) or real(prompts, n, sampling, **kw)
+    problems = generate_math(2, seed=0)  # 2 per math task
+    row = protocol.score(engine, engine.tokenizer, problems, split="test")
+    assert row["samples"] == 3 and len(calls) == 1
+    count, n, sampling = calls[0]
+    assert (count, n) == (len(problems), 3)
+    assert sorted(engine.last_prefills) == list(range(len(problems)))  # each prompt once
+    assert (sampling.temperature, sampling.top_p, sampling.max_response_tokens, sampling.seed) \
+        == (protocol.temperature, protocol.top_p, 5, protocol.seed)
+    assert sampling.prompt_keys == tuple(instance_key(p.id) for p in problems)
+
+
+def test_instance_key_is_the_first_40_bits_of_the_ids_sha256():
+    # sha256(b"math/add/0") starts with the hex digits computed here; 10 hex digits = 40 bits
+    expected = int(hashlib.sha256(b"math/add/0").hexdigest()[:10], 16)
+    assert instance_key("math/add/0") == expected < 2 ** 40
+    assert instance_key("math/add/1") != expected
+
+
+def test_an_instances_samples_do_not_depend_on_what_else_is_evaluated_with_it():
+    """Counter-based evaluation seeds: an instance's k samples are the same alone, in a larger
+    batch, in another order and in smaller engine chunks; another seed draws other samples."""
+    problems = generate_math(1, seed=1)  # one per math task
+    settings = dict(n=4, max_new_tokens=8, temperature=1.0, top_p=0.95, seed=3)
+    engine = _engine()
+    whole = sample_responses(engine, engine.tokenizer, problems, **settings)
+    assert len({r for rs in whole for r in rs}) > 10  # varied samples, not one repeated text
+    alone = sample_responses(engine, engine.tokenizer, problems[2:3], **settings)
+    shuffled = sample_responses(engine, engine.tokenizer, problems[::-1], **settings)
+    chunked = _engine(max_concurrent_rollouts=3)
+    small = sample_responses(chunked, chunked.tokenizer, problems[1:4], **settings)
+    assert alone == whole[2:3] and shuffled == whole[::-1] and small == whole[1:4]
+    other = sample_responses(engine, engine.tokenizer, problems, **{**settings, "seed": 4})
+    assert other != whole
+
+
+def test_a_split_takes_its_own_samples_and_a_replicate_its_own_sampling_seed():
     """`train.eval_split_samples` sets k per split (pass@k up to it); a replicate draws the same
     instances under another sampling seed, the same replicate the same samples."""
-    import brorl.scoring
-
     params = load_params(ROOT / "params/tiny_ci.yaml", ["train.eval_samples=2",
                                                         "train.eval_split_samples.holdout=4"])
     protocol = replace(EvalProtocol.from_params(params), max_response_tokens=4)
     assert (protocol.samples_of("holdout"), protocol.samples_of("test")) == (4, 2)
     assert protocol.sampling()["split_samples"] == {"holdout": 4}
-    seeds = []
-    real = brorl.scoring.sample_responses
-
-    def spy(*args, seed, **kwargs):
-        seeds.append(seed)
-        return real(*args, seed=seed, **kwargs)
-
-    monkeypatch.setattr(brorl.scoring, "sample_responses", spy)
-    tokenizer = build_tokenizer()
-    model = build_policy(vocab_size=len(tokenizer), hidden_size=16, num_layers=1, num_heads=2,
-                         num_kv_heads=1, intermediate_size=32, max_position_embeddings=256)
+    engine, seeds = _engine(), []
+    real = engine.generate
+    engine.generate = lambda prompts, n, sampling, **kw: seeds.append(sampling.seed) or real(
+        prompts, n, sampling, **kw)
     problems = generate_math(2, seed=0)
-    row = protocol.score(model, tokenizer, problems, split="holdout")
+    row = protocol.score(engine, engine.tokenizer, problems, split="holdout")
     assert row["samples"] == 4 and {"pass_at_1", "pass_at_2", "pass_at_4"} <= set(
         row["scores"]["overall"])
-    again = protocol.score(model, tokenizer, problems, split="holdout", replicate=1)
-    same = protocol.score(model, tokenizer, problems, split="holdout", replicate=1)
+    again = protocol.score(engine, engine.tokenizer, problems, split="holdout", replicate=1)
+    same = protocol.score(engine, engine.tokenizer, problems, split="holdout", replicate=1)
     assert seeds == [protocol.seed, protocol.seed + REPLICATE_STRIDE,
                      protocol.seed + REPLICATE_STRIDE]
     assert again["problem_ids"] == row["problem_ids"] and same == again
-    assert protocol.score(model, tokenizer, problems, split="test")["samples"] == 2
+    assert protocol.score(engine, engine.tokenizer, problems, split="test")["samples"] == 2

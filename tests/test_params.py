@@ -281,12 +281,18 @@ def test_sim_config_takes_every_field_from_the_simulate_section():
 def test_data_and_base_configs_take_every_field_from_their_sections():
     changed, unused = _changed_by(lambda p: DataConfig.from_params(p.data), ("data",))
     assert changed == {key: {f"data.{key}"} for key in changed} and unused == {"data.path"}
-    changed, unused = _changed_by(BaseConfig.from_params, ("base", "verify"))
-    assert changed == {"start": set(), **{key: _verify_owner(key) for key in changed
-                                          if key.startswith("verify.")},
-                       **{key: {f"base.{key}"} for key in changed
-                          if key != "start" and not key.startswith("verify.")}}
-    assert unused == {"base.path"}  # where the checkpoint goes is the task's
+    changed, unused = _changed_by(BaseConfig.from_params, ("base", "verify", "generate"))
+    own = {"start", "engine.kind", "engine.seed"}  # model.checkpoint, always hf, train.seed
+    assert changed == {**{key: set() for key in own},
+                       **{key: _verify_owner(key) for key in changed if key.startswith("verify.")},
+                       **{key: {f"generate.{key.split('.')[1]}"} for key in changed
+                          if key.startswith("engine.") and key not in own},
+                       **{key: {f"base.{key}"} for key in changed if key not in own
+                          and not key.startswith(("verify.", "engine."))}}
+    # where the checkpoint goes is the task's; the checks sample with the hf engine at the base
+    # section's own sampling, not the rollouts'
+    assert unused == {"base.path", "generate.engine", "generate.max_response_tokens",
+                      "generate.temperature", "generate.top_p"}
     # the warm-up starts from the model stage's folder
     params = ExperimentParams.model_validate({"model": {"path": "outputs/x/checkpoint"}})
     assert BaseConfig.from_params(params).start == "outputs/x/checkpoint"

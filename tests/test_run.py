@@ -65,7 +65,8 @@ def _config(**changes) -> RunConfig:
 def _stub_run(step: int, eval_problems=None, **changes) -> Run:
     """A Run over a stand-in trainer: only the counters the stop rules read (N = 16)."""
     trainer = SimpleNamespace(step_count=step, rank=0, resumed_state={}, model=None,
-                              tokenizer=None, config=SimpleNamespace(rollouts_per_prompt=16),
+                              rollout_engine=None, tokenizer=None,
+                              config=SimpleNamespace(rollouts_per_prompt=16),
                               broadcast=lambda value: value)
     return Run(trainer, _config(**changes), eval_problems or {})
 
@@ -101,7 +102,7 @@ class FakeTrainer(TrainerCollection):
         self.clock = clock or FakeClock()
         self.rank, self.world, self.step_count, self.step_offset = 0, 1, 0, step_offset
         self.resumed_state: dict = {}
-        self.model = self.tokenizer = None
+        self.model = self.tokenizer = self.rollout_engine = None
         self.sampler = PromptSampler([_problem(i) for i in range(40)], seed=config.seed)
 
     def broadcast(self, value):

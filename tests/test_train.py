@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from brorl.engines import HfEngine
 from brorl.families.math import generate_math
 from brorl.params import load_params
 from brorl.policy import load_policy
@@ -135,7 +136,8 @@ def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, easy_split, 
 
         def held_out_rewards(model) -> list[float]:
             _, rewards = evaluate_policy(
-                model, tokenizer, held_out, n=protocol.samples,
+                HfEngine(model, tokenizer, max_concurrent_rollouts="auto"), tokenizer, held_out,
+                n=protocol.samples,
                 max_new_tokens=trainer.config.max_response_tokens,
                 temperature=protocol.temperature, top_p=protocol.top_p, seed=protocol.seed,
                 verify=VerifyConfig(workers=1))

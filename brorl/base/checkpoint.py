@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 
 from brorl.base.config import BaseConfig
-from brorl.base.supervised import warm_up
+from brorl.base.supervised import base_engine, warm_up
 from brorl.evals import sample_per_family
 from brorl.policy import load_policy
 from brorl.scoring import evaluate_policy
@@ -48,7 +48,8 @@ def make_base_checkpoint(train: Sequence[Problem], validation: Sequence[Problem]
     history = warm_up(model, tokenizer, train,
                       sample_per_family(validation, c.eval_per_family, c.seed), c)
     train_seconds = time.perf_counter() - started
-    scores, _ = evaluate_policy(model, tokenizer, test, n=c.test_samples, k_values=(1,),
+    scores, _ = evaluate_policy(base_engine(model, tokenizer, c), tokenizer, test,
+                                n=c.test_samples, k_values=(1,),
                                 max_new_tokens=c.max_response_tokens,
                                 temperature=c.eval_temperature, top_p=c.eval_top_p, seed=c.seed,
                                 verify=c.verify)

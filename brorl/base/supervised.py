@@ -3,8 +3,9 @@
 The policy is trained by teacher forcing on (prompt, ideal response) pairs:
 `render_prompt(problem, tokenizer)` then `render_target(problem)` + EOS, loss on the response
 tokens only. Training runs in rounds of `eval_every` steps; after each round the policy is scored
-on a validation sample per family (`brorl.scoring.evaluate_policy`) and `warm_up` stops once
-every family's pass@1 reaches `target_pass_low`, or at `max_steps`.
+on a validation sample per family (`brorl.scoring.evaluate_policy`, sampled by an hf rollout
+engine over the model being trained, `base_engine`) and `warm_up` stops once every family's
+pass@1 reaches `target_pass_low`, or at `max_steps`.
 
 Batches draw problems by family share (`family_shares`, equal by default; then uniform within
 the family) from a seeded generator: the same seed gives the same checkpoint on the same machine
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from brorl.base.config import BaseConfig
+from brorl.engines import RolloutEngine, build_engine
 from brorl.prompts import render_prompt, render_target
 from brorl.scoring import evaluate_policy
 from brorl.types import Problem
@@ -177,6 +179,13 @@ def band_distance(passes: Mapping[str, float], low: float, high: float) -> float
     return sum(max(0.0, low - v) + max(0.0, v - high) for v in passes.values())
 
 
+def base_engine(model, tokenizer, config: BaseConfig) -> RolloutEngine:
+    """The rollout engine the stage's checks and test sample with: `config.engine` (hf) over
+    `model` itself, so it samples the weights as they are trained, with no copy to sync."""
+    return build_engine(config.engine, model=model, tokenizer=tokenizer, model_path=None,
+                        max_model_len=model.config.max_position_embeddings)
+
+
 def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Problem],
             config: BaseConfig) -> list[dict]:
     """Train in rounds of `eval_every` steps until every family's validation pass@1 reaches the
@@ -198,8 +207,9 @@ def warm_up(model, tokenizer, train: Sequence[Problem], validation: Sequence[Pro
     state = start_warm_up(model, c)
     round_start, best, best_weights = 0, None, None
     started, history = time.perf_counter(), []
+    engine = base_engine(model, tokenizer, c)
     while True:
-        scores, _ = evaluate_policy(model, tokenizer, validation, n=1,
+        scores, _ = evaluate_policy(engine, tokenizer, validation, n=1,
                                     max_new_tokens=c.max_response_tokens,
                                     temperature=c.eval_temperature, top_p=c.eval_top_p,
                                     seed=c.seed, verify=c.verify)

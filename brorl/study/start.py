@@ -50,8 +50,8 @@ def score_start(params: ExperimentParams, root: Path | str = ".") -> dict[str, A
     rows = [split_timings(row)[0] for row in run.state.evals]
     protocol, trainer = run.config.eval_protocol, run.trainer
     replicates = [rows] + [
-        [split_timings(protocol.score(trainer.model, trainer.tokenizer, problems, split=split,
-                                      replicate=r))[0]
+        [split_timings(protocol.score(trainer.rollout_engine, trainer.tokenizer, problems,
+                                      split=split, replicate=r))[0]
          for split, problems in run.eval_problems.items()]
         for r in range(1, params.study.start_replicates)]
     return {"protocol": run.eval_protocol(), "rows": rows, "replicates": replicates}

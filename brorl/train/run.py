@@ -311,9 +311,9 @@ class Run:
                 **self.config.eval_protocol.sampling()}
 
     def _score(self, split: str, problems: list[Problem]) -> dict[str, Any]:
-        """One eval row of `split` under the evaluation protocol."""
+        """One eval row of `split` under the evaluation protocol, sampled by the rollout engine."""
         return self.config.eval_protocol.score(
-            self.trainer.model, self.trainer.tokenizer, problems, split=split,
+            self.trainer.rollout_engine, self.trainer.tokenizer, problems, split=split,
             step=self.step_count, seconds=self.state.train_seconds, rollouts=self.state.rollouts)
 
     def evaluate(self, rows: list[dict[str, Any]] | None = None) -> Timed[dict[str, float]]:
