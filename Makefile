@@ -11,7 +11,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTHON ?= python3.11
 
-# Offline, no telemetry, caches under .cache/: brorl/environment.py, applied by every Python entry
+# Offline, no telemetry, caches under .cache/: brorl/system/environment.py, applied by every Python entry
 # point (the brorl command, commands.server and the dvc it runs, brorl.train, commands.mlflow_ui,
 # the tests).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)

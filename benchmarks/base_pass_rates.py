@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from brorl.data import DataConfig, make_splits
-    from brorl.evals import policy_engine, sample_per_family
+    from brorl.evaluation.protocol import policy_engine, sample_per_family
+    from brorl.evaluation.scoring import sample_responses
     from brorl.families import verify_batch
     from brorl.params import load_params
-    from brorl.scoring import sample_responses
 
     params = load_params(ROOT / args.params, [f"data.{f}_per_task={args.per_task}"
                                               for f in ("math", "code", "reasoning")])

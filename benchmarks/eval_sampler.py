@@ -1,6 +1,6 @@
 """One evaluation timed with two samplers side by side: transformers `generate` (the naive
 baseline, what evaluation sampled with before it went through the rollout engine) and the run's
-rollout engine (`brorl.evals.EvalProtocol.score`).
+rollout engine (`brorl.evaluation.protocol.EvalProtocol.score`).
 
 Both score the same policy on the same instances at the same protocol: a params file's test
 split (generated in memory from its `data` section), `train.eval_per_family` instances per
@@ -73,7 +73,7 @@ def generate_responses(model, tokenizer, prompts: list[str], *, n: int, max_new_
 def baseline_evaluation(model, tokenizer, problems, protocol, n: int) -> np.ndarray:
     """Rewards `[B, n]` of one evaluation sampled by `generate_responses` and judged as the
     protocol judges."""
-    from brorl.prompts import render_prompt
+    from brorl.families.prompts import render_prompt
     from brorl.verifiers import verify_batch
 
     responses = generate_responses(
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from brorl.data import DataConfig, make_splits
-    from brorl.evals import EvalProtocol, policy_engine
+    from brorl.evaluation.protocol import EvalProtocol, policy_engine
     from brorl.params import load_params
 
     params = load_params(ROOT / args.params, args.overrides)

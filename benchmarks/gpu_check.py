@@ -12,7 +12,7 @@ its time on a GPU is still to be measured):
 3. the hf engine's decode step at that shape: milliseconds per step of 512 rows (one prompt,
    the time of a 128-token call less a 1-token call, over the 127 steps between) against the
    memory floor, the time to read the weights and the key/value cache written so far (its mean
-   over the steps; the prompt's once) at the device's data-sheet bandwidth (`brorl.devices`;
+   over the steps; the prompt's once) at the device's data-sheet bandwidth (`brorl.system.devices`;
    `--memory-tbs` for a device it does not know);
 4. one whole RL step at N = 16 and 512 (512 rollouts each) with its stage split and the
    update's tokens/s, padding share and MFU (`benchmarks/step_memory.py`).
@@ -49,7 +49,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import RESULTS_ENV, Table, announce, save, show  # noqa: E402
-from brorl.devices import memory_floor_s, peak  # noqa: E402
+from brorl.system.devices import memory_floor_s, peak  # noqa: E402
 
 SHAPE = ["--params", "params/shape_qwen2.5-1.5b.yaml", "--vocab-size", "151936"]
 """Qwen2.5-1.5B's shape with its vocabulary, random weights."""
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true",
                     help="every part but the tests at the tiny shape, on any device")
     ap.add_argument("--memory-tbs", type=float, default=None,
-                    help="the device's memory bandwidth, TB/s (default: brorl.devices' table)")
+                    help="the device's memory bandwidth, TB/s (default: brorl.system.devices' table)")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary rows here")
     return ap.parse_args(argv)
 

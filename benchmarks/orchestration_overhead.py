@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.record import Table, save, show  # noqa: E402
-from brorl.environment import apply_defaults  # noqa: E402
-from brorl.servers import run_in_session  # noqa: E402
-from brorl.timings import read_timings  # noqa: E402
+from brorl.runs.timings import read_timings  # noqa: E402
+from brorl.system.environment import apply_defaults  # noqa: E402
+from brorl.system.servers import run_in_session  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 
@@ -76,7 +76,7 @@ def run_arm(arm: str, steps: int, data: str, init: str, tmp: Path) -> dict[str, 
     Run.open(load_params(params_file, overrides(tmp / f"{arm}-bare", steps, data, init)),
              ROOT, resume=False).train()
     train(str(params_file), overrides(tmp / f"{arm}-flow", steps, data, init))
-    # each step's seconds live beside the run folder, not in its summary (brorl.timings)
+    # each step's seconds live beside the run folder, not in its summary (brorl.runs.timings)
     return {kind: per_step(read_timings(tmp / f"{arm}-{kind}")["history"])
             for kind in ("bare", "flow")}
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {what} {path} does not exist; run `make run` (or `dvc repro "
                   "prorl_warmup`) first, or pass another folder.", file=sys.stderr)
             return 2
-    from brorl.servers import free_port
+    from brorl.system.servers import free_port
     from commands import server
     from commands.server import PIPELINE_SERVER
 

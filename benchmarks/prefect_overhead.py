@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.record import Table, save, show  # noqa: E402
-from brorl.environment import apply_defaults  # noqa: E402
-from brorl.servers import run_in_session  # noqa: E402
+from brorl.system.environment import apply_defaults  # noqa: E402
+from brorl.system.servers import run_in_session  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 import flows  # noqa: E402  (imports no prefect)
@@ -72,7 +72,7 @@ LOCKED = "Encountered retryable exception in request"  # logged with LOG_RETRYAB
 
 def run_config(name: str, iterations: int, tmp: Path) -> dict:
     """In this process: start the configuration's server, run the flow, check its record."""
-    from brorl.servers import free_port
+    from brorl.system.servers import free_port
     from commands import server
 
     no_heartbeat, settings, use_postgres = CONFIGS[name]
@@ -199,7 +199,7 @@ def stage_seconds(repeats: int, tmp: Path) -> dict[str, list[float]]:
     """Per run of the `data` stage process: wall seconds, its imports and interpreter teardown,
     its tasks' work and its fixed cost (wall - those), with a temporary server (as a stage run on
     its own) and with the pipeline's server (as `make run` runs stages), heartbeats on and off."""
-    from brorl.servers import free_port
+    from brorl.system.servers import free_port
     from commands import server
 
     sets = [f"data.path={tmp / 'data' / 'problems'}", f"tracking.metrics_dir={tmp / 'metrics'}"]

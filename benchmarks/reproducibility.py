@@ -3,7 +3,7 @@ and thread counts, each in a fresh clone of this checkout's last commit, one at 
 
 Every condition runs `dvc repro compare` as `make run` does (one Prefect server, one MLflow store
 in the clone), with torch's intra-op threads and the variables that choose the CPU's kernel paths
-(`brorl/environment.py` pins MKL's `MKL_CBWR=AVX2,STRICT` and torch's `ATEN_CPU_CAPABILITY=avx2`
+(`brorl/system/environment.py` pins MKL's `MKL_CBWR=AVX2,STRICT` and torch's `ATEN_CPU_CAPABILITY=avx2`
 on x86 unless set) given per condition; `MKL_ENABLE_INSTRUCTIONS=SSE4_2` stands in for a CPU
 without AVX2. The table gives the headline metrics (the base model's math score, the ProRL
 warm-up's rollouts until its plateau, the comparison's paired delta and its interval) and whether

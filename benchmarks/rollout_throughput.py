@@ -179,10 +179,10 @@ def make_prompts(count: int, chars: int, seed: int) -> list[str]:
 
 def data_prompts(params: Path, tokenizer) -> list[str]:
     """The training prompts of the data `params` describes, rendered as the trainer renders
-    them (`brorl.prompts.render_prompt`), in the split's order."""
+    them (`brorl.families.prompts.render_prompt`), in the split's order."""
     from brorl.data import DataConfig, make_splits
+    from brorl.families.prompts import render_prompt
     from brorl.params import load_params
-    from brorl.prompts import render_prompt
 
     problems = make_splits(DataConfig.from_params(load_params(params).data))["train"]
     return [render_prompt(p, tokenizer) for p in problems]

@@ -68,7 +68,7 @@ def trl_dataset(config: Any, data: Path, steps: int, tokenizer: Any) -> tuple[An
     from datasets import Dataset
 
     from brorl.data import load_split
-    from brorl.prompts import render_prompt
+    from brorl.families.prompts import render_prompt
     from brorl.train.sampler import PromptSampler
 
     problems = load_split(data, "train")

@@ -112,7 +112,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from brorl.environment import apply_defaults  # noqa: E402
+from brorl.system.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # offline, project-local environment defaults, before prefect or mlflow load
 from benchmarks.record import Table, announce, save, show  # noqa: E402
@@ -196,7 +196,7 @@ def lengthen(problem: Any, tokens: int, tokenizer: Any) -> Any:
     `tokens` tokens (one per character); unchanged if it is already that long. Id kept."""
     from dataclasses import replace
 
-    from brorl.prompts import render_prompt
+    from brorl.families.prompts import render_prompt
 
     need = tokens - len(tokenizer(render_prompt(problem, tokenizer))["input_ids"])
     if need <= 0:
@@ -224,7 +224,7 @@ def prompt_lengths(workdir: Path, prompt_tokens: int | None) -> tuple[float, int
     from transformers import PreTrainedTokenizerFast
 
     from brorl.data import load_split
-    from brorl.prompts import render_prompt
+    from brorl.families.prompts import render_prompt
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(workdir / "policy")
     sizes = [len(tokenizer(render_prompt(p, tokenizer))["input_ids"])

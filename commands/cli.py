@@ -1,7 +1,7 @@
 """The one command line: `brorl <stage> --params FILE [-S key=value ...]`, and `brorl run | serve`.
 
 A stage command (`simulate`, `data`, `model`, `base`, `train`, `evaluate`, `compare`, `study`)
-applies the environment defaults (`brorl.environment`), parses its arguments, loads the params
+applies the environment defaults (`brorl.system.environment`), parses its arguments, loads the params
 and checks the files its stage reads and, when `PREFECT_API_URL` is set, that a Prefect server
 answers there (`commands.entry.check`; the study's mode: `check_study`): a bad key, value, file
 or server prints one `error:` line naming it and exits with code 2. Only then are the flow's
@@ -12,7 +12,7 @@ about a second, and a flow this checkout lacks fails only its own command. `stud
 Makefile and the docs call these commands (`scripts/brorl` in dvc.yaml: the checkout's Python).
 `run` is the whole pipeline (`dvc repro`, as `make run`) and `serve` the scheduled deployments on
 a local Prefect server (as `make serve`).
-Every command works in the checkout it is started in (`brorl.checkout`), not in the one the
+Every command works in the checkout it is started in (`brorl.system.checkout`), not in the one the
 script was installed from: one virtualenv serves every clone.
 """
 
@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 import typer
 
-from brorl.servers import interrupts
+from brorl.system.servers import interrupts
 from commands.entry import STUDY_MODES, check, check_study, environment, fail
 
 app = typer.Typer(help="BroRL: simulate, train, compare and evaluate RLVR runs (Prefect flows).",
@@ -48,13 +48,13 @@ def _sets(example: str) -> Any:
 
 @app.callback()
 def _environment() -> None:
-    """Offline, project-local defaults for every command (`brorl.environment`): the caches of
-    the checkout it runs in (`brorl.checkout`; outside one, one `error:` line, exit code 2)."""
+    """Offline, project-local defaults for every command (`brorl.system.environment`): the caches of
+    the checkout it runs in (`brorl.system.checkout`; outside one, one `error:` line, exit code 2)."""
     environment()
 
 
 def _check(params: str, overrides: list[str], stage: str | None = None, **inputs: Any) -> None:
-    """Validate the params (and the files `stage` reads, `brorl.preflight.check_inputs`, and the
+    """Validate the params (and the files `stage` reads, `brorl.runs.preflight.check_inputs`, and the
     Prefect server of PREFECT_API_URL) now: exit 2 with one line naming the bad key, value or
     file instead of a traceback later."""
     check(params, overrides, stage, api=stage is not None, **inputs)
@@ -178,7 +178,7 @@ def train(params: _params("params/prorl.yaml"),
           overrides: _sets("train.run_dir=outputs/mine") = None,
           allow_changed_params: Annotated[bool, typer.Option(
               help="resume a checkpoint written under other params (by default only the stop "
-                   "rules and schedules may change: brorl/run_files.py)")] = False) -> Any:
+                   "rules and schedules may change: brorl/runs/folder.py)")] = False) -> Any:
     """One RL run (a ProRL or BroRL arm); resumes from its newest checkpoint."""
     return _run_flow("train", params, overrides, {"allow_changed_params": allow_changed_params})
 

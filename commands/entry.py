@@ -1,14 +1,14 @@
 """The checks every command runs before its expensive start, and its one way to fail.
 
-`check` loads the params, checks every file the stage reads (`brorl.preflight.check_inputs`)
+`check` loads the params, checks every file the stage reads (`brorl.runs.preflight.check_inputs`)
 and, when `PREFECT_API_URL` is set, that a server answers there (`prefect_api_error`);
 `check_study` does the same for a study's mode. A bad one prints one `error:` line and exits
 with code 2 (`fail`) within about a second, before any Prefect server, model or MLflow run
 starts: nothing here imports prefect, mlflow or torch. `environment` applies the environment
-defaults (`brorl.environment`). The `brorl` command (`commands/cli.py`) runs these before it
+defaults (`brorl.system.environment`). The `brorl` command (`commands/cli.py`) runs these before it
 imports a flow; `commands.server`, `commands.deploy` and `commands.pools` share `environment`
 and `prefect_api_error`. Every command works in the checkout it is started in
-(`brorl.checkout`: `$BRORL_ROOT`, else the folder from the working directory up that holds
+(`brorl.system.checkout`: `$BRORL_ROOT`, else the folder from the working directory up that holds
 dvc.yaml and params/); outside one it stops with one `error:` line saying so (`environment`).
 """
 
@@ -21,8 +21,8 @@ import urllib.error
 import urllib.request
 from typing import Any, NoReturn
 
-from brorl.checkout import CheckoutError, find_root
-from brorl.environment import apply_defaults
+from brorl.system.checkout import CheckoutError, find_root
+from brorl.system.environment import apply_defaults
 
 API_TIMEOUT_S = 3.0
 """How long `prefect_api_error` waits for an answer (a refused connection answers at once)."""
@@ -56,7 +56,7 @@ def check(params_path: str, overrides: list[str], stage: str | None = None, *,
     and, with `api`, the Prefect server: on failure print one `error:` line and exit with code 2;
     print the checks' notes as `note:` lines."""
     from brorl.params import ParamsError, load_params
-    from brorl.preflight import InputError, check_inputs
+    from brorl.runs.preflight import InputError, check_inputs
 
     try:
         params = load_params(params_path, overrides)
@@ -92,7 +92,7 @@ def check_study(params_path: str, overrides: list[str], mode: str, run: str | No
     failure print one `error:` line and exit with code 2."""
     from brorl.model.checks import check_checkpoint
     from brorl.params import ParamsError, load_params
-    from brorl.preflight import InputError, check_inputs, check_split
+    from brorl.runs.preflight import InputError, check_inputs, check_split
     from brorl.study.frozen import check as frozen
     from brorl.study.plan import find_run, plan_runs, run_params, warmup_dir, warmup_params
     from brorl.study.progress import will_resume

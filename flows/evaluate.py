@@ -1,7 +1,7 @@
 """Flow `evaluate`: a checkpoint's held-out pass@1 per family (`brorl evaluate --params F`).
 
 Composition only. The checkpoint is `checkpoint` (any local HF folder) or, by default, the run's
-final policy / newest checkpoint / starting point (`brorl.run_files.policy_to_evaluate`).
+final policy / newest checkpoint / starting point (`brorl.runs.folder.policy_to_evaluate`).
 Served as a scheduled deployment by `commands/deploy.py` (nightly evaluation of the newest
 checkpoint).
 """

@@ -12,8 +12,8 @@ from __future__ import annotations
 from prefect import flow
 
 import tracking
-from brorl.checkout import find_root
 from brorl.params import load_params
+from brorl.system.checkout import find_root
 from tasks.simulate import log_to_mlflow, simulate_run, write_report
 
 

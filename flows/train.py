@@ -16,7 +16,7 @@ from collections.abc import Callable
 from prefect import flow
 from prefect.utilities.annotations import quote
 
-from brorl.evals import read_start
+from brorl.evaluation.protocol import read_start
 from brorl.params import ExperimentParams, load_params
 from brorl.train import Run, Timed
 from brorl.train.run import P, Stage, T
@@ -52,7 +52,7 @@ class PrefectDriver:
 def train_arm(params: ExperimentParams, name: str, parent_run_id: str | None = None,
               start: str | None = None) -> dict:
     """Train one arm from resolved params; returns the run summary. `start`: the file of its
-    step-0 evaluation already scored (`brorl.evals.read_start`, `brorl.train.Run.train`)."""
+    step-0 evaluation already scored (`brorl.evaluation.protocol.read_start`, `brorl.train.Run.train`)."""
     run = t.open_run(params)
     tracker = None
     try:

@@ -12,11 +12,11 @@ from prefect.cache_policies import NO_CACHE
 import tracking
 from brorl.base import BaseConfig, make_base_checkpoint, split_report
 from brorl.data import load_split
-from brorl.files import atomic_write_text
-from brorl.machine import machine_path, write_machine
 from brorl.params import ExperimentParams
 from brorl.policy import save_policy
-from brorl.timings import read_timings, split_timings, timings_path, write_timings
+from brorl.runs.files import atomic_write_text
+from brorl.runs.machine import machine_path, write_machine
+from brorl.runs.timings import read_timings, split_timings, timings_path, write_timings
 
 
 def base_metrics(report: dict, target_pass_low: float, target_pass_high: float) -> dict[str, float]:
@@ -44,8 +44,8 @@ def train_base(params: ExperimentParams) -> dict[str, Any]:
     (the paper's score per family) to `<tracking.metrics_dir>/<base_label>.json` for DVC, every
     metric to `<base>/../report.json` but the wall-clock ones (`base/train_seconds`,
     `base/test_seconds`, each check's seconds), which go beside the stage's folder `<base>/..`
-    (`outputs/base.timings.json`, `brorl.timings`), never inside it, as does the machine's
-    record (`outputs/base.machine.json`, `brorl.machine`).
+    (`outputs/base.timings.json`, `brorl.runs.timings`), never inside it, as does the machine's
+    record (`outputs/base.machine.json`, `brorl.runs.machine`).
 
     `base/in_band` reports the held-out scores against [target_pass_low, target_pass_high].
     """

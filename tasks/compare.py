@@ -11,12 +11,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 import tracking
-from brorl.checkout import find_root
-from brorl.compare import ArmResult, build_report, headline, report_metrics
-from brorl.evals import EvalProtocol
-from brorl.files import atomic_write_text
+from brorl.evaluation.compare import ArmResult, build_report, headline, report_metrics
+from brorl.evaluation.protocol import EvalProtocol
 from brorl.params import ExperimentParams, compare_arms
-from brorl.timings import timings_path
+from brorl.runs.files import atomic_write_text
+from brorl.runs.timings import timings_path
+from brorl.system.checkout import find_root
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 

@@ -11,8 +11,8 @@ from prefect.cache_policies import NO_CACHE
 
 import tracking
 from brorl.data import DataConfig, make_splits, save_splits, split_counts
-from brorl.files import atomic_write_text
 from brorl.params import ExperimentParams
+from brorl.runs.files import atomic_write_text
 
 
 @task(name="data", cache_policy=NO_CACHE, persist_result=False)

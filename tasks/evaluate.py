@@ -11,11 +11,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 import tracking
-from brorl.checkout import find_root
 from brorl.data import load_split
-from brorl.evals import EvalProtocol, policy_engine
+from brorl.evaluation.protocol import EvalProtocol, policy_engine
 from brorl.params import ExperimentParams
-from brorl.run_files import policy_to_evaluate
+from brorl.runs.folder import policy_to_evaluate
+from brorl.system.checkout import find_root
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)
 

@@ -10,10 +10,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 import tracking
-from brorl.files import atomic_write_text
 from brorl.model import ModelConfig
 from brorl.params import ExperimentParams
-from brorl.timings import write_timings
+from brorl.runs.files import atomic_write_text
+from brorl.runs.timings import write_timings
 from brorl.types import timed
 
 
@@ -22,7 +22,7 @@ def make_model(params: ExperimentParams) -> dict[str, Any]:
     """Write the checkpoint (or, for an `hf` source, its card) at `model.path` (paths taken from
     the working folder, as the data and base stages'); the card's headline (parameters,
     vocabulary) to `<tracking.metrics_dir>/<model_label>.json` for DVC; the seconds it took to
-    `<model.path's folder>.timings.json` (`brorl.timings`), outside what DVC tracks."""
+    `<model.path's folder>.timings.json` (`brorl.runs.timings`), outside what DVC tracks."""
     from brorl.model.make import make_checkpoint
 
     metrics_path = tracking.stage_metrics(params, params.model_label)

@@ -14,8 +14,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 import tracking
-from brorl.files import atomic_write_text
 from brorl.params import ExperimentParams
+from brorl.runs.files import atomic_write_text
 from brorl.theory import report
 from brorl.theory.simulator import METRICS, SimConfig, SimulationResult, simulate
 

@@ -13,7 +13,6 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 import tracking
-from brorl.checkout import find_root
 from brorl.params import ExperimentParams
 from brorl.study import progress as prog
 from brorl.study import warmup_params, write_plan
@@ -21,6 +20,7 @@ from brorl.study.pool import write_pool
 from brorl.study.report import build_report, headline, write_headline, write_seeds
 from brorl.study.start import write_start
 from brorl.study.warmup import frozen_warmup as read_frozen_warmup
+from brorl.system.checkout import find_root
 from tracking import study_record
 
 _TASK = dict(cache_policy=NO_CACHE, persist_result=False)

@@ -19,8 +19,8 @@ from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
-from brorl.checkout import find_root
 from brorl.params import ExperimentParams
+from brorl.system.checkout import find_root
 from brorl.train import Run
 from brorl.train.collection import Collection
 from brorl.train.report import dvc_files, step_line

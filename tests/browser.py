@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from brorl.servers import stop
+from brorl.system.servers import stop
 from commands.mlflow_ui import compare_runs_url, run_charts_url
 
 INSTALL_HINT = "run scripts/install_chromium.sh (make test does it) to install Debian's chromium"

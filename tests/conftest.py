@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from brorl.environment import apply_defaults
+from brorl.system.environment import apply_defaults
 from flows import prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from brorl.evals import EvalProtocol  # noqa: E402
+from brorl.evaluation.protocol import EvalProtocol  # noqa: E402
 from brorl.params import load_params  # noqa: E402
 from brorl.train import checkpoint as ckpt  # noqa: E402
 from brorl.train.run import Direct  # noqa: E402

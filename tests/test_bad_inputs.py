@@ -618,7 +618,7 @@ def test_the_world_the_cases_corrupt_passes_every_check(world, tmp_path):
     """The control of every case: the uncorrupted world passes the checks of each stage, and
     so does a checkpoint written by the same run (only a stop rule changed), so that a case
     fails for its corruption alone."""
-    from brorl.preflight import check_inputs
+    from brorl.runs.preflight import check_inputs
 
     case = tmp_path / "case"
     shutil.copytree(world, case)
@@ -631,7 +631,7 @@ def test_the_world_the_cases_corrupt_passes_every_check(world, tmp_path):
 
 def test_a_changed_run_resumes_when_allowed_and_a_broken_pointer_falls_back_saying_so(
         world, tmp_path):
-    from brorl.preflight import InputError, check_inputs
+    from brorl.runs.preflight import InputError, check_inputs
 
     case = tmp_path / "case"
     shutil.copytree(world, case)

@@ -23,13 +23,13 @@ from brorl.base import (
 )
 from brorl.data import make_problem, split_problems
 from brorl.engines import HfEngine
+from brorl.evaluation.scoring import evaluate_policy
 from brorl.families.code import generate_code
 from brorl.families.math import generate_math
-from brorl.machine import conditions
+from brorl.families.prompts import render_prompt, render_target
 from brorl.params import BaseParams, DataParams, ExperimentParams, ModelParams, TrackingParams
 from brorl.policy import build_policy, build_tokenizer, load_policy, save_policy
-from brorl.prompts import render_prompt, render_target
-from brorl.scoring import evaluate_policy
+from brorl.runs.machine import conditions
 from brorl.verifiers import VerifyConfig
 
 TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
@@ -234,7 +234,7 @@ def test_data_and_base_tasks_write_splits_checkpoint_and_metrics(tmp_path):
     assert (tmp_path / "problems" / "dataset_dict.json").is_file()
     report = json.loads((tmp_path / "base" / "report.json").read_text())
     metrics = report["metrics"]
-    # the wall-clock metrics are beside the stage's folder (`brorl.timings`), not in its report
+    # the wall-clock metrics are beside the stage's folder (`brorl.runs.timings`), not in its report
     timings = json.loads((tmp_path / "base.timings.json").read_text())
     assert {**metrics, **{k: v for k, v in timings.items() if k != "history"}} == base["metrics"]
     assert "base/train_seconds" not in metrics and metrics["base/steps"] == 2.0

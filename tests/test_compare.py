@@ -1,4 +1,4 @@
-"""The comparison report (brorl.compare) on hand-built run folders in the
+"""The comparison report (brorl.evaluation.compare) on hand-built run folders in the
 evaluation-record format (one row per (step, split)): which rows count, the baseline's direction,
 the budget check, pooled Table 2 fractions, Table 1 columns and the report's wording."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from brorl.compare import (
+from brorl.evaluation.compare import (
     ArmResult,
     build_report,
     headline,
@@ -248,7 +248,7 @@ def test_start_and_end_per_family_is_the_baseline_start_each_arms_last_row_and_t
 
 
 def test_table1_reads_a_family_without_score_by_its_headline_quantity(tmp_path):
-    """Family scores written before "score" existed (`brorl.legacy.family_key`): reasoning's
+    """Family scores written before "score" existed (`brorl.runs.legacy.family_key`): reasoning's
     headline is its mean reward (0.35), not its pass@1 (0.25)."""
     family = {"math": {"pass_at_1": 0.3, "reward_mean": 0.3},
               "code": {"pass_at_1": 0.5, "reward_mean": 0.7},

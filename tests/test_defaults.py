@@ -38,10 +38,10 @@ from brorl.params import ExperimentParams
 REQUIRED = object()
 """The schema default of a field that has none."""
 ALLOWED: Mapping[tuple[str, str], str] = {
-    ("brorl.servers.wait_healthy", "timeout_s"): "seconds a server may take to start, not "
+    ("brorl.system.servers.wait_healthy", "timeout_s"): "seconds a server may take to start, not "
                                                  "verify.timeout_s (a verifier's per-item limit)",
-    ("brorl.servers.running", "timeout_s"): "the same start-up wait, passed to wait_healthy",
-    ("brorl.stats.seed_test", "margin"): "a statistics primitive: NaN is no equivalence test; "
+    ("brorl.system.servers.running", "timeout_s"): "the same start-up wait, passed to wait_healthy",
+    ("brorl.evaluation.stats.seed_test", "margin"): "a statistics primitive: NaN is no equivalence test; "
                                          "the study passes study.margin",
     ("brorl.train.run.Run.train", "max_steps"): "how many more steps this call may run (None: "
                                                 "until a stop rule fires), not base.max_steps",

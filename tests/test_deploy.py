@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from brorl.servers import free_port, stop
+from brorl.system.servers import free_port, stop
 from commands import deploy, server
 
 ROOT = Path(__file__).resolve().parents[1]

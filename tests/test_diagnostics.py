@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from brorl.families.math import generate_math
+from brorl.families.prompts import render_prompt, render_target
 from brorl.params import load_params
 from brorl.policy import load_policy
-from brorl.prompts import render_prompt, render_target
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig
 from brorl.train.diagnostics import (
     build_probes,

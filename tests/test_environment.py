@@ -1,4 +1,4 @@
-"""The environment defaults (`brorl/environment.py`): one home, applied by entry points, never by
+"""The environment defaults (`brorl/system/environment.py`): one home, applied by entry points, never by
 an import."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from brorl.environment import FLOAT_PATHS, X86, apply_defaults, defaults, with_defaults
+from brorl.system.environment import FLOAT_PATHS, X86, apply_defaults, defaults, with_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def test_a_flow_entry_applies_the_defaults_before_its_checks(tmp_path):
 
 
 TRAIN_A_FEW_STEPS = """
-from brorl.environment import apply_defaults
+from brorl.system.environment import apply_defaults
 apply_defaults()  # before torch loads, as every entry point
 import hashlib, torch
 from brorl.policy import build_policy, build_tokenizer

@@ -15,11 +15,8 @@ import pytest
 from brorl.base import BaseConfig
 from brorl.data import make_problem
 from brorl.engines import HfEngine
-from brorl.evals import REPLICATE_STRIDE, EvalProtocol
-from brorl.families.math import generate_math
-from brorl.params import load_params
-from brorl.policy import build_policy, build_tokenizer
-from brorl.scoring import (
+from brorl.evaluation.protocol import REPLICATE_STRIDE, EvalProtocol
+from brorl.evaluation.scoring import (
     instance_key,
     instance_scores,
     pass_at_k,
@@ -27,6 +24,9 @@ from brorl.scoring import (
     sample_responses,
     score_rewards,
 )
+from brorl.families.math import generate_math
+from brorl.params import load_params
+from brorl.policy import build_policy, build_tokenizer
 from brorl.train import TrainerConfig
 from brorl.verifiers import Verdict, VerifyConfig
 from brorl.verifiers.sandbox import SandboxLimits
@@ -112,7 +112,7 @@ def _engine(max_concurrent_rollouts: int | str = "auto") -> HfEngine:
 def test_every_evaluation_judges_under_the_runs_verify_section(monkeypatch):
     """The run's evaluations and the base stage's checks judge with the `verify` section's
     workers, time limit and sandbox limits, as the rewards do (not the schema's defaults)."""
-    import brorl.scoring
+    import brorl.evaluation.scoring
 
     params = load_params(ROOT / "params/tiny_ci.yaml",
                          ["verify.workers=1", "verify.timeout_s=7", "verify.cpu_s=3"])
@@ -125,7 +125,7 @@ def test_every_evaluation_judges_under_the_runs_verify_section(monkeypatch):
         seen.append(config)
         return [Verdict(0.0, "wrong")] * len(problems)
 
-    monkeypatch.setattr(brorl.scoring, "verify_batch", judge)
+    monkeypatch.setattr(brorl.evaluation.scoring, "verify_batch", judge)
     protocol = replace(EvalProtocol.from_params(params), samples=1, max_response_tokens=4)
     engine = _engine()
     problems = generate_math(2, seed=0)

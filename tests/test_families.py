@@ -129,8 +129,8 @@ def test_the_old_flat_data_keys_still_load_with_a_note_naming_the_new_ones():
 
 def test_a_toy_family_runs_through_data_a_training_step_evaluation_and_the_comparison(
         toy_package, tmp_path):
-    from brorl.compare import ArmResult, table1
     from brorl.data import DataConfig, make_splits, save_splits
+    from brorl.evaluation.compare import ArmResult, table1
     from brorl.policy import build_policy, build_tokenizer, save_policy
     from brorl.train.run import Direct, Run
 

@@ -36,7 +36,7 @@ FORBIDDEN: Mapping[str, frozenset[str]] = {
 
 
 def module_name(path: Path, root: Path) -> str:
-    """`brorl/train/__init__.py` -> `brorl.train`, `brorl/servers.py` -> `brorl.servers`."""
+    """`brorl/train/__init__.py` -> `brorl.train`, `brorl/system/servers.py` -> `brorl.system.servers`."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -209,7 +209,7 @@ def test_no_import_cycle_anywhere_in_brorl():
     """Not even through a function or an `if TYPE_CHECKING:` import: a module's dependencies can
     be read (and loaded) before it, everywhere in the library."""
     graph = import_graph(ROOT, "brorl")
-    assert {"brorl.families.code", "brorl.train.run", "brorl.evals"} <= set(graph)
+    assert {"brorl.families.code", "brorl.train.run", "brorl.evaluation.protocol"} <= set(graph)
     assert import_cycles(graph) == []
 
 
@@ -223,8 +223,8 @@ def test_the_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path: P
 HEAVY_LIBRARIES = frozenset({"torch", "transformers", "deepspeed", "vllm", "datasets", "prefect",
                              "mlflow", "dvc"})
 """What a bad input must never wait for (tests/test_bad_inputs.py, benchmarks/bad_inputs.py)."""
-LIGHT = ("brorl.preflight", "brorl.model.checks", "brorl.run_files", "brorl.files", "brorl.shapes",
-         "brorl.environment", "brorl.params", "commands.entry", "commands.cli")
+LIGHT = ("brorl.runs.preflight", "brorl.model.checks", "brorl.runs.folder", "brorl.runs.files", "brorl.model.shapes",
+         "brorl.system.environment", "brorl.params", "commands.entry", "commands.cli")
 """Modules (with their submodules) that the checks of every entry point run on: nowhere in them,
 not even inside a function, an import of a heavy library or of a project module that loads one."""
 ENTRY_POINTS = ("brorl.train", "brorl.train.__main__", "flows", "commands", "commands.entry",
@@ -324,7 +324,7 @@ def light_violations(root: Path, light: tuple[str, ...] = LIGHT) -> list[str]:
 
 
 def test_light_modules_never_import_torch_heavy_ones_not_even_inside_a_function():
-    """The checks an entry point runs before its expensive start (`brorl.preflight`, the params,
+    """The checks an entry point runs before its expensive start (`brorl.runs.preflight`, the params,
     the run folder's files) import nothing that loads torch, transformers or orchestration, so a
     bad input is refused in about a second; `brorl.train.checkpoint` (torch) is one of the heavy
     modules they may not reach."""
@@ -336,7 +336,7 @@ def test_the_checker_finds_an_upward_import_inside_a_function(tmp_path: Path):
     write_tree(tmp_path, "light")
     assert heavy_modules(tmp_path) == {"brorl.train.checkpoint", "brorl.train.state"}
     assert light_violations(tmp_path) == ["brorl/params/x.py:2 imports transformers",
-                                          "brorl/preflight.py:2 imports brorl.train.checkpoint"]
+                                          "brorl/runs/preflight.py:2 imports brorl.train.checkpoint"]
 
 
 def test_importing_an_entry_point_loads_no_heavy_library():

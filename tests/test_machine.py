@@ -1,4 +1,4 @@
-"""The machine's conditions written with each run (`brorl.machine`): what they hold, that they
+"""The machine's conditions written with each run (`brorl.runs.machine`): what they hold, that they
 hold no clock (a rerun on one machine writes the same bytes), that a run writes them beside its
 folder, in no output's hash; and that the files git tracks hold no clock either."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from brorl import machine
-from brorl.timings import is_timing
+from brorl.runs import machine
+from brorl.runs.timings import is_timing
 from brorl.train.report import eval_csv, summary_record, write_summary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -106,7 +106,7 @@ def test_server_lists_both_arms_and_renders_their_metric_charts(ci_arms_updated:
 def test_a_busy_port_is_one_line_naming_it_and_the_fix(capsys) -> None:
     import socket
 
-    from brorl.servers import HOST, free_port
+    from brorl.system.servers import HOST, free_port
     from commands import mlflow_ui
 
     with socket.socket() as taken:

@@ -16,7 +16,7 @@ from brorl.algorithm.losses import LossConfig
 from brorl.base import BaseConfig
 from brorl.data import DataConfig
 from brorl.engines.base import EngineConfig
-from brorl.evals import EvalProtocol
+from brorl.evaluation.protocol import EvalProtocol
 from brorl.model import ModelConfig
 from brorl.params import DiagnosticsParams, ExperimentParams, ParamsError, TrainParams, load_params
 from brorl.theory.simulator import SimConfig

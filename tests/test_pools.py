@@ -22,7 +22,7 @@ import psutil
 import pytest
 import yaml
 
-from brorl.servers import free_port, stop
+from brorl.system.servers import free_port, stop
 from commands import pools, server
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import pytest
 
 from brorl.families import family
 from brorl.families.answers import last_boxed
-from brorl.prompts import extract_answer, render_prompt, render_target
+from brorl.families.prompts import extract_answer, render_prompt, render_target
 from brorl.types import Problem
 
 MATH = Problem("m1", "math", "fractions", "What is 3/4 as a decimal?", answer="0.75")

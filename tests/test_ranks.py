@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from brorl.servers import free_port
+from brorl.system.servers import free_port
 from brorl.verifiers import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]

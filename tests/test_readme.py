@@ -179,7 +179,7 @@ def _trained(ran: Ran, params=None) -> dict:
     folder with the summary, stopped on the rollout budget and never past it, the start and the
     last step evaluated, the last step checkpointed, the final policy. Returns the summary.
     `params`: the run's (default: the command's)."""
-    from brorl.run_files import read_state
+    from brorl.runs.folder import read_state
 
     params = params or ran.params()
     run_dir = ran.path(params.train.run_dir)
@@ -300,7 +300,7 @@ def _helped(ran: Ran) -> None:
 
 def _data_built(ran: Ran) -> None:
     """`brorl data`: the three splits at the params' `data.path`, each with rows."""
-    from brorl.preflight import check_split
+    from brorl.runs.preflight import check_split
 
     folder = ran.path(ran.params().data.path)
     assert all(check_split(folder, split) > 0 for split in ("train", "validation", "test"))

@@ -26,9 +26,9 @@ import yaml
 
 from brorl.data import load_split
 from brorl.families import family
+from brorl.families.prompts import render_prompt
 from brorl.model.sources import GGUF_ARCHITECTURES, GGUF_FILE_TYPES
 from brorl.policy import load_policy
-from brorl.prompts import render_prompt
 from brorl.train.trainer import parameter_digest
 
 ROOT = Path(__file__).resolve().parents[1]

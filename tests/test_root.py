@@ -1,4 +1,4 @@
-"""One checkout, one root (`brorl.checkout`): every entry point works in the checkout it is started
+"""One checkout, one root (`brorl.system.checkout`): every entry point works in the checkout it is started
 in, found from the working directory (or `$BRORL_ROOT`), never in the one the code is installed
 from. Two clones share this virtualenv, whose editable install points at this checkout: a command
 started in clone b reads b's params and writes into b, and clone a and this checkout stay as
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from brorl.checkout import CheckoutError, find_root, in_checkout
-from brorl.environment import defaults
+from brorl.system.checkout import CheckoutError, find_root, in_checkout
+from brorl.system.environment import defaults
 from tests.conftest import clone_repository
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from brorl.evals import EvalProtocol
+from brorl.evaluation.protocol import EvalProtocol
+from brorl.evaluation.scoring import score_rewards
 from brorl.params import load_params
 from brorl.policy import load_policy
-from brorl.scoring import score_rewards
-from brorl.servers import free_port
+from brorl.system.servers import free_port
 from brorl.train import (
     Direct,
     Run,
@@ -165,7 +165,7 @@ def _fake_run(tmp_path, monkeypatch, rewards, *, eval_sleep: float = 0.0, traine
     def fake_save_policy(model, tokenizer, path):
         Path(path).mkdir(parents=True, exist_ok=True)
 
-    monkeypatch.setattr("brorl.evals.evaluate_policy", fake_evaluate)
+    monkeypatch.setattr("brorl.evaluation.protocol.evaluate_policy", fake_evaluate)
     monkeypatch.setattr("brorl.policy.save_policy", fake_save_policy)
     fake = FakeTrainer(config, iter(rewards), trainer_sleep, step_offset, clock)
     changes = {"run_dir": str(tmp_path / "run"), "eval_every": 1, "checkpoint_every": 1,
@@ -299,7 +299,7 @@ def _evaluate_from(monkeypatch, rows: dict[str, list]):
         assert rewards.shape == (len(problems), n)
         return score_rewards(problems, rewards, k_values), rewards
 
-    monkeypatch.setattr("brorl.evals.evaluate_policy", fake_evaluate)
+    monkeypatch.setattr("brorl.evaluation.protocol.evaluate_policy", fake_evaluate)
 
 
 def test_an_evaluation_writes_one_row_per_split_with_per_instance_scores(tmp_path, monkeypatch):
@@ -360,7 +360,7 @@ def test_a_shared_start_evaluation_is_recorded_as_scored_and_refused_under_anoth
     """A study scores its runs' common step-0 evaluation once: a run given those rows records
     them (no scoring at step 0) exactly as it would have scored them; rows of another protocol
     (here another sampling seed) are refused."""
-    import brorl.evals
+    import brorl.evaluation.protocol
 
     def fake(folder, **changes):
         run = _fake_run(tmp_path / folder, monkeypatch, itertools.repeat(MIXED), steps=2,
@@ -376,8 +376,8 @@ def test_a_shared_start_evaluation_is_recorded_as_scored_and_refused_under_anoth
     assert len(start["rows"]) == 1
 
     reused, calls = fake("reused"), []
-    inner = brorl.evals.evaluate_policy
-    monkeypatch.setattr("brorl.evals.evaluate_policy",
+    inner = brorl.evaluation.protocol.evaluate_policy
+    monkeypatch.setattr("brorl.evaluation.protocol.evaluate_policy",
                         lambda *a, **k: calls.append(1) or inner(*a, **k))
     reused.train(start=json.loads(json.dumps(start)))
     assert len(calls) == 2  # steps 1 and 2 only

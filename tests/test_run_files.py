@@ -1,4 +1,4 @@
-"""A run folder's files without torch (`brorl/run_files.py`): the params record a resume compares,
+"""A run folder's files without torch (`brorl/runs/folder.py`): the params record a resume compares,
 the `latest` pointer, and the copy of the record each committed checkpoint carries."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from brorl import run_files
-from brorl.files import atomic_write_text
 from brorl.params import load_params
+from brorl.runs import folder as run_files
+from brorl.runs.files import atomic_write_text
 from brorl.train import checkpoint as ckpt
 
 CI = "params/prorl_ci.yaml"
@@ -79,7 +79,7 @@ def test_atomic_write_leaves_the_old_file_when_the_write_fails(tmp_path):
 
 
 def test_a_checkpoint_without_a_params_record_has_none_to_compare(tmp_path):
-    """A checkpoint written before the record existed (`brorl.legacy.params_unrecorded`)."""
+    """A checkpoint written before the record existed (`brorl.runs.legacy.params_unrecorded`)."""
     folder = tmp_path / "step_000001"
     folder.mkdir()
     assert run_files.recorded_params(folder) is None

@@ -8,7 +8,7 @@ not the Prefect or MLflow server, nor PostgreSQL, nor a benchmark's per-configur
 
 The entry points: `python -m commands.server -- CMD` (Prefect server, PostgreSQL and a foreground
 command), `benchmarks/prefect_overhead.py` (a Prefect server in a child process per
-configuration) and `python -m commands.mlflow_ui`; below them, `brorl.servers.running` in a
+configuration) and `python -m commands.mlflow_ui`; below them, `brorl.system.servers.running` in a
 plain script. A Prefect or MLflow server takes 10-30 s to start on 2 busy cores: 1-2 minutes in
 all.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from brorl.servers import HOST, answers, free_port
+from brorl.system.servers import HOST, answers, free_port
 from tests.process_tree import descendants, settled, stat_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def _stop_and_check(command: list[str], tmp_path: Path,
 
 
 SLEEPING_SERVER = """import sys, time
-from brorl.servers import running
+from brorl.system.servers import running
 command = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", sys.argv[1]]
 with running(command, f"http://127.0.0.1:{sys.argv[1]}/", timeout_s=30, grace_s=5):
     time.sleep(300)

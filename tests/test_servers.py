@@ -1,4 +1,4 @@
-"""brorl.servers against real processes: Python's http.server, a command that dies, one that hangs.
+"""brorl.system.servers against real processes: Python's http.server, a command that dies, one that hangs.
 
 A few seconds in all: http.server answers within about 0.2 s and stops on SIGTERM at once.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from brorl.servers import HOST, free_port, port_in_use, running
+from brorl.system.servers import HOST, free_port, port_in_use, running
 
 START_S = 60
 """How long a server that answers may take to start: a ceiling that only catches a hang (it

@@ -1,4 +1,4 @@
-"""`brorl.shapes.expected_shapes` against the models transformers builds from the same config.json
+"""`brorl.model.shapes.expected_shapes` against the models transformers builds from the same config.json
 (on the meta device: no memory, no weights), for every family it knows."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from brorl.shapes import FAMILIES, expected_shapes
+from brorl.model.shapes import FAMILIES, expected_shapes
 
 SMALL = dict(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)

@@ -4,7 +4,7 @@ The model, base and train stages at a few-problem size run twice, each time in a
 of its own and from relative paths, as DVC runs them; every file of every DVC output hashes the
 same (md5, DVC's hash) in both, though the two folders differ and the clock does too. Nothing
 in an output holds a wall-clock key or an absolute path: those figures lie beside each output
-in `<out>.timings.json` (`brorl.timings`). Under DVC itself, forcing the model and base stages
+in `<out>.timings.json` (`brorl.runs.timings`). Under DVC itself, forcing the model and base stages
 to rerun leaves the stage that depends on them up to date.
 """
 
@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 import torch
 
-from brorl.machine import machine_path
 from brorl.params import (
     BaseParams,
     DataParams,
@@ -32,7 +31,8 @@ from brorl.params import (
     TrackingParams,
     load_params,
 )
-from brorl.timings import is_timing, timings_path
+from brorl.runs.machine import machine_path
+from brorl.runs.timings import is_timing, timings_path
 from brorl.verifiers import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def stage_params() -> ExperimentParams:
 
 
 def make_checkout(folder: Path) -> Path:
-    """An empty checkout (what `brorl.checkout` looks for) with the repository's .dvcignore."""
+    """An empty checkout (what `brorl.system.checkout` looks for) with the repository's .dvcignore."""
     (folder / "params").mkdir(parents=True)
     (folder / "dvc.yaml").write_text("stages: {}\n")
     shutil.copyfile(ROOT / ".dvcignore", folder / ".dvcignore")
@@ -149,8 +149,8 @@ def test_the_clock_is_beside_each_output_in_its_timings_file(two_checkouts):
     assert all(m["train/seconds"] > 0 and "time/iteration" in m for m in run["history"])
     assert [(r["step"], r["split"]) for r in run["evals"]] == [(0, "test"), (1, "test"),
                                                                 (2, "test")]
-    # the readers put the seconds back (`brorl.evals.read_run`)
-    from brorl.evals import read_run
+    # the readers put the seconds back (`brorl.evaluation.protocol.read_run`)
+    from brorl.evaluation.protocol import read_run
 
     summary, rows = read_run(one / RUN, "")
     assert summary["train_seconds"] == run["train_seconds"]
@@ -159,7 +159,7 @@ def test_the_clock_is_beside_each_output_in_its_timings_file(two_checkouts):
 
 
 def wall_clock_or_absolute(value, roots: tuple[str, ...], where: str = "") -> list[str]:
-    """Where a JSON value holds a wall-clock key (`brorl.timings.is_timing`) or a string naming
+    """Where a JSON value holds a wall-clock key (`brorl.runs.timings.is_timing`) or a string naming
     an absolute path or one of `roots`."""
     found = []
     if isinstance(value, dict):
@@ -195,7 +195,7 @@ def test_the_comparison_report_leaves_the_arms_seconds_to_its_timings_file(two_c
                                                                           tmp_path):
     """The run compared with itself: its seconds and throughput reach the report's return (and
     MLflow through it) and `<out_dir>.timings.json`, not report.json, report.md or the plots."""
-    from brorl.compare import ArmResult, build_report, report_metrics
+    from brorl.evaluation.compare import ArmResult, build_report, report_metrics
 
     one = two_checkouts[0]
     arms = [ArmResult.load(name, one / RUN) for name in ("prorl", "brorl")]

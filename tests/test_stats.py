@@ -1,4 +1,4 @@
-"""brorl.stats: bootstrap intervals, the paired test and the minimum detectable difference; the
+"""brorl.evaluation.stats: bootstrap intervals, the paired test and the minimum detectable difference; the
 seed-level tests, TOST, Holm, the slope test and Welch power; against scipy on fixed data and
 against hand-computed cases."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from brorl.stats import (
+from brorl.evaluation.stats import (
     Interval,
     bootstrap_difference,
     bootstrap_mean,

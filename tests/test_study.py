@@ -22,9 +22,10 @@ import pytest
 import yaml
 from scipy import stats
 
+from brorl.evaluation.stats import evaluation_slope_test, holm
 from brorl.params import ParamsError, load_params
-from brorl.run_files import mlflow_marker
-from brorl.stats import evaluation_slope_test, holm
+from brorl.runs.folder import mlflow_marker
+from brorl.runs.timings import read_timings
 from brorl.study import plan_runs, run_params, write_plan
 from brorl.study.analysis import point_rows
 from brorl.study.plan import StudyRun
@@ -39,7 +40,6 @@ from brorl.study.progress import (
 from brorl.study.report import build_report, headline, verdict
 from brorl.study.results import RunResult
 from brorl.study.warmup import plateau_test, train_to_plateau
-from brorl.timings import read_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY, STUDY_CI = ROOT / "params" / "study.yaml", ROOT / "params" / "study_ci.yaml"
@@ -884,7 +884,7 @@ def _same(a: dict, b: dict) -> list[str]:
 
 @pytest.mark.slow  # the CI study under DVC, killed and resumed: 6 min on 2 cores (make test-all)
 def test_the_resumed_run_equals_the_same_run_uninterrupted(ci_study):
-    from brorl.evals import read_start
+    from brorl.evaluation.protocol import read_start
     from brorl.train import Run
 
     s = ci_study

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from brorl.engines import HfEngine
+from brorl.evaluation.scoring import evaluate_policy
+from brorl.evaluation.stats import paired_test
 from brorl.families.math import generate_math
 from brorl.params import load_params
 from brorl.policy import load_policy
-from brorl.scoring import evaluate_policy
-from brorl.servers import free_port
-from brorl.stats import paired_test
+from brorl.system.servers import free_port
 from brorl.train import Direct, Run, RunConfig, Trainer, TrainerConfig, parameter_digest
 from brorl.train.report import step_line
 from brorl.verifiers import Verdict, VerifyConfig
@@ -121,7 +121,7 @@ def test_a_tiny_policy_raises_its_reward_on_an_easy_task(easy_base, easy_split, 
     problems the paired standard error is ~0.02, so a +0.03 margin failed on 6 of 6 seeds; on
     1000 it is ~0.009, and `paired_test` (the paper's paired t-test) must also call it no noise.
     Three trainer seeds: the gain is a property of training, not of one seed's rounding. On the
-    pinned AVX2 kernel paths (`brorl.environment`) seeds 1 and 2 show it and seed 0 does not
+    pinned AVX2 kernel paths (`brorl.system.environment`) seeds 1 and 2 show it and seed 0 does not
     (-0.0125, 95% CI -0.036 to +0.011), so the test asks for it on two seeds of three, for the
     training reward's rise on every seed, and for no seed whose held-out reward drops."""
     _, tokenizer = load_policy(easy_base)

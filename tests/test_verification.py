@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from brorl.engines.hf import HfEngine
-from brorl.evals import EvalProtocol
+from brorl.evaluation.protocol import EvalProtocol
 from brorl.params import load_params
 from brorl.policy import build_tokenizer
 from brorl.train import Run, RunConfig, Trainer, TrainerConfig

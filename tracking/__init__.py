@@ -5,7 +5,7 @@ libraries only, no prefect: a logger comes in from the tasks (tests/test_layerin
 run's record is `tracking.train_record`, a study's parent run `tracking.study_record`.
 
 Local default: a SQLite store `mlflow.db` and an artifact folder `mlartifacts/` at the root of
-the checkout the command runs in (`brorl.checkout`; platform notes: the `./mlruns` file store
+the checkout the command runs in (`brorl.system.checkout`; platform notes: the `./mlruns` file store
 is deprecated). `MLFLOW_TRACKING_URI`, then the params' `tracking.tracking_uri`, override it.
 Metric names are sanitised to what MLflow accepts (verl#119: `@` and parentheses crash it), and
 a step's metrics go in one `log_batch` call.
@@ -13,7 +13,7 @@ a step's metrics go in one `log_batch` call.
 Every run opened here logs system metrics while it is open (`system_metrics`: MLflow's own
 monitor, `system/cpu_utilization_percentage`, `system/system_memory_usage_megabytes`, and the
 GPUs' utilisation and memory where NVML answers), every `MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`
-seconds (brorl's default 10, `brorl.environment`), at least one sample per run however short;
+seconds (brorl's default 10, `brorl.system.environment`), at least one sample per run however short;
 `MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false` turns it off. Both are MLflow's own switches.
 """
 
@@ -34,7 +34,7 @@ import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from brorl.checkout import CheckoutError, find_root, in_checkout
+from brorl.system.checkout import CheckoutError, find_root, in_checkout
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

@@ -1,7 +1,7 @@
 """A training run's MLflow record: its MLflow run opened or reopened, backfilled, fed, closed.
 
 One training run is one MLflow run, its id kept in `<run_dir>.mlflow_run.json` beside the run's
-folder (`brorl.run_files.mlflow_marker`: a new id in every fresh run, so not inside what DVC
+folder (`brorl.runs.folder.mlflow_marker`: a new id in every fresh run, so not inside what DVC
 hashes): reopened when the run resumes from a checkpoint, and also when it was killed before its
 first one (a run that is not FINISHED). A step's metrics go in one asynchronous `log_batch`,
 flushed when the run ends; the final policy becomes a version of the registered model named
@@ -22,12 +22,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 import tracking
-from brorl.checkout import in_checkout
-from brorl.evals import eval_metrics
-from brorl.machine import machine_path
+from brorl.evaluation.protocol import eval_metrics
 from brorl.params import ExperimentParams
-from brorl.run_files import mlflow_marker
-from brorl.timings import timings_path
+from brorl.runs.folder import mlflow_marker
+from brorl.runs.machine import machine_path
+from brorl.runs.timings import timings_path
+from brorl.system.checkout import in_checkout
 from brorl.train import Run
 
 _LOG = logging.getLogger(__name__)
@@ -119,8 +119,8 @@ def log_step_metrics(tracker: Tracker, step: int, metrics: dict[str, float]) -> 
 
 
 def close_record(tracker: Tracker, run: Run, p: ExperimentParams, policy: str) -> str:
-    """The finished run's summary, evaluations, timings (`brorl.timings`), machine record
-    (`brorl.machine`) and `policy` folder as artifacts, the policy as a new version of the
+    """The finished run's summary, evaluations, timings (`brorl.runs.timings`), machine record
+    (`brorl.runs.machine`) and `policy` folder as artifacts, the policy as a new version of the
     arm's registered model (returned), the MLflow run FINISHED."""
     client = MlflowClient(tracker.tracking_uri)
     for artifact in (run.run_dir / "summary.json", run.run_dir / "evals.jsonl",

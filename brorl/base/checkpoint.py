@@ -9,7 +9,7 @@ the reported band measure the same thing; training stops once every family's pas
 `target_pass_low` (default 0.2), or at `max_steps`. Stopping at the low end of the 20-60% band
 leaves room for RL. `BaseConfig.from_params` is the stage's one conversion from the schema.
 The report's wall-clock figures are kept apart from what the stage's output holds (`split_report`,
-`brorl.timings`): the same weights give the same `report.json`.
+`brorl.runs.timings`): the same weights give the same `report.json`.
 
 Paper: BroRL §4.2.1, Table 1 (plateaued starting point).
 """
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 
 from brorl.base.config import BaseConfig
 from brorl.base.supervised import base_engine, warm_up
-from brorl.evals import sample_per_family
+from brorl.evaluation.protocol import sample_per_family
+from brorl.evaluation.scoring import evaluate_policy
 from brorl.policy import load_policy
-from brorl.scoring import evaluate_policy
-from brorl.timings import split_timings
+from brorl.runs.timings import split_timings
 from brorl.types import Problem
 
 

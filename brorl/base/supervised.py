@@ -3,7 +3,7 @@
 The policy is trained by teacher forcing on (prompt, ideal response) pairs:
 `render_prompt(problem, tokenizer)` then `render_target(problem)` + EOS, loss on the response
 tokens only. Training runs in rounds of `eval_every` steps; after each round the policy is scored
-on a validation sample per family (`brorl.scoring.evaluate_policy`, sampled by an hf rollout
+on a validation sample per family (`brorl.evaluation.scoring.evaluate_policy`, sampled by an hf rollout
 engine over the model being trained, `base_engine`) and `warm_up` stops once every family's
 pass@1 reaches `target_pass_low`, or at `max_steps`.
 
@@ -33,8 +33,8 @@ import torch
 
 from brorl.base.config import BaseConfig
 from brorl.engines import RolloutEngine, build_engine
-from brorl.prompts import render_prompt, render_target
-from brorl.scoring import evaluate_policy
+from brorl.evaluation.scoring import evaluate_policy
+from brorl.families.prompts import render_prompt, render_target
 from brorl.types import Problem
 
 IGNORE = -100

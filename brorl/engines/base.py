@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
-from brorl.devices import resolve_dtype
+from brorl.system.devices import resolve_dtype
 from brorl.types import RolloutBatch
 
 if TYPE_CHECKING:

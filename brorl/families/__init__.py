@@ -4,7 +4,7 @@ A family (`ProblemFamily`) holds all that differs between math, code, Reasoning 
 instruction following: its params subsection (`FamilyParams`, under `data.families.<name>`), how
 its problems are built, the instruction appended to a chat prompt and its worked example, how the
 answer is read from a response, the ideal response of the supervised warm-up, its verifier and
-its headline quantity. Data building (`brorl.data`), prompts (`brorl.prompts`), verification
+its headline quantity. Data building (`brorl.data`), prompts (`brorl.families.prompts`), verification
 (`verify_batch`), scoring, the comparison's Table 1 and the study read the registry; none of
 them names a family.
 

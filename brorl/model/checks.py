@@ -1,9 +1,9 @@
 """Torch-free checks of a Hugging Face checkpoint folder, before anything loads it.
 
 `check_checkpoint` reads `config.json`, the safetensors header of `model.safetensors` (every
-tensor's shape against the shapes `config.json` implies: `brorl.shapes`, and the file's length
+tensor's shape against the shapes `config.json` implies: `brorl.model.shapes`, and the file's length
 against what its header describes) and the tokenizer files; a failure is one `InputError` line
-naming the params key that points at the folder and the fix. Used by `brorl.preflight` (every
+naming the params key that points at the folder and the fix. Used by `brorl.runs.preflight` (every
 stage's inputs) and by the model stage for an `hf` source (`brorl.model.make`).
 
 Deliberately ignored: the tensors' bytes (reading gigabytes would cost what the check saves),
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from brorl.shapes import expected_shapes
+from brorl.model.shapes import expected_shapes
 
 
 class InputError(ValueError):

@@ -15,8 +15,8 @@
 Every folder gets `model.json`, its card: source, architecture, parameters, vocabulary, stop ids,
 whether a chat template came with it, and (GGUF) the file, its quantisation and SHA-256. The card
 holds what the source decides and nothing the clock or the machine does: no seconds (the task
-times the call: `model/seconds` in MLflow and `<folder>.timings.json`, `brorl.timings`) and the
-checkpoint's path relative to the checkout (`brorl.files.checkout_relative`), so a rerun writes
+times the call: `model/seconds` in MLflow and `<folder>.timings.json`, `brorl.runs.timings`) and the
+checkpoint's path relative to the checkout (`brorl.runs.files.checkout_relative`), so a rerun writes
 the same bytes.
 """
 
@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from brorl.files import atomic_write_text, checkout_relative
 from brorl.model.checks import check_checkpoint
 from brorl.model.sources import ModelConfig, check_source, gguf_path
 from brorl.policy import build_policy, build_tokenizer, load_tokenizer, save_policy
 from brorl.policy.tokens import model_stop_ids
+from brorl.runs.files import atomic_write_text, checkout_relative
 
 CARD = "model.json"
 """The card the stage writes in its folder."""

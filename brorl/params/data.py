@@ -18,8 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from brorl import legacy
 from brorl.params.section import Section
+from brorl.runs import legacy
 
 ModelSource = Literal["tiny", "gguf", "hf"]
 """Where the model stage's checkpoint comes from (`ModelParams.source`, `brorl.model`)."""

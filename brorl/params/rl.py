@@ -216,7 +216,7 @@ class FilterParams(Section):
     """A rollout with at least this reward is correct (the binary rule's M_i = M_correct,
     BroRL §3.1); a uniform group at or above it counts as all-correct
     (`filter/groups_all_correct`). 1.0: full credit, as the evaluation's pass@1
-    (`brorl.scoring`)."""
+    (`brorl.evaluation.scoring`)."""
     wrong_reward: float = 0.0
     """A uniform group at or below this reward counts as all-wrong (`filter/groups_all_wrong`)."""
 

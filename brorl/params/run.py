@@ -57,7 +57,7 @@ class TrainParams(Section):
     """Gradient-norm clip per optimizer step (verl and OpenRLHF default 1.0): our choice."""
     peak_tflops: PositiveFloat | None = None
     """Peak TFLOP/s of one device, the 100% of `perf/mfu` and `perf/score_mfu`. None: the
-    CUDA device's data-sheet bfloat16 peak where `brorl.devices` knows it; on other devices
+    CUDA device's data-sheet bfloat16 peak where `brorl.system.devices` knows it; on other devices
     (a CPU) the MFU is left out."""
     warmup_steps: NonNegativeInt = 0
     """Linear LR warm-up in optimizer steps; 0: constant LR as ProRL v1 (ProRL (arXiv 2505.24864)

@@ -3,7 +3,7 @@
 Each character of a fixed alphabet is one token (a BPE model with no merges, so no pre-tokenizer
 and no word boundaries: spaces and newlines are ordinary tokens). Three special tokens (`<pad>`,
 `<bos>`, `<eos>`) and `<unk>` for characters outside the alphabet. No chat template by default,
-so `brorl.prompts.render_prompt` gives the tiny policy its short plain template (`Q: ...\nA: `):
+so `brorl.families.prompts.render_prompt` gives the tiny policy its short plain template (`Q: ...\nA: `):
 every prompt character costs compute on CPU, and the supervised warm-up teaches the answer
 format that a chat prompt would spell out. `CHAT_TEMPLATE` (`role: content` lines) exercises the
 chat code path (`apply_chat_template`) on the tiny tokenizer when asked for.

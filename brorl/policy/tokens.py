@@ -4,7 +4,7 @@ One home for the three rules every stage that touches tokens must share, whichev
 checkpoint brings (the character tokenizer of the tiny policy or a pretrained model's BPE):
 
 - `encode_prompts`: a rendered prompt is encoded as it is, with no special tokens added. A chat
-  template (`brorl.prompts.render_prompt`) already writes the ones the model was trained with
+  template (`brorl.families.prompts.render_prompt`) already writes the ones the model was trained with
   (SmolLM2's `<|im_start|>`, Qwen's); adding a BOS on top would give the model a prompt it never
   saw. The character tokenizer adds none either way.
 - `stop_ids`: a response ends at any of the model's end-of-sequence ids. Instruct checkpoints

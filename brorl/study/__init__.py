@@ -8,7 +8,7 @@ scored at equal rollouts and at equal optimizer steps (docs/study.md holds the p
 - `start`: the step-0 evaluation every run shares, scored once.
 - `progress`: a run folder between sessions (resume, redo, start) and the study's progress line.
 - `results`: the finished runs read back from their folders (per-instance scores, pooled rates).
-- `analysis`: every number of the report (`brorl.stats`: two-way bootstrap intervals, seed-level
+- `analysis`: every number of the report (`brorl.evaluation.stats`: two-way bootstrap intervals, seed-level
   tests, Holm, TOST); `power`: the plan's a-priori power analysis.
 - `report` and `figures`: report.md, report.json, the PNGs, the verdict, the DVC headline.
 

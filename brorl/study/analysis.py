@@ -1,4 +1,4 @@
-"""The study's numbers, from its runs (`brorl.study.results`) with `brorl.stats`: a JSON-ready dict.
+"""The study's numbers, from its runs (`brorl.study.results`) with `brorl.evaluation.stats`: a JSON-ready dict.
 
 The analysis plan is docs/study.md's (version 2), fixed before any run of the design:
 
@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats as sps
 
+from brorl.evaluation.stats import holm, seed_test, tost_power
 from brorl.families import ordered
-from brorl.stats import holm, seed_test, tost_power
 from brorl.study import power
 from brorl.study.plan import run_params
 from brorl.study.results import RunResult, instance_order, table, values_of

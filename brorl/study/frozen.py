@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brorl.files import atomic_write_text
+from brorl.runs.files import atomic_write_text
 from brorl.study.plan import pool_dir, warmup_dir
 
 if TYPE_CHECKING:
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m brorl.study.frozen --params params/study.yaml --commit SHA [--parts ...]`:
     freeze the parts made by that commit's code (`make study-freeze`: every part not frozen
     yet, at the current commit)."""
-    from brorl.checkout import find_root
     from brorl.params import load_params
+    from brorl.system.checkout import find_root
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", required=True)

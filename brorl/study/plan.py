@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brorl.files import atomic_write_text
+from brorl.runs.files import atomic_write_text
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

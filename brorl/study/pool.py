@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from brorl.files import atomic_write_text
+from brorl.runs.files import atomic_write_text
 from brorl.study.plan import pool_data, pool_dir, warmup_dir
 from brorl.types import Problem
 
@@ -86,7 +86,7 @@ def count_solves(engine, tokenizer, problems: Sequence[Problem], n: int, *, temp
     (each chunk its own seed, seed + chunk index) and judged by the family verifiers."""
     from brorl.engines import SamplingConfig
     from brorl.families import verify_batch
-    from brorl.prompts import render_prompt
+    from brorl.families.prompts import render_prompt
 
     per_chunk = max(1, chunk_rollouts // n)
     solves = np.zeros(len(problems), dtype=int)

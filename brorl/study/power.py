@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from brorl.stats import seeds_for_power, tost_power, welch_power
+from brorl.evaluation.stats import seeds_for_power, tost_power, welch_power
 
 PAPER_EFFECT = 0.016
 """BroRL's largest gain over ProRL in its Table 1 (points / 100)."""

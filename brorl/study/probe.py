@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from brorl.files import atomic_write_text
+from brorl.runs.files import atomic_write_text
 from brorl.study.pool import EDGES, histogram, keep_rate, rescued, solve_counter
 
 if TYPE_CHECKING:
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-hard", type=int, default=defaults.max_hard)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     args = parser.parse_args(argv)
-    from brorl.environment import apply_defaults
     from brorl.params import ParamsError, load_params
+    from brorl.system.environment import apply_defaults
 
     apply_defaults()
     try:

@@ -3,7 +3,7 @@
 Each run folder holds a marker, `study_run.json`: the digest of what the run was started with
 (its params without the `study` section, the content of its start policy and of the pool's
 data), whether it finished and in how many sessions. Its wall seconds go beside the folder, in
-the run's `<folder>.timings.json` (`wall_seconds`, `brorl.timings`), with its MLflow run's id in
+the run's `<folder>.timings.json` (`wall_seconds`, `brorl.runs.timings`), with its MLflow run's id in
 `<folder>.mlflow_run.json`: the folder is a DVC output and holds neither. `prepare_run_dir`
 decides from the marker before a session:
 - no folder: start;
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brorl.files import atomic_write_text
-from brorl.run_files import latest_checkpoint, mlflow_marker
+from brorl.runs.files import atomic_write_text
+from brorl.runs.folder import latest_checkpoint, mlflow_marker
+from brorl.runs.timings import read_timings, timings_path, write_timings
 from brorl.study.plan import (
     StudyRun,
     find_run,
@@ -42,7 +43,6 @@ from brorl.study.plan import (
     run_tree,
 )
 from brorl.study.start import start_path
-from brorl.timings import read_timings, timings_path, write_timings
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

@@ -9,12 +9,12 @@ t, Holm within its family, a TOST only where the plan reads one) says higher, lo
 beyond the margin, or inconclusive, with the effect the design detects beside it; the warm-up's
 slope test (the evaluations as the unit); the pre-registered revival rule per arm. Scores are in points (percent):
 avg@k of the family score (pass@1 for math and code, mean reward for reasoning, ProRL (arXiv
-2505.24864) §3.4), pass@k beside it; cells and tables are `brorl.reporting`'s, as in the
+2505.24864) §3.4), pass@k beside it; cells and tables are `brorl.evaluation.reporting`'s, as in the
 comparison.
 
 The report's files are DVC outputs and hold no wall-clock figure: each arm's training and
 evaluation seconds and generation throughput (`TIMING_KEYS`, from the runs' own timings files,
-`brorl.evals.read_run`) go to `<out_dir>/report.timings.json` (`brorl.timings`), and
+`brorl.evaluation.protocol.read_run`) go to `<out_dir>/report.timings.json` (`brorl.runs.timings`), and
 `build_report` returns them with the rest.
 """
 
@@ -25,10 +25,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brorl.evals import read_evals, read_start
+from brorl.evaluation.protocol import read_evals, read_start
+from brorl.evaluation.reporting import markdown_table, p_value, percent, points
 from brorl.families import ordered
-from brorl.files import atomic_write_text
-from brorl.reporting import markdown_table, p_value, percent, points
+from brorl.runs.files import atomic_write_text
+from brorl.runs.timings import split_timings, write_timings
 from brorl.study import figures, probe
 from brorl.study.analysis import analyse
 from brorl.study.plan import plan_runs, pool_dir, run_dir, warmup_dir
@@ -36,7 +37,6 @@ from brorl.study.pool import POOL_FILE
 from brorl.study.results import RunResult
 from brorl.study.start import start_path
 from brorl.study.warmup import plateau_test, read_warmup
-from brorl.timings import split_timings, write_timings
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -46,7 +46,7 @@ FIGURES = {"rollouts": "score_vs_rollouts.png", "steps": "score_vs_steps.png",
 REPORT_FILES = ("report.md", "report.json", "seeds.md", *FIGURES.values())
 """What `build_report` writes into `study.out_dir` (the DVC stage's outputs)."""
 TIMINGS = "report"
-"""`<out_dir>/report.timings.json` (`brorl.timings.timings_path` of `<out_dir>/report`): each
+"""`<out_dir>/report.timings.json` (`brorl.runs.timings.timings_path` of `<out_dir>/report`): each
 arm's wall-clock figures, kept out of `REPORT_FILES`."""
 WORDS = {"higher": "higher", "lower": "lower",
          "equivalent": "no change beyond the margin (equivalent by TOST)",

@@ -13,7 +13,7 @@ Per instance, `values_of(row, "pass_at_k")` is pass@k with k = the row's samples
 was correct (the unbiased estimator with n = k), beside avg@k (BroRL App. D reports avg@16 as
 pass@1; ProRL (arXiv 2505.24864) §4 reports pass@k).
 
-Pooled rates (BroRL §4.2.4, Table 2) are `brorl.reporting.RunRecord`'s, as in the comparison.
+Pooled rates (BroRL §4.2.4, Table 2) are `brorl.evaluation.reporting.RunRecord`'s, as in the comparison.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from brorl.evals import read_evals, read_run
-from brorl.reporting import RunRecord
-from brorl.scoring import pass_at_k
+from brorl.evaluation.protocol import read_evals, read_run
+from brorl.evaluation.reporting import RunRecord
+from brorl.evaluation.scoring import pass_at_k
 from brorl.study.plan import StudyRun
 
 METRICS = ("score", "pass_at_k")
@@ -45,7 +45,7 @@ def samples_of(row: dict[str, Any]) -> int | None:
 
 def values_of(row: dict[str, Any], key: str = "score", k: int | None = None) -> dict[str, float]:
     """Instance id -> its `key`: `score`, `pass_at_1`, or `pass_at_k`: with `k` the unbiased
-    pass@k from the row's n samples (c = avg@n x n correct, `brorl.scoring.pass_at_k`), without
+    pass@k from the row's n samples (c = avg@n x n correct, `brorl.evaluation.scoring.pass_at_k`), without
     it pass@n (1.0 when any of the n samples was correct, from avg@n > 0)."""
     if key == "pass_at_k":
         if k is None:

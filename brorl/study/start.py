@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brorl.files import atomic_write_text
+from brorl.runs.files import atomic_write_text
+from brorl.runs.timings import split_timings
 from brorl.study.plan import plan_runs, run_params
-from brorl.timings import split_timings
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

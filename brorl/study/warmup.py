@@ -4,7 +4,7 @@ is shown flat, or a cap (the paper starts BroRL from a model that plateaued unde
 
 "Flat" is an equivalence test, not the absence of a significant slope: over the last
 `study.warmup.window` validation evaluations (>= 5, on >= 300 instances), the least-squares
-line through the per-evaluation mean scores against rollouts (`brorl.stats.evaluation_slope_test`:
+line through the per-evaluation mean scores against rollouts (`brorl.evaluation.stats.evaluation_slope_test`:
 the evaluations are the unit, df = window - 2; the instances of one evaluation share its policy
 and are no independent replicates of the slope) shows by TOST that the drift over one study run
 (slope x `study.budget_rollouts`) lies within +-`study.warmup.margin`, at `study.alpha` divided
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from brorl.evals import read_evals
-from brorl.files import atomic_write_text
-from brorl.stats import evaluation_slope_test, slope_test
+from brorl.evaluation.protocol import read_evals
+from brorl.evaluation.stats import evaluation_slope_test, slope_test
+from brorl.runs.files import atomic_write_text
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from brorl.files import atomic_write_text
+from brorl.runs.files import atomic_write_text
 from brorl.theory.simulator import METRICS, SimulationResult, summarize
 
 PANELS = (("q_pos", "Correct prob. mass Q_pos"), ("pct_improved", "% correct tokens improved"),

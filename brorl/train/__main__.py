@@ -9,9 +9,9 @@ honours every stop rule and schedule of the params file (`train.steps`, `max_rol
 more steps now. Each rank prints one JSON line (rank, step, stop reason, parameter digest, last
 metrics); `--report-dir` also writes it to `<dir>/rank<r>.json`. Resumes from the newest
 checkpoint in `train.checkpoint_dir` unless `--fresh`. Relative paths in the params are taken
-from the checkout it runs in (`brorl.checkout`: `$BRORL_ROOT`, else the folder from the working
+from the checkout it runs in (`brorl.system.checkout`: `$BRORL_ROOT`, else the folder from the working
 directory up that holds dvc.yaml and params/). The Prefect flow adds MLflow tracking and the
-DVC metrics files. The params and every file the run reads (`brorl.preflight.check_inputs`:
+DVC metrics files. The params and every file the run reads (`brorl.runs.preflight.check_inputs`:
 splits, checkpoints, the resumed one written by the same run unless `--allow-changed-params`)
 are checked before torch loads: a bad one is one `error:` line and exit code 2 within about a
 second.
@@ -24,10 +24,10 @@ import json
 import sys
 from pathlib import Path
 
-from brorl.checkout import CheckoutError, find_root
-from brorl.environment import apply_defaults
 from brorl.params import ParamsError, load_params
-from brorl.preflight import InputError, check_inputs
+from brorl.runs.preflight import InputError, check_inputs
+from brorl.system.checkout import CheckoutError, find_root
+from brorl.system.environment import apply_defaults
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
     parser.add_argument("--allow-changed-params", action="store_true",
                         help="resume a checkpoint written under other params (by default only "
-                             "the stop rules and schedules may change: brorl/run_files.py)")
+                             "the stop rules and schedules may change: brorl/runs/folder.py)")
     parser.add_argument("--quiet", action="store_true", help="no progress line per step")
     parser.add_argument("--report-dir", type=Path, default=None, help="write rank<r>.json here")
     args = parser.parse_args(argv)

@@ -9,12 +9,12 @@ Layout of `<checkpoint_dir>/step_000012/`:
   from generators of its own, and in a Prefect flow the orchestration libraries draw from
   python's global RNG as often as the clock makes them, so its state made every checkpoint, and
   the run's output hash, differ);
-- `params.json`: the resolved params of the run that wrote it (`brorl.run_files.record_params`);
+- `params.json`: the resolved params of the run that wrote it (`brorl.runs.folder.record_params`);
 - `trainer_state.json`: step, data cursor, metric history. Written last: a folder without it is
   incomplete and ignored.
 
 What can be read without torch (the layout's names, the `latest` pointer, the trainer state, the
-params record) lives in `brorl.run_files`, and `atomic_write_text` in `brorl.files`; both are
+params record) lives in `brorl.runs.folder`, and `atomic_write_text` in `brorl.runs.files`; both are
 re-exported here for the trainer.
 
 All ranks write into `.tmp-step_000012/`; after a barrier rank 0 renames it to `step_000012/`,
@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from brorl.files import atomic_write_text
-from brorl.run_files import (
+from brorl.runs.files import atomic_write_text
+from brorl.runs.folder import (
     LATEST_FILE,
     PARAMS_FILE,
     STATE_FILE,

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from brorl.algorithm.losses import LossConfig
-from brorl.devices import resolve_dtype
 from brorl.engines.base import EngineConfig
-from brorl.evals import EvalProtocol
+from brorl.evaluation.protocol import EvalProtocol
+from brorl.system.devices import resolve_dtype
 from brorl.train.diagnostics import DiagnosticsConfig
 from brorl.verifiers.config import VerifyConfig
 

@@ -64,7 +64,7 @@ class Probes:
 
 def has_reference(problem: Problem) -> bool:
     """Whether `render_target` can write the problem's known-correct response."""
-    from brorl.prompts import render_target
+    from brorl.families.prompts import render_target
 
     try:
         render_target(problem)

@@ -6,7 +6,7 @@ head at the positions whose logits are used, and 4 x layers x attention width pe
 for training, 2 x for a forward alone). Only real positions count (`brorl.train.micro.MicroBatch`:
 its `valid`, `attended` and `predicted`), so padding lowers the MFU instead of inflating it.
 The peak is `train.peak_tflops` when set, else the device's data-sheet bfloat16 peak
-(`brorl.devices`); on a device with neither (a CPU) the MFU is left out, never guessed.
+(`brorl.system.devices`); on a device with neither (a CPU) the MFU is left out, never guessed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from brorl.devices import peak
+from brorl.system.devices import peak
 from brorl.train.micro import MicroBatch
 
 TRAIN_FACTOR = 3

@@ -4,7 +4,7 @@ headline metrics (JSON) and the evaluation curve (CSV).
 `step_line` is what `python -m brorl.train` prints and the flow logs after each step.
 
 `write_summary` writes the run's `summary.json` (`summary_record`) and, beside the run's folder,
-the conditions of the machine that made it (`brorl.machine`).
+the conditions of the machine that made it (`brorl.runs.machine`).
 
 `headline` is what `dvc metrics show` prints for an arm: the last test evaluation's score per
 family (`math`, `code`, `reasoning`), the last validation evaluation's as `val_<family>` (a
@@ -22,9 +22,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from brorl.evals import SELECTION_METRIC, row_split
-from brorl.files import atomic_write_text, checkout_relative
-from brorl.timings import split_timings
+from brorl.evaluation.protocol import SELECTION_METRIC, row_split
+from brorl.runs.files import atomic_write_text, checkout_relative
+from brorl.runs.timings import split_timings
 
 
 def _rows(evals: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
@@ -76,8 +76,8 @@ def summary_record(summary: dict[str, Any], history: list[dict[str, Any]],
 def write_summary(run_dir: Path, summary: dict[str, Any], history: list[dict[str, Any]],
                   root: str | Path) -> None:
     """`<run_dir>/summary.json` (`summary_record`) and `<run_dir>.machine.json`
-    (`brorl.machine.write_machine`: what else than the seed and params decided the run)."""
-    from brorl.machine import write_machine
+    (`brorl.runs.machine.write_machine`: what else than the seed and params decided the run)."""
+    from brorl.runs.machine import write_machine
 
     record = summary_record(summary, history, root)
     atomic_write_text(run_dir / "summary.json", json.dumps(record, indent=1) + "\n")

@@ -13,12 +13,12 @@ The budgets are the paper's bookkeeping (BroRL Table 1, §4.2.1): a step never s
 remain; with `min_steps` it goes on past the spent budget, uncapped, to that step, and the step
 that spent the budget is evaluated), and time is the training stages' seconds only
 (`TRAIN_STAGES`). Evaluations score each split of `eval_splits` on fixed instances
-(`brorl.evals` holds the row format); the plateau rule follows `val/score_mean` only. A run's
+(`brorl.evaluation.protocol` holds the row format); the plateau rule follows `val/score_mean` only. A run's
 end writes `run.json` beside its policy, so a run that starts from that policy continues its
 prompt stream and seeds (`brorl.train.sampler`).
 
 The run's folder holds no wall-clock figure or absolute path (same weights, same bytes for DVC):
-the seconds go to `<run_dir>.timings.json` beside it (`brorl.timings`), with every checkpoint.
+the seconds go to `<run_dir>.timings.json` beside it (`brorl.runs.timings`), with every checkpoint.
 
 The loop is written once, here (`train`, `step`). Orchestration plugs in through a `Driver`:
 `stage(run, method, *args)` runs the stage method `method(run, *args)` (`Run.verify`, ...: the
@@ -49,16 +49,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from brorl.data import load_split
-from brorl.evals import (
+from brorl.evaluation.protocol import (
     SELECTION_METRIC,
     eval_metrics,
     evals_jsonl,
     row_split,
     sample_per_family,
 )
-from brorl.files import checkout_relative
-from brorl.run_files import record_params
-from brorl.timings import read_timings, write_timings
+from brorl.runs.files import checkout_relative
+from brorl.runs.folder import record_params
+from brorl.runs.timings import read_timings, write_timings
 from brorl.train import checkpoint as ckpt
 from brorl.train.collection import Collected, Collection
 from brorl.train.config import RunConfig, TrainerConfig
@@ -145,7 +145,7 @@ class Run:
              reward_fn: RewardFn | None = None) -> Run:
         """The run of `params` (relative paths taken from `root`), resumed from its newest
         checkpoint unless `resume` is False. Each split of `train.eval_splits` is scored on the
-        instances of the evaluation protocol (`brorl.evals.EvalProtocol.instances`); the
+        instances of the evaluation protocol (`brorl.evaluation.protocol.EvalProtocol.instances`); the
         shrinkage probes are `diagnostics.probes_per_family` validation problems drawn by
         `diagnostics.seed`."""
         from dataclasses import replace
@@ -167,7 +167,7 @@ class Run:
         probes = sample_per_family(splits["validation"], d.probes_per_family, d.seed) \
             if d.enabled else []
         trainer = Trainer(config, load_split(data, "train"), reward_fn=reward_fn, resume=resume)
-        if trainer.rank == 0:  # what a resume compares its params with (brorl.run_files)
+        if trainer.rank == 0:  # what a resume compares its params with (brorl.runs.folder)
             record_params(config.checkpoint_dir, params.model_dump(mode="json"))
         return cls(trainer, run_config, eval_problems, probes)
 

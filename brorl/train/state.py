@@ -4,7 +4,7 @@ its checkpoint left it (`brorl.train.run`). A plain record: no torch.
 
 The checkpoint holds `stable_dict()`: everything but the wall-clock figures (`TIMING_FIELDS`,
 the timing metrics of each step, each evaluation row's `seconds`), so the same run writes the
-same bytes. Those figures (`timings_dict()`) go beside the run's folder (`brorl.timings`), and
+same bytes. Those figures (`timings_dict()`) go beside the run's folder (`brorl.runs.timings`), and
 `from_dict` puts them back when a resume finds them for its checkpoint's step; without them a
 resumed run counts its seconds, and the `train.max_seconds` budget, from 0 again.
 """
@@ -15,7 +15,7 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from brorl.timings import merge_run_timings, run_timings, split_timings
+from brorl.runs.timings import merge_run_timings, run_timings, split_timings
 
 TIMING_FIELDS = ("train_seconds", "eval_seconds", "checkpoint_seconds")
 """The state's wall-clock counters, kept out of checkpoints (`timings_dict`)."""
@@ -41,7 +41,7 @@ class RunState:
     history: list[dict[str, float]] = field(default_factory=list)
     """Per-step metrics, one dict per finished step."""
     evals: list[dict[str, Any]] = field(default_factory=list)
-    """Evaluation rows, one per (step, split) (`brorl.evals`)."""
+    """Evaluation rows, one per (step, split) (`brorl.evaluation.protocol`)."""
     probe_start: list[float] | None = None
     """The held-out probes' reference-token probabilities at the run's start, flat
     (`brorl.train.diagnostics.Shrinkage.start`); None before the first update."""
@@ -66,6 +66,6 @@ class RunState:
         return record
 
     def timings_dict(self) -> dict[str, Any]:
-        """The wall-clock figures `stable_dict` leaves out (`brorl.timings.run_timings`)."""
+        """The wall-clock figures `stable_dict` leaves out (`brorl.runs.timings.run_timings`)."""
         return {**{name: getattr(self, name) for name in TIMING_FIELDS},
                 **run_timings(self.history, self.evals)}

@@ -59,8 +59,8 @@ from brorl.algorithm.schedule import mini_batch_bounds, reset_plan
 from brorl.engines import SamplingConfig, build_engine
 from brorl.engines.base import ChunkCallback
 from brorl.families import verify_batch
+from brorl.families.prompts import render_prompt
 from brorl.policy import load_policy
-from brorl.prompts import render_prompt
 from brorl.train import checkpoint as ckpt
 from brorl.train.collection import Collection
 from brorl.train.config import TrainerConfig
@@ -96,7 +96,7 @@ def init_distributed() -> tuple[int, int]:
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    from brorl.servers import free_port
+    from brorl.system.servers import free_port
 
     deepspeed.init_distributed(verbose=False, auto_mpi_discovery=False, rank=0, world_size=1,
                                init_method=f"tcp://127.0.0.1:{free_port()}")

@@ -7,7 +7,7 @@ A training step's floats depend on the order in which sums are rounded, which th
 choose by the CPU's instruction set (torch's own kernels by `ATEN_CPU_CAPABILITY`, MKL's by
 `MKL_ENABLE_INSTRUCTIONS` and `MKL_CBWR`, oneDNN's by `ONEDNN_MAX_CPU_ISA`) and, for MKL unless
 `MKL_CBWR` says STRICT, by the number of threads: a different last bit in one step changes what
-is sampled later, then every score. `brorl.environment` pins those paths by default and `make
+is sampled later, then every score. `brorl.system.environment` pins those paths by default and `make
 run` the thread count (the spread they remove: `benchmarks/reproducibility.py`, in
 docs/benchmarks.md); this record says what held: the versions of Python and of the libraries that
 compute or score, the CPU and the instruction sets that matter, torch's kernel path and thread
@@ -15,7 +15,7 @@ count, the variables that steer them, the GPU if one is used, and the verifiers'
 clock (`brorl.verifiers.clock`: load-independent where the kernel keeps run delays).
 
 Every field is the same for every run of one command on one machine (no clock, no host name,
-no process id). Beside the output, never inside it, like its timings (`brorl.timings`):
+no process id). Beside the output, never inside it, like its timings (`brorl.runs.timings`):
 `.gitignore` and `.dvcignore` list `*.machine.json`, so the record is in no output's hash. A
 machine (or thread count) that reproduces the results then writes the same outputs, the same
 `dvc.lock` and leaves the checkout clean, while the record still says what each run had. MLflow
@@ -35,7 +35,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from brorl.files import atomic_write_text
+from brorl.runs.files import atomic_write_text
 
 SUFFIX = ".machine.json"
 """What `machine_path` appends to an output's name (listed in .gitignore and .dvcignore)."""

@@ -5,7 +5,7 @@ last, is there; `.tmp-step_000012/` while being written), the `latest` pointer n
 and `params.json`: the resolved params of the run writing there (`record_params`, when
 `brorl.train.Run.open` opens the run), which `brorl.train.checkpoint.commit` copies into each step
 folder, so every checkpoint names the params that made it. `brorl.train.checkpoint` writes this
-layout (with torch: weights, optimizer, RNG states); `brorl.preflight` reads it before anything
+layout (with torch: weights, optimizer, RNG states); `brorl.runs.preflight` reads it before anything
 loads.
 
 A resume continues the checkpoint's run, so it must be the same run: `changed_params` lists the
@@ -15,10 +15,10 @@ records, none of which changes what a step does. Keys that only one side has (a 
 removed from the schema since the checkpoint was written) are not compared.
 
 A checkpoint without `params.json` has nothing to compare and resumes as before
-(`brorl.legacy.params_unrecorded`).
+(`brorl.runs.legacy.params_unrecorded`).
 
 Beside a run's folder, never inside it (what DVC hashes must not change when a rerun gives the
-same weights): `<run_dir>.timings.json` (`brorl.timings`) and `<run_dir>.mlflow_run.json`
+same weights): `<run_dir>.timings.json` (`brorl.runs.timings`) and `<run_dir>.mlflow_run.json`
 (`mlflow_marker`), the id of the run's MLflow run, new in every fresh run.
 """
 
@@ -29,8 +29,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from brorl.files import atomic_write_text
-from brorl.legacy import params_unrecorded
+from brorl.runs.files import atomic_write_text
+from brorl.runs.legacy import params_unrecorded
 
 STATE_FILE = "trainer_state.json"
 LATEST_FILE = "latest"
@@ -130,7 +130,7 @@ def record_params(checkpoint_dir: str | Path, params: Mapping[str, Any]) -> None
 
 
 def recorded_params(folder: Path) -> dict[str, Any] | None:
-    """The params record of a checkpoint folder (None: it has none, `brorl.legacy`);
+    """The params record of a checkpoint folder (None: it has none, `brorl.runs.legacy`);
     CheckpointError when the file is not a JSON mapping."""
     path = folder / PARAMS_FILE
     if params_unrecorded(path):

@@ -7,7 +7,7 @@ to their end), the checkpoints it starts from (a `config.json` that parses, weig
 safetensors header reads and whose every tensor has the shape `config.json` implies, a
 tokenizer), for a training run its length (`train.steps` within what a run can count) and
 folders it can write, and, for a run that would resume, its newest checkpoint: the `latest`
-pointer, the trainer state, the params that wrote it (the same run, `brorl.run_files`), policy,
+pointer, the trainer state, the params that wrote it (the same run, `brorl.runs.folder`), policy,
 reference, and the optimizer and RNG files DeepSpeed and torch will load (whole zip archives).
 A failure is one `InputError` line naming the file and the fix; the entry point prints it and
 exits with code 2, before any Prefect server, model or MLflow run starts and before anything is
@@ -31,8 +31,8 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from brorl import run_files
 from brorl.model.checks import InputError, check_checkpoint, first_line
+from brorl.runs import folder as run_files
 
 if TYPE_CHECKING:
     from brorl.params import ExperimentParams
@@ -95,7 +95,7 @@ def check_resume(checkpoint_dir: str | Path, params: ExperimentParams | None = N
                  allow_changed_params: bool = False) -> tuple[Path | None, list[str]]:
     """The checkpoint a run in `checkpoint_dir` would resume from (None: it starts fresh) and
     notes for the user; InputError when a file the resume reads is unusable, or when the
-    checkpoint was written under other `params` (`brorl.run_files.changed_params`) unless
+    checkpoint was written under other `params` (`brorl.runs.folder.changed_params`) unless
     `allow_changed_params`."""
     checkpoint_dir = Path(checkpoint_dir)
     try:
@@ -141,7 +141,7 @@ def _check_same_run(folder: Path, params: ExperimentParams) -> None:
                          "start over in a new train.checkpoint_dir.") from None
     changed = [] if recorded is None else run_files.changed_params(
         recorded, params.model_dump(mode="json"))
-    if not changed:  # the same params, or none recorded (`brorl.legacy`)
+    if not changed:  # the same params, or none recorded (`brorl.runs.legacy`)
         return
     shown = ", ".join(f"{key} ({old!r} there, {new!r} now)" for key, old, new in changed[:4])
     more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""

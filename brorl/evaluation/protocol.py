@@ -5,20 +5,20 @@ row per (step, split)), and its metrics.
 family's `per_family` instances drawn by `seed` (`sample_per_family`: the same instances at every
 evaluation, and in every run with that seed), `samples` samples of each at `temperature` and
 `top_p`, at most `max_response_tokens` tokens, sampled under `seed` by the run's rollout engine
-(`generate.engine`; an instance's samples are keyed by its id, `brorl.scoring.instance_key`). The
+(`generate.engine`; an instance's samples are keyed by its id, `brorl.evaluation.scoring.instance_key`). The
 run's evaluations (`brorl.train.Run`, through its trainer's engine) and the `evaluate` stage
 (`tasks/evaluate.py`, through `policy_engine`) score through `score`.
 
 `RunState.evals` holds these rows (`eval_record`): {"step", "split" ("test" | "validation" |
 "holdout"), "samples" (k),
 "seconds" (training seconds so far, evaluation and checkpoints excluded), "rollouts" (generated
-so far), "scores" (`brorl.scoring.score_rewards` with k_values 1, 2, 4, ... up to k, k = samples
+so far), "scores" (`brorl.evaluation.scoring.score_rewards` with k_values 1, 2, 4, ... up to k, k = samples
 per instance: a split's `split_samples`, else `samples`), "problem_ids", "families", "pass_at_1" (per instance: the share of its k samples
 that are correct, avg@k), "score" (per instance: the family's headline quantity,
 `ProblemFamily.headline`, ProRL (arXiv 2505.24864) §3.4)}. Rows without "split" count as test rows
-(`brorl.legacy.eval_split`). `<run_dir>/evals.jsonl` holds them without "seconds" (`evals_jsonl`:
+(`brorl.runs.legacy.eval_split`). `<run_dir>/evals.jsonl` holds them without "seconds" (`evals_jsonl`:
 a DVC output holds no wall-clock figure); `read_run` puts the seconds back from
-`<run_dir>.timings.json` (`brorl.timings`), NaN where that file is missing.
+`<run_dir>.timings.json` (`brorl.runs.timings`), NaN where that file is missing.
 
 `eval_metrics` names a row's figures: test rows `eval/<q>_<family>` (q: pass_at_1, pass_at_<k>,
 reward_mean, score), `eval/score_mean` (the mean over families of the family score) and
@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from brorl.legacy import eval_split
-from brorl.scoring import evaluate_policy, instance_scores
-from brorl.timings import merge_run_timings, read_timings, split_timings
+from brorl.evaluation.scoring import evaluate_policy, instance_scores
+from brorl.runs.legacy import eval_split
+from brorl.runs.timings import merge_run_timings, read_timings, split_timings
 from brorl.types import Problem
 from brorl.verifiers import VerifyConfig
 
@@ -75,7 +75,7 @@ def read_evals(path: str | Path, split: str = "test") -> list[dict[str, Any]]:
 
 def read_run(folder: str | Path, missing: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A finished run folder's `summary.json` and its test rows by step (`read_evals`), with the
-    wall-clock figures of `<folder>.timings.json` put back (`brorl.timings`): the summary's
+    wall-clock figures of `<folder>.timings.json` put back (`brorl.runs.timings`): the summary's
     `train_seconds`, `eval_seconds` and `checkpoint_seconds` (NaN without that file), each
     step's timing metrics, each row's `seconds`.
 
@@ -171,7 +171,7 @@ class EvalProtocol:
         ... up to them) under one seed: `seed`, or for `replicate` r > 0 (another draw of the
         same evaluation, e.g. a study's start scored several times) `seed + r *
         REPLICATE_STRIDE` on the same instances. An instance's samples depend on that seed, its
-        id and the policy only (`brorl.scoring.sample_responses`): not on the step, the split or
+        id and the policy only (`brorl.evaluation.scoring.sample_responses`): not on the step, the split or
         the other instances, so every evaluation of a run, and every run of a study, draws an
         instance's samples from the same random numbers (differences between checkpoints are
         not differences between draws)."""

@@ -6,7 +6,7 @@ commands.mlflow_ui`, the test suite's conftest) calls `apply_defaults()` first, 
 prefect, mlflow, transformers or vLLM load; a variable already set wins. Child processes (the
 Prefect and MLflow servers, `dvc repro` and its stages) inherit them, so `make run`, `dvc repro`
 and `brorl <stage>` run alike. Creating folders is left to what writes into them. The caches
-live in the `.cache` folder of the checkout the command runs in (`brorl.checkout`), not of the
+live in the `.cache` folder of the checkout the command runs in (`brorl.system.checkout`), not of the
 one the code is installed from.
 
 It also pins the CPU kernel paths a run's floats take (`FLOAT_PATHS`, on x86): MKL's AVX2 code
@@ -14,7 +14,7 @@ path in its strict reproducibility mode (`MKL_CBWR`: the same bits at any thread
 torch's AVX2 kernels (`ATEN_CPU_CAPABILITY`), so that a CPU with AVX-512 computes as one with
 AVX2 only, and the supervised base stage gives the same weights at 1 and 2 threads (the RL update
 still rounds a few sums by thread count: `make run` fixes the count, `RUN_THREADS` in the
-Makefile; `benchmarks/reproducibility.py` measures the spread, `brorl.machine` records what
+Makefile; `benchmarks/reproducibility.py` measures the spread, `brorl.runs.machine` records what
 held). Set either variable to choose another path (`MKL_CBWR=AUTO ATEN_CPU_CAPABILITY=avx512`:
 each library's fastest here, whose results then vary by machine).
 
@@ -31,11 +31,11 @@ import platform
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from brorl.checkout import find_root
+from brorl.system.checkout import find_root
 
 CACHES = {"PREFECT_HOME": "prefect", "HF_HOME": "hf", "TORCH_EXTENSIONS_DIR": "torch_extensions",
           "VLLM_CACHE_ROOT": "vllm"}
-"""The cache folders, each under `<checkout>/.cache` (`brorl.checkout`) unless set."""
+"""The cache folders, each under `<checkout>/.cache` (`brorl.system.checkout`) unless set."""
 
 FLOAT_PATHS = {"MKL_CBWR": "AVX2,STRICT", "ATEN_CPU_CAPABILITY": "avx2"}
 """On x86: the kernel paths of every run unless set (module docstring). Read by MKL and torch
@@ -45,7 +45,7 @@ X86 = ("x86_64", "AMD64", "i686", "i386")
 
 
 def defaults(environ: Mapping[str, str] | None = None, root: Path | None = None) -> dict[str, str]:
-    """Every default, the caches under `root` (default: the checkout, `brorl.checkout.find_root`,
+    """Every default, the caches under `root` (default: the checkout, `brorl.system.checkout.find_root`,
     looked for only when `environ` lacks one of them: a `CheckoutError` outside any), the Prefect
     paths under the PREFECT_HOME `environ` sets (else `<root>/.cache/prefect`)."""
     environ = os.environ if environ is None else environ

@@ -3,7 +3,7 @@
 Inputs are each arm's run outputs: `summary.json` (per-step metrics, training / evaluation /
 checkpoint seconds) and `evals.jsonl` (one row per (step, split): training seconds and rollouts so
 far, per-family scores, per-instance scores over the same problem ids). Only TEST rows are
-reported (rows without "split" count as test, `brorl.legacy`); validation rows choose
+reported (rows without "split" count as test, `brorl.runs.legacy`); validation rows choose
 checkpoints and never score an arm.
 
 - Table 1 (as BroRL Table 1): per evaluation, step, rollouts, each family's headline score (pass@1 =
@@ -16,18 +16,18 @@ checkpoints and never score an arm.
   seconds apart from training seconds.
 - The paired test (BroRL §4.2.2): each arm minus the named baseline (`compare.baseline`), never the
   order of the arms, on their last test rows, per-instance headline scores
-  (`brorl.stats.paired_test`: t interval, d_z, Wilcoxon p, minimum detectable difference). Arms
+  (`brorl.evaluation.stats.paired_test`: t interval, d_z, Wilcoxon p, minimum detectable difference). Arms
   that generated different numbers of rollouts are refused: the comparison is at equal budget.
 
 The report (`outputs/compare`, a DVC output) holds no wall-clock figure: its tables and plots
 are those of `timings=False`, and the training seconds per evaluation, each arm's training /
 evaluation / checkpoint seconds and its generation throughput go to `<out_dir>.timings.json`
-beside it (`brorl.timings`) and to the comparison's MLflow run (`report_metrics`). The arms'
-seconds come from their own timings files (`brorl.evals.read_run`), NaN where missing.
+beside it (`brorl.runs.timings`) and to the comparison's MLflow run (`report_metrics`). The arms'
+seconds come from their own timings files (`brorl.evaluation.protocol.read_run`), NaN where missing.
 
 Deliberately ignored: seed-to-seed variation. Each arm is one RL seed, so the test's only noise
 is which instances were drawn; the report says so. The multi-seed study reports intervals over
-seeds and instances. Both reports are written with `brorl.reporting`'s run record, pooled rates,
+seeds and instances. Both reports are written with `brorl.evaluation.reporting`'s run record, pooled rates,
 cells and tables.
 """
 
@@ -39,13 +39,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from brorl.evals import read_run
+from brorl.evaluation.protocol import read_run
+from brorl.evaluation.reporting import RunRecord, markdown_table, percent, points
+from brorl.evaluation.stats import Interval, PairedTest, bootstrap_mean, paired_test
 from brorl.families import family as problem_family
 from brorl.families import ordered
-from brorl.legacy import family_key, instance_scores, row_families
-from brorl.reporting import RunRecord, markdown_table, percent, points
-from brorl.stats import Interval, PairedTest, bootstrap_mean, paired_test
-from brorl.timings import split_timings, write_timings
+from brorl.runs.legacy import family_key, instance_scores, row_families
+from brorl.runs.timings import split_timings, write_timings
 
 ALPHA = 0.05
 """Significance level of the report's wording and intervals (two-sided); our choice."""
@@ -202,7 +202,7 @@ def _instance_scores(record: dict[str, Any]) -> dict[str, float]:
 
 
 def paired(baseline: ArmResult, arm: ArmResult, *, alpha: float = ALPHA) -> dict[str, Any]:
-    """`arm` - `baseline` on their last test rows' common instances (`brorl.stats.paired_test`),
+    """`arm` - `baseline` on their last test rows' common instances (`brorl.evaluation.stats.paired_test`),
     overall and per family. Raises ValueError when the two rows' rollouts differ."""
     eb, ea = baseline.evals[-1], arm.evals[-1]
     if int(eb["rollouts"]) != int(ea["rollouts"]):
@@ -339,7 +339,7 @@ def build_report(arms: list[ArmResult], out_dir: str | Path, baseline: str,
     with a wall-clock figure, and those figures to `<out_dir>.timings.json`; return the JSON
     with them (`arms`' seconds, `rollouts_per_s`). `paired_test` is the first non-baseline
     arm's test, `paired_tests` every arm's. `sampling` is the arms' shared evaluation sampling
-    (`brorl.evals.EvalProtocol.sampling`), named in the report's words (`evaluation_words`)."""
+    (`brorl.evaluation.protocol.EvalProtocol.sampling`), named in the report's words (`evaluation_words`)."""
     by_name = {a.name: a for a in arms}
     if baseline not in by_name:
         raise ValueError(f"compare.baseline {baseline!r} is not an arm; choose from "

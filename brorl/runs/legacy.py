@@ -17,7 +17,7 @@ Every writer in brorl writes the current format; only the readers below accept t
 
 Removal: `data_keys` after one release (its callers then refuse the old keys as unknown). The
 rest once no kept run folder or DVC-cached output holds such a file, delete this module and
-its callers' fallbacks: `evals.row_split` reads `row["split"]`, `brorl.compare` reads
+its callers' fallbacks: `evals.row_split` reads `row["split"]`, `brorl.evaluation.compare` reads
 `row["score"]`, `row["families"]` and the family's `quantity`, and `preflight` refuses a
 checkpoint without a params record (`run_files.recorded_params`). The study's reader
 (`brorl.study.results`) has fallbacks of its own for the same rows.
@@ -84,6 +84,6 @@ def data_keys(section: dict[str, Any]) -> dict[str, Any]:
     out["families"] = families
     new = ", ".join(f"data.families.{DATA_KEYS[k][0]}.{DATA_KEYS[k][1]}" for k in old)
     warnings.warn(f"data.{', data.'.join(old)}: old keys, read as {new}; write the new keys "
-                  "(brorl.legacy: the old ones go after one release).", FutureWarning,
+                  "(brorl.runs.legacy: the old ones go after one release).", FutureWarning,
                   stacklevel=2)
     return out

@@ -7,7 +7,7 @@ stage's MLflow run and to `<out>.timings.json` beside the output (`outputs/base.
 for `outputs/base`, `outputs/study/runs/prorl_s0.timings.json` for that run's folder), never
 inside it. `.gitignore` and `.dvcignore` both list `*.timings.json`: git never commits the
 file, and DVC leaves it out of every output and dependency hash, even inside a folder another
-stage depends on (study/dvc.yaml's `runs`). Readers of a run (`brorl.evals.read_run`) merge it
+stage depends on (study/dvc.yaml's `runs`). Readers of a run (`brorl.evaluation.protocol.read_run`) merge it
 back when it is there; a checkout that only pulled the outputs has none, and its reports say
 NaN for the times.
 
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from brorl.files import atomic_write_text
+from brorl.runs.files import atomic_write_text
 
 SUFFIX = ".timings.json"
 """What `timings_path` appends to an output's name (listed in .gitignore and .dvcignore)."""

@@ -2,7 +2,7 @@
 
 The primitives every evaluation uses (the run's, the `evaluate` stage's, the base stage's); how a
 run evaluates (which instances, how many samples, the sampling) and the row it records are
-`brorl.evals`'.
+`brorl.evaluation.protocol`'.
 
 - `pass_at_k(n, c, k)`: the unbiased estimator of Chen et al. (2021, Codex) from n samples with c
   correct, 1 - C(n-c, k) / C(n, k), computed as a stable product (no huge binomials).
@@ -14,8 +14,8 @@ run evaluates (which instances, how many samples, the sampling) and the row it r
   reasoning (ProRL (arXiv 2505.24864) §3.4 protocol).
 - `instance_scores`: the same per instance (avg@k pass@1 and the headline score), the unit of the
   paired tests and of the bootstrap over instances.
-  Paired tests over them live in `brorl.stats.paired_test`.
-- `evaluate_policy`: render with `brorl.prompts`, sample through the run's rollout engine (the
+  Paired tests over them live in `brorl.evaluation.stats.paired_test`.
+- `evaluate_policy`: render with `brorl.families.prompts`, sample through the run's rollout engine (the
   rollouts' sampler, `brorl.engines`: each prompt prefilled once for its k samples, each
   instance's samples keyed by its id, `instance_key`), score with
   `brorl.families.verify_batch` (the same code as the RL reward).
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from brorl.families import family, verify_batch
-from brorl.prompts import render_prompt
+from brorl.families.prompts import render_prompt
 from brorl.types import Problem
 from brorl.verifiers import VerifyConfig
 

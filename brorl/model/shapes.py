@@ -1,6 +1,6 @@
 """The parameter shapes a Hugging Face `config.json` implies, without torch or transformers.
 
-`brorl.preflight` compares them with a safetensors header before anything loads, so weights that
+`brorl.runs.preflight` compares them with a safetensors header before anything loads, so weights that
 belong to another model are refused in a second instead of after the model library starts.
 `expected_shapes` knows the decoder families brorl trains and evaluates (Qwen2: the tiny policy
 and the paper's 1.5B; Llama: SmolLM2; Mistral; Qwen3), one formula each, as their

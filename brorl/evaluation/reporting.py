@@ -1,7 +1,7 @@
-"""The vocabulary both reports are written in: the comparison (`brorl.compare`) and the study
+"""The vocabulary both reports are written in: the comparison (`brorl.evaluation.compare`) and the study
 (`brorl.study.report`).
 
-- `RunRecord`: a finished run read from its folder (`brorl.evals.read_run`): its summary, whose
+- `RunRecord`: a finished run read from its folder (`brorl.evaluation.protocol.read_run`): its summary, whose
   `history` holds the per-step metrics, and its test evaluations by step.
 - Pooled rates (BroRL §4.2.4, Table 2): the dynamic-sampling pass rate is sum(pass rate x rollouts
   generated) / sum(rollouts generated) over the run's steps, the generation throughput
