@@ -4,7 +4,8 @@
 - `last_boxed`: the content of the last `\\boxed{...}`, braces balanced (math, and MATH's
   reference solutions);
 - `last_fence`: the last fenced block ```` ```python ... ``` ```` (```` ```py ```` or a bare
-  fence also count; code).
+  fence also count; code);
+- `tagged_target`: the ideal response in an answer tag (math, reasoning).
 
 Each returns None when the marker is absent or unclosed (a truncated response has no answer).
 Deliberately ignored: `<think>` handling (the tiny policies do not think), `\\fbox`, answers
@@ -15,6 +16,8 @@ Reasoning Gym `<answer></answer>`, code in triple backticks).
 from __future__ import annotations
 
 import re
+
+from brorl.types import Problem
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -42,6 +45,15 @@ def last_boxed(text: str) -> str | None:
             return content
         start = text.rfind(_BOXED + "{", 0, start)
     return None
+
+
+def tagged_target(problem: Problem) -> str:
+    """`<answer>{reference}</answer>`: the ideal response of a family whose answers are tagged
+    (math, reasoning); a ValueError when the problem has no reference answer."""
+    if not problem.answer:
+        raise ValueError(f"{problem.family} problem {problem.id!r} has an empty answer: the "
+                         "warm-up needs the reference answer in problem.answer")
+    return f"<answer>{problem.answer}</answer>"
 
 
 def stripped(found: str | None) -> str | None:

@@ -37,7 +37,7 @@ from pydantic import NonNegativeInt, PositiveInt
 
 from brorl.data.records import draw_per_task, jsonl_rows, make_problem
 from brorl.families import FamilyParams, ProblemFamily
-from brorl.families.answers import last_boxed, last_tag, stripped
+from brorl.families.answers import last_boxed, last_tag, stripped, tagged_target
 from brorl.types import Problem
 from brorl.verifiers.config import VerifyConfig
 from brorl.verifiers.verdict import Verdict
@@ -145,13 +145,6 @@ def extract(text: str) -> str | None:
     return stripped(found if found is not None else last_boxed(text))
 
 
-def target(problem: Problem) -> str:
-    """`<answer>{reference}</answer>`."""
-    if not problem.answer:
-        raise ValueError(f"math problem {problem.id!r} has an empty answer: the warm-up needs "
-                         "the reference answer in problem.answer")
-    return f"<answer>{problem.answer}</answer>"
-
 
 class MathVerifier:
     """Binary reward: 1 when math-verify finds the extracted answer equal to the reference."""
@@ -197,4 +190,4 @@ FAMILY = ProblemFamily(
     instruction="Answer in <answer></answer>.",
     # Outside the generated sets: their operands stop at 9 and their prompts differ.
     example=("Compute 12 + 30.", "12 + 30 = 42.\n<answer>42</answer>"),
-    extract=extract, target=target, verifier=MathVerifier, headline="pass_at_1")
+    extract=extract, target=tagged_target, verifier=MathVerifier, headline="pass_at_1")

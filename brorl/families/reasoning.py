@@ -61,7 +61,7 @@ from pydantic import NonNegativeInt
 
 from brorl.data.records import make_problem
 from brorl.families import FamilyParams, ProblemFamily
-from brorl.families.answers import last_tag, stripped
+from brorl.families.answers import last_tag, stripped, tagged_target
 from brorl.types import Problem
 from brorl.verifiers.config import VerifyConfig
 from brorl.verifiers.verdict import Verdict, error_verdict, verdict_for_score
@@ -228,13 +228,6 @@ def extract(text: str) -> str | None:
     return stripped(last_tag(text))
 
 
-def target(problem: Problem) -> str:
-    """`<answer>{reference}</answer>`."""
-    if not problem.answer:
-        raise ValueError(f"reasoning problem {problem.id!r} has an empty answer: the warm-up "
-                         "needs the reference answer in problem.answer")
-    return f"<answer>{problem.answer}</answer>"
-
 
 FAMILY = ProblemFamily(
     name="reasoning", title="Reasoning", params=ReasoningParams, build=build,
@@ -242,4 +235,4 @@ FAMILY = ProblemFamily(
     # Outside the default set: its spell_backward words have three letters.
     example=("Spell this word backward (example: sun -> nus): stone",
              "stone backward is enots.\n<answer>enots</answer>"),
-    extract=extract, target=target, verifier=ReasoningVerifier, headline="reward_mean")
+    extract=extract, target=tagged_target, verifier=ReasoningVerifier, headline="reward_mean")
