@@ -209,7 +209,7 @@ def test_params_refuse_unknown_or_repeated_kinds_and_build_refuses_conflicts():
     with pytest.raises(ValueError, match="IFEval marks as conflicting"):
         ins.build(ins.InstructionParams(per_task=1, tasks=("lowercase+uppercase",)), 0)
     with pytest.raises(ValueError, match="raise max_words"):
-        ins.build(ins.InstructionParams(per_task=5, max_words=(5,), tasks=("max_words",)), 0)
+        ins.build(ins.InstructionParams(per_task=5, max_words=(3,), tasks=("max_words",)), 0)
     assert ins.InstructionParams(per_task=7, tasks=("title", "bullets+title")).size() == 14
 
 

@@ -295,7 +295,7 @@ def test_arms_differ_only_in_batch_shape_and_lr():
     # compare: each file's default report folder follows its name; a run never reads it
     same = {"name", "update", "train", "compare"}
     assert brorl.model_dump(exclude=same) == prorl.model_dump(exclude=same)
-    assert brorl.evaluation.compare.model_dump(exclude={"report_dir"}) == \
+    assert brorl.compare.model_dump(exclude={"report_dir"}) == \
         prorl.compare.model_dump(exclude={"report_dir"})
 
 

@@ -67,15 +67,13 @@ short answer, a lowercase one, one that starts with a given word), so the reward
 MAX_RESPONSE_CHARS = 16_384
 """A longer response gets 0 without a check: no constraint here needs more."""
 
-TOPICS = {
-    "the sea": "the sea is wide and deep", "a cat": "my cat sleeps near the warm window",
-    "the moon": "the moon shines over quiet hills", "rain": "soft rain falls on the old roof",
-    "a garden": "our garden is full of roses", "bread": "fresh bread smells good at dawn",
-    "a river": "the river runs fast past the village", "the wind": "cold wind blows through trees",
-    "a dog": "my dog runs to the park every day", "the sun": "the sun rises early over fields",
-    "a book": "this book tells a story of two friends", "a train": "the train leaves at noon",
-}
-"""Topic of the request -> the ideal response's first sentence (no commas, no prompt words)."""
+TOPICS = {topic: f"{topic} is nice" for topic in (
+    "the sea", "a cat", "the moon", "rain", "a garden", "bread", "a river", "the wind", "a dog",
+    "the sun", "a book", "a train")}
+"""Topic of the request -> the ideal response's first sentence: the topic, copied from the
+request, and two words of its own (no commas). One pattern for every topic, so that the tiny
+policy learns it within the CI base's 300 steps (twelve different sentences it did not: its
+held-out instruction reward stayed at 0)."""
 FORMS = ("a sentence", "a short note", "a short message", "one line", "a short reply")
 KEYWORDS = ("light", "happy", "home", "blue", "friend", "water", "small", "music")
 FORBIDDEN = ("banana", "purple", "rocket", "winter", "coffee", "guitar", "silver", "zebra")
