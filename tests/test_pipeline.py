@@ -122,7 +122,7 @@ def test_the_base_gained_and_the_checkpoints_changed_along_the_pipeline(ci_arms_
     assert len(set(digests.values())) == 4, digests  # every stage moved the weights
     report = json.loads((out / "compare" / "report.json").read_text())
     assert set(report["final_pass_at_1"]) == {"prorl", "brorl"}
-    assert report["paired_test"]["instances"] == 3 * 4  # eval_per_family x families
+    assert report["paired_test"]["instances"] == 4 * len(FAMILIES)  # eval_per_family x families
     text = (out / "compare" / "report.md").read_text()
     assert "| prorl | 0 |" in text and "| brorl | 1 |" in text and "pass rate" in text
     assert (out / "compare" / "pass_at_1.png").stat().st_size > 10_000
