@@ -6,16 +6,16 @@ AdamW step on the linear-in-p surrogate L = -(1/N) sum_j (R_j - b) p_{y_j} (BroR
 linear in p, as written there, not log p: with log p, unsampled logits get no gradient).
 
 The gradient is written in closed form rather than through autograd: with s_i the sum of centred
-rewards of the draws of token i,  dL/dz_i = -(p_i / (N tau)) (s_i - M),  M = sum_k s_k p_k:
-one dense term M p_i and a scatter over the N draws (no loop over draws, no dense counts).
-The draws are exact (`brorl.theory.sampling`): a dense run draws by rejection within each class
-of tokens (the correct ones, the wrong ones, the anchor; within a class the probabilities stay
-close), a lumped one by inverse CDF.
-Seeds run as rows of one tensor; each row has its own generator, so a seed gives the same curve
-alone or in a batch. The optimizer is torch's AdamW applied to that gradient, on float64 logits;
-the policy's exponentials are float32 over a float64 total (`simulate`). While steps x N is
-well below V, tokens never drawn share one bulk column per class (`_Columns`): they evolve
-identically, so the run is the dense one exactly, at a cost set by the tokens drawn so far.
+rewards of the draws of token i, dL/dz_i = -(p_i / (N tau)) (s_i - M), M = sum_k s_k p_k: one
+dense term M p_i and a scatter over the N draws (no loop over draws, no dense counts). The draws
+are exact (`brorl.theory.sampling`): a dense run draws by rejection within each class of tokens
+(the correct ones, the wrong ones, the anchor; within a class the probabilities stay close), a
+lumped one by inverse CDF. Seeds run as rows of one tensor, each with its own generator, so a
+seed gives the same curve alone or in a batch. The optimizer is torch's AdamW applied to that
+gradient, on float64 logits; the policy's exponentials are float32 over a float64 total
+(`simulate`). While steps x N is well below V, tokens never drawn share one bulk column per class
+(`_Columns`): they evolve identically, so the run is the dense one exactly, at a cost set by the
+tokens drawn so far.
 
 Metrics, recorded at step 0, every `log_every` steps and at the end (step t = after t updates):
 Q_pos, the percent of correct tokens whose probability rose since step 0, the worst change among
@@ -114,8 +114,7 @@ def surrogate_grad(p: Tensor, draws: Tensor, rewards: Tensor, tau: float,
 
     `rewards [S, V]` are R_i per token; b is the mean reward of the N draws. Gathers each draw's
     weight (R_j - b) p_{y_j}, then `grad_from_weights`. Written into `out` if given (it has the
-    rewards' dtype; a new tensor of that dtype otherwise).
-    """
+    rewards' dtype; a new tensor of that dtype otherwise)."""
     r = rewards.gather(1, draws)
     weighted = (r - r.mean(-1, keepdim=True)).mul_(p.gather(1, draws).to(r.dtype))
     return grad_from_weights(p, draws, weighted, tau, out)
@@ -159,8 +158,7 @@ class _Columns:
     if any, then one column per token (dense: correct ones, then wrong ones). Empty columns have
     logit -inf and w = 0, so they are never drawn and never move. Everything a column carries
     lives in one float64 table `[fields, S, C]` (one indexing op moves a column's whole state);
-    `logits`, `exp_avg`, `exp_avg_sq`, `p0`, `rewards` and `weights` are its rows.
-    """
+    `logits`, `exp_avg`, `exp_avg_sq`, `p0`, `rewards` and `weights` are its rows."""
 
     EMPTY, BULK, ANCHOR = 0, slice(1, 3), 3
     FIELDS = ("logits", "exp_avg", "exp_avg_sq", "p0", "rewards", "weights")
@@ -230,8 +228,7 @@ class _Columns:
         The exponentials are taken in `policy_dtype` and divided by their float64 total:
         torch.softmax in float32 sums its 128,000 terms in float32, and its probabilities total
         1 - 2.7e-5 here, an error every correct token shares (it moved the final Q_pos at N = 512
-        by about five seed standard deviations). Both live in scratch until the next call.
-        """
+        by about five seed standard deviations). Both live in scratch until the next call."""
         tau = self.config.temperature
         z = self.logits if tau == 1.0 else self.logits / tau
         shape, dtype = tuple(z.shape), self.policy_dtype
@@ -356,8 +353,7 @@ class _Recorder:
     Correct-token metrics gather the correct columns, each weighed by its multiplicity;
     Theorem-1 moments gather the drawn columns (deduplicated: A and B are sets; a drawn column is
     one token) and take class totals from the correct columns plus one sum of w p^2.
-    Gathered values are summed in float64.
-    """
+    Gathered values are summed in float64."""
 
     def __init__(self, runs: int, config: SimConfig) -> None:
         self.config, self.runs = config, runs
@@ -436,8 +432,7 @@ def simulate(config: SimConfig, rollouts: int, seeds: Sequence[int],
     steps x N <= V / 2) keeps never-drawn tokens in bulk columns (`_Columns`). A dense run
     draws by rejection within each class of tokens (`draw_by_rejection`: no running sums over
     V), unless `rejection` is False; a lumped run by inverse CDF. Each seed has its own
-    generator, so its curves do not depend on the batches.
-    """
+    generator, so its curves do not depend on the batches."""
     if lumped is None:
         lumped = config.steps * rollouts <= config.vocab_size // 2
     batches = seed_batches(config, rollouts, seeds, lumped, policy_dtype, budget)
